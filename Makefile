@@ -1,0 +1,38 @@
+# GenPool developer commands. `make test` does all set-up from nothing and reuses
+# the project's .venv when it is already there.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.genpool-dev-installed
+PYTEST_ARGS ?=
+
+.PHONY: setup test unit lint format bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+setup: $(STAMP)
+
+test: lint
+	$(PY) -m pytest -q -n 2 tests $(PYTEST_ARGS)
+
+unit: setup
+	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: setup
+	$(PY) -m bench.run
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""GenPool GEN (decode) worker: scheduling core, simulator and engine."""

@@ -1,0 +1,49 @@
+"""Preemption policies: ``off``, ``tpot_budget`` and ``target_output_tps``."""
+
+from __future__ import annotations
+
+from genpool_worker.preemption.base import PreemptionCounters, PreemptionPolicy, Victim
+from genpool_worker.preemption.settings import (
+    GenCapacity,
+    GenPreemptionConfigError,
+    GenPreemptionSettings,
+    PreemptionMode,
+    ResolvedCapacity,
+    parse_settings,
+    resolve_capacity,
+)
+from genpool_worker.preemption.slo import TargetOutputTpsPolicy
+from genpool_worker.preemption.tpot import TpotBudgetPolicy
+
+_POLICIES: dict[PreemptionMode, type[PreemptionPolicy]] = {
+    PreemptionMode.OFF: PreemptionPolicy,
+    PreemptionMode.TPOT_BUDGET: TpotBudgetPolicy,
+    PreemptionMode.TARGET_OUTPUT_TPS: TargetOutputTpsPolicy,
+}
+
+
+def create_gen_preemption(
+    settings: GenPreemptionSettings | dict[str, object], capacity: GenCapacity
+) -> PreemptionPolicy:
+    """The one setup check: validate, apply defaults, build the policy.
+
+    Raises :class:`GenPreemptionConfigError` with a message naming the bad setting.
+    """
+    parsed = parse_settings(settings)
+    resolved = resolve_capacity(parsed, capacity)
+    return _POLICIES[parsed.mode](parsed, resolved)
+
+
+__all__ = [
+    "GenCapacity",
+    "GenPreemptionConfigError",
+    "GenPreemptionSettings",
+    "PreemptionCounters",
+    "PreemptionMode",
+    "PreemptionPolicy",
+    "ResolvedCapacity",
+    "TargetOutputTpsPolicy",
+    "TpotBudgetPolicy",
+    "Victim",
+    "create_gen_preemption",
+]

@@ -1,0 +1,152 @@
+"""User-facing preemption settings, the capacity they apply to, and the setup check.
+
+``GenPreemptionSettings`` holds only what a user sets (the CRD's preemption knobs);
+policy constants are class attributes of the policies. ``resolve_capacity`` is where
+the defaults of DESIGN.md §2 are applied and every cross-field rule is checked.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class GenPreemptionConfigError(ValueError):
+    """A preemption or capacity setting is invalid; the message names the field."""
+
+
+class PreemptionMode(enum.Enum):
+    OFF = "off"
+    TPOT_BUDGET = "tpot_budget"
+    TARGET_OUTPUT_TPS = "target_output_tps"
+
+
+class GenPreemptionSettings(BaseModel):
+    """What the user chooses. Mode follows from which of the two parameters is set."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tpot_budget: float | None = Field(default=None, description="Allowed relative TPOT inflation")
+    target_output_tps: float | None = Field(default=None, description="Output-rate floor T, tok/s")
+    slack_s: float = Field(default=0.5, ge=0.0, description="At-risk slack threshold, seconds")
+    max_pauses_per_request: int = Field(default=2, ge=1, description="tpot_budget pause limit")
+    per_pass_budget: int = Field(default=4, ge=1, description="Most pauses in one pass")
+    admission_target_min_s: float = Field(default=0.25, gt=0.0)
+    admission_target_max_s: float = Field(default=30.0, gt=0.0)
+    resident_headroom: int | None = Field(default=None, ge=0)
+    max_resident_headroom: int | None = Field(default=None, ge=0)
+    paused_cap: int | None = Field(default=None, ge=0)
+
+    @property
+    def mode(self) -> PreemptionMode:
+        if self.target_output_tps is not None:
+            return PreemptionMode.TARGET_OUTPUT_TPS
+        if self.tpot_budget is not None:
+            return PreemptionMode.TPOT_BUDGET
+        return PreemptionMode.OFF
+
+
+@dataclass(frozen=True, slots=True)
+class GenCapacity:
+    """Engine shape (DESIGN.md §2): B, A and the parallelism that constrains preemption."""
+
+    max_batch_size: int
+    max_num_active_requests: int | None = None
+    pipeline_parallel_size: int = 1
+
+    @property
+    def base_resident_capacity(self) -> int:
+        """A: defaults to B."""
+        if self.max_num_active_requests is None:
+            return self.max_batch_size
+        return self.max_num_active_requests
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedCapacity:
+    max_batch_size: int
+    base_resident_capacity: int
+    resident_headroom: int
+    max_resident_headroom: int
+    paused_cap: int
+
+
+DEFAULT_PAUSED_CAP_FRACTION = 0.375
+
+
+def parse_settings(raw: GenPreemptionSettings | dict[str, object]) -> GenPreemptionSettings:
+    if isinstance(raw, GenPreemptionSettings):
+        return raw
+    try:
+        return GenPreemptionSettings.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise GenPreemptionConfigError(f"invalid gen_preemption settings: {problems}") from None
+
+
+def check_settings(settings: GenPreemptionSettings, capacity: GenCapacity) -> None:
+    if settings.tpot_budget is not None and settings.target_output_tps is not None:
+        raise GenPreemptionConfigError(
+            "set either tpot_budget or target_output_tps, not both (they are two modes)"
+        )
+    tps = settings.target_output_tps
+    if tps is not None and not (math.isfinite(tps) and tps > 0.0):
+        raise GenPreemptionConfigError(f"target_output_tps must be a positive rate, got {tps}")
+    budget = settings.tpot_budget
+    if budget is not None and not (math.isfinite(budget) and budget > 0.0):
+        raise GenPreemptionConfigError(f"tpot_budget must be positive, got {budget}")
+    if settings.admission_target_min_s > settings.admission_target_max_s:
+        raise GenPreemptionConfigError(
+            f"admission_target_min_s={settings.admission_target_min_s} exceeds "
+            f"admission_target_max_s={settings.admission_target_max_s}"
+        )
+    if capacity.max_batch_size < 1:
+        raise GenPreemptionConfigError(
+            f"max_batch_size must be >= 1, got {capacity.max_batch_size}"
+        )
+    if capacity.base_resident_capacity < 1:
+        raise GenPreemptionConfigError(
+            f"max_num_active_requests must be >= 1, got {capacity.base_resident_capacity}"
+        )
+    if capacity.pipeline_parallel_size > 1 and settings.mode is not PreemptionMode.OFF:
+        raise GenPreemptionConfigError(
+            "gen preemption needs pipeline_parallel_size == 1: a paused request would "
+            "leave bubbles in the pipeline stages"
+        )
+
+
+def resolve_capacity(settings: GenPreemptionSettings, capacity: GenCapacity) -> ResolvedCapacity:
+    """Apply §2's defaults (P = floor(0.375 A), H = P, ceiling = H) and check P <= H."""
+    check_settings(settings, capacity)
+    a = capacity.base_resident_capacity
+    if settings.mode is PreemptionMode.OFF:
+        # With preemption off nothing is ever paused and headroom is 0 unless the
+        # operator reserves a ceiling for turning it on later.
+        headroom, cap = settings.resident_headroom or 0, 0
+    else:
+        default_cap = math.floor(DEFAULT_PAUSED_CAP_FRACTION * a)
+        cap = default_cap if settings.paused_cap is None else settings.paused_cap
+        headroom = cap if settings.resident_headroom is None else settings.resident_headroom
+    ceiling = headroom if settings.max_resident_headroom is None else settings.max_resident_headroom
+    if cap > headroom:
+        raise GenPreemptionConfigError(
+            f"paused_cap={cap} exceeds resident_headroom={headroom}: every paused request "
+            "needs a resident slot beyond the batch"
+        )
+    if headroom > ceiling:
+        raise GenPreemptionConfigError(
+            f"resident_headroom={headroom} exceeds max_resident_headroom={ceiling}"
+        )
+    return ResolvedCapacity(
+        max_batch_size=capacity.max_batch_size,
+        base_resident_capacity=a,
+        resident_headroom=headroom,
+        max_resident_headroom=ceiling,
+        paused_cap=cap,
+    )

@@ -1,0 +1,159 @@
+"""``target_output_tps``: T is a per-request output-rate floor met by >= 1 - eps of requests.
+
+Victims, in order (DESIGN.md §4.1): the laxity victim (most laxity, paused until
+its laxity is nearly spent), a request already below T (it has nothing left to
+lose), or, paid from the credit bucket, a sacrifice. Credit accrues ``eps`` per
+keyed completion and is charged 1 per completion below T, so sacrifices spend
+exactly the SLO budget that on-target completions leave unused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import ClassVar
+
+from genpool_worker.preemption.base import PreemptionPolicy, Victim
+from genpool_worker.preemption.settings import (
+    GenPreemptionSettings,
+    PreemptionMode,
+    ResolvedCapacity,
+)
+from genpool_worker.request import GenRequest, VictimKind
+
+
+class TargetOutputTpsPolicy(PreemptionPolicy):
+    mode: ClassVar[PreemptionMode] = PreemptionMode.TARGET_OUTPUT_TPS
+    EPS: ClassVar[float] = 0.2
+    MIN_LAXITY_FRACTION: ClassVar[float] = 0.02
+    RESUME_LAXITY_FRACTION: ClassVar[float] = 0.01
+    MAX_LAXITY_PAUSE_FRACTION: ClassVar[float] = 0.35
+    WINDOW_FRACTION: ClassVar[float] = 0.15
+    MAX_LAXITY_PAUSES: ClassVar[int] = 8
+    MAX_BELOW_TARGET_PAUSES: ClassVar[int] = 3
+    CREDIT_BOUND: ClassVar[float] = 3000 * 0.2
+    RATE_PRIOR_TOKENS: ClassVar[int] = 4
+    HYSTERESIS_FRACTION: ClassVar[float] = 0.02
+
+    def __init__(self, settings: GenPreemptionSettings, capacity: ResolvedCapacity) -> None:
+        super().__init__(settings, capacity)
+        assert settings.target_output_tps is not None
+        self.target_tps = settings.target_output_tps
+        self.credit = 0.0
+
+    # -- the request's SLO clock ---------------------------------------------------
+
+    def decode_span(self, request: GenRequest) -> float:
+        """D = (max_tokens - 1) / T: the decode span the floor allows."""
+        return (request.max_tokens - 1) / self.target_tps
+
+    def decode_rate(self, request: GenRequest, now: float) -> float:
+        """Own unpaused rate once it has a few tokens, else the recent step-time prior."""
+        unpaused = request.unpaused_time(now)
+        if request.num_gen_tokens >= self.RATE_PRIOR_TOKENS and unpaused > 0.0:
+            return request.num_gen_tokens / unpaused
+        if self.step_time_s is not None:
+            return 1.0 / self.step_time_s
+        return self.target_tps
+
+    def laxity(self, request: GenRequest, now: float) -> float:
+        """L = first_token_time + (max_tokens - 1)/T - (now + remaining / r)."""
+        finish_at = now + request.num_remaining_tokens / self.decode_rate(request, now)
+        return request.output_start_time() + self.decode_span(request) - finish_at
+
+    def is_in_hysteresis(self, request: GenRequest, now: float) -> bool:
+        if super().is_in_hysteresis(request, now):
+            return True
+        if request.run_started_at is None:
+            return False
+        return now - request.run_started_at < self.HYSTERESIS_FRACTION * self.decode_span(request)
+
+    # -- victims -------------------------------------------------------------------
+
+    def choose_victim(self, active: Iterable[GenRequest], now: float) -> Victim | None:
+        laxity_victim: tuple[float, GenRequest] | None = None
+        below_victim: GenRequest | None = None
+        sacrifice: GenRequest | None = None
+        for request in active:
+            span = self.decode_span(request)
+            if span <= 0.0 or self.is_in_hysteresis(request, now):
+                continue
+            lax = self.laxity(request, now)
+            if (
+                lax >= self.MIN_LAXITY_FRACTION * span
+                and request.num_pauses < self.MAX_LAXITY_PAUSES
+                and (laxity_victim is None or lax > laxity_victim[0])
+            ):
+                laxity_victim = (lax, request)
+            is_below = lax < 0.0 or request.is_sacrificed
+            if is_below and request.num_pauses < self.MAX_BELOW_TARGET_PAUSES:
+                below_victim = _longer_resident(below_victim, request)
+            if not request.is_sacrificed:
+                sacrifice = _longer_resident(sacrifice, request)
+        if laxity_victim is not None:
+            lax, request = laxity_victim
+            span = self.decode_span(request)
+            hold = min(
+                lax - self.RESUME_LAXITY_FRACTION * span, self.MAX_LAXITY_PAUSE_FRACTION * span
+            )
+            return Victim(request, VictimKind.LAXITY, now + hold, laxity=lax)
+        if below_victim is not None:
+            due = now + self.WINDOW_FRACTION * self.decode_span(below_victim)
+            return Victim(below_victim, VictimKind.BELOW_TARGET, due)
+        if sacrifice is not None and self.credit >= 1.0:
+            due = now + self.WINDOW_FRACTION * self.decode_span(sacrifice)
+            return Victim(sacrifice, VictimKind.SACRIFICED, due)
+        return None
+
+    def pause(self, victim: Victim, now: float) -> None:
+        super().pause(victim, now)
+        if victim.kind is VictimKind.SACRIFICED:
+            victim.request.is_sacrificed = True
+            self.credit -= 1.0
+
+    # -- credit --------------------------------------------------------------------
+
+    def is_below_target(self, request: GenRequest) -> bool:
+        rate = request.realised_output_rate()
+        return rate is not None and rate < self.target_tps
+
+    def on_complete(self, request: GenRequest, now: float) -> None:
+        if not request.is_slo_counted:
+            return
+        below = self.is_below_target(request)
+        self.counters.slo_completed += 1
+        self.counters.below_target += int(below)
+        credit = self.credit + self.EPS - float(below) + float(request.is_sacrificed)
+        self.credit = min(self.CREDIT_BOUND, max(-self.CREDIT_BOUND, credit))
+
+    # -- reporting -----------------------------------------------------------------
+
+    def mode_knobs(self) -> dict[str, object]:
+        return {"target_output_tps": self.target_tps}
+
+    def constants(self) -> dict[str, object]:
+        return {
+            **super().constants(),
+            "eps": self.EPS,
+            "min_laxity_fraction": self.MIN_LAXITY_FRACTION,
+            "resume_laxity_fraction": self.RESUME_LAXITY_FRACTION,
+            "max_laxity_pause_fraction": self.MAX_LAXITY_PAUSE_FRACTION,
+            "window_fraction": self.WINDOW_FRACTION,
+            "max_laxity_pauses": self.MAX_LAXITY_PAUSES,
+            "max_below_target_pauses": self.MAX_BELOW_TARGET_PAUSES,
+            "credit_bound": self.CREDIT_BOUND,
+            "hysteresis_fraction": self.HYSTERESIS_FRACTION,
+        }
+
+    def stat_fields(self, now: float, paused: Iterable[GenRequest]) -> dict[str, object]:
+        paused_below = sum(
+            1 for r in paused if r.is_sacrificed or r.victim_kind is VictimKind.BELOW_TARGET
+        )
+        return {"credit": self.credit, "paused_below_target": paused_below}
+
+
+def _longer_resident(current: GenRequest | None, candidate: GenRequest) -> GenRequest:
+    """The longest resident (earliest ``resident_since``); ties keep the earlier one."""
+    if current is None:
+        return candidate
+    assert current.resident_since is not None and candidate.resident_since is not None
+    return candidate if candidate.resident_since < current.resident_since else current

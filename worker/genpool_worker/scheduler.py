@@ -1,0 +1,356 @@
+"""One GEN scheduling pass, ``step(now)`` (DESIGN.md §5), and its plan.
+
+observe completions -> resume due -> admit -> pause for at-risk waiters -> emit the
+plan. The engine and the simulator both drive this class: ``add_request`` /
+``abort`` between passes, ``step(now)`` to get a :class:`GenPlan`, run the batch,
+then ``postprocess(plan, now, stop_ids)`` with the tokens it produced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+from genpool_worker.admission import AdaptiveTarget, AdmissionQueue
+from genpool_worker.preemption import (
+    GenCapacity,
+    GenPreemptionSettings,
+    PreemptionPolicy,
+    create_gen_preemption,
+)
+from genpool_worker.request import FinishReason, GenRequest, RequestStatus, is_valid_time
+from genpool_worker.slots import SlotPool
+from genpool_worker.statline import format_statline, make_statline
+from genpool_worker.stats import SchedulerStats
+
+
+class UnknownRequestError(KeyError):
+    """No waiting or resident request has this id."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_queue_length: int = 1024
+    stat_interval_s: float = 30.0
+    guard_factor: float = 2.0
+    target_quantile: float = 0.9
+
+
+@dataclass(frozen=True, slots=True)
+class GenPlan:
+    """What one pass decided. Per-slot consumers must keep ``paused_in_place`` slots."""
+
+    now: float
+    batch_ids: tuple[str, ...]
+    batch_slots: tuple[int, ...]
+    paused_in_place_ids: tuple[str, ...]
+    paused_in_place_slots: tuple[int, ...]
+    admitted_ids: tuple[str, ...]
+    resumed_ids: tuple[str, ...]
+    paused_ids: tuple[str, ...]
+    finished_ids: tuple[str, ...]
+    stat_line: str | None = None
+
+    def digest(self) -> str:
+        """Rank-identity fingerprint: equal plans on every rank give equal digests."""
+        return hashlib.sha256(repr(self).encode()).hexdigest()
+
+
+class GenScheduler:
+    def __init__(self, policy: PreemptionPolicy, config: SchedulerConfig | None = None) -> None:
+        self.config = config or SchedulerConfig()
+        if not (math.isfinite(self.config.stat_interval_s) and self.config.stat_interval_s > 0):
+            raise ValueError(f"stat_interval_s must be > 0, got {self.config.stat_interval_s}")
+        self.policy = policy
+        cap = policy.capacity
+        settings = policy.settings
+        self.max_batch_size = cap.max_batch_size
+        self.slots = SlotPool(cap.max_batch_size, cap.resident_headroom, cap.max_resident_headroom)
+        target = AdaptiveTarget(
+            settings.admission_target_min_s,
+            settings.admission_target_max_s,
+            self.config.target_quantile,
+        )
+        self.queue = AdmissionQueue(
+            self.config.max_queue_length, target, settings.slack_s, self.config.guard_factor
+        )
+        self._active: dict[str, GenRequest] = {}
+        self._residents: dict[str, GenRequest] = {}
+        self._pending_finish: dict[str, FinishReason] = {}
+        self._last_now: float | None = None
+        self._last_plan: GenPlan | None = None
+        self._num_completed = 0
+        self._num_aborted = 0
+        self._next_stat_at: float | None = None
+        self._last_stats: SchedulerStats | None = None
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: GenPreemptionSettings | dict[str, object],
+        capacity: GenCapacity,
+        config: SchedulerConfig | None = None,
+    ) -> GenScheduler:
+        return cls(create_gen_preemption(settings, capacity), config)
+
+    # -- inputs between passes ---------------------------------------------------
+
+    def add_request(self, request: GenRequest, now: float) -> None:
+        """Queue a waiter; raises ``ValueError`` or ``QueueFullError`` leaving state as is."""
+        self._check_time(now)
+        request.validate()
+        if request.arrival_time is not None and request.arrival_time > now:
+            raise ValueError(f"arrival_time={request.arrival_time} is after now={now}")
+        if request.request_id in self._residents:
+            raise ValueError(f"request {request.request_id!r} is already resident")
+        self.queue.push(request)
+
+    def abort(self, request_id: str) -> None:
+        """A waiter leaves at once; a resident (paused ones too) is released next pass."""
+        if request_id in self.queue:
+            request = self.queue.remove(request_id)
+            request.status = RequestStatus.FINISHED
+            request.finish_reason = FinishReason.ABORT
+            self._num_aborted += 1
+        elif request_id in self._residents:
+            self._pending_finish.setdefault(request_id, FinishReason.ABORT)
+        else:
+            raise UnknownRequestError(request_id)
+
+    def postprocess(self, plan: GenPlan, now: float, stop_ids: tuple[str, ...] = ()) -> None:
+        """Each batch request produced one token at ``now``; ``stop_ids`` hit EOS."""
+        if plan is not self._last_plan:
+            raise ValueError("postprocess takes the latest plan, once")
+        self._check_time(now)
+        unknown = set(stop_ids) - set(plan.batch_ids)
+        if unknown:
+            raise ValueError(f"stop ids not in this pass's batch: {sorted(unknown)}")
+        self._last_plan = None
+        stops = set(stop_ids)
+        for request_id in plan.batch_ids:
+            request = self._active[request_id]
+            request.num_output_tokens += 1
+            request.last_token_time = now
+            if request.first_gen_token_time is None:
+                request.first_gen_token_time = now
+            if request.num_output_tokens >= request.max_tokens:
+                self._pending_finish.setdefault(request_id, FinishReason.LENGTH)
+            elif request_id in stops:
+                self._pending_finish.setdefault(request_id, FinishReason.STOP)
+        if plan.batch_ids:
+            self.policy.observe_step_time(now - plan.now)
+
+    def set_knobs(
+        self,
+        *,
+        resident_headroom: int | None = None,
+        paused_cap: int | None = None,
+        slack_s: float | None = None,
+        admission_target_min_s: float | None = None,
+        admission_target_max_s: float | None = None,
+    ) -> None:
+        """Live changes (operator). All values are checked before any is applied."""
+        headroom = (
+            self.slots.resident_headroom() if resident_headroom is None else resident_headroom
+        )
+        cap = self.policy.paused_cap if paused_cap is None else paused_cap
+        target = self.queue.target
+        x_min = target.x_min if admission_target_min_s is None else admission_target_min_s
+        x_max = target.x_max if admission_target_max_s is None else admission_target_max_s
+        ceiling = self.slots.max_resident_headroom()
+        if not 0 <= headroom <= ceiling:
+            raise ValueError(f"resident_headroom={headroom} must be within [0, {ceiling}]")
+        if cap < 0 or cap > headroom:
+            raise ValueError(f"paused_cap={cap} must be within [0, resident_headroom={headroom}]")
+        if cap > 0 and not self.policy.is_enabled:
+            raise ValueError("paused_cap must be 0 while preemption is off")
+        if slack_s is not None and not (math.isfinite(slack_s) and slack_s >= 0.0):
+            raise ValueError(f"slack_s must be a finite value >= 0, got {slack_s}")
+        AdaptiveTarget(x_min, x_max)  # validates the bounds without touching state
+        self.slots.set_resident_headroom(headroom)
+        self.policy.paused_cap = cap
+        target.set_bounds(x_min, x_max)
+        if slack_s is not None:
+            self.queue.slack_s = slack_s
+
+    # -- the pass ------------------------------------------------------------------
+
+    def step(self, now: float) -> GenPlan:
+        self._check_time(now)
+        if self._last_plan is not None:
+            raise ValueError("postprocess the previous plan before the next step")
+        self._last_now = now
+        finished = self._observe(now)
+        resumed = self._resume(now, due_only=True)
+        admitted = self._admit(now)
+        paused, at_risk_admitted = self._pause_for_at_risk(now)
+        resumed += self._resume(now, due_only=False)
+        active = list(self._active.values())
+        paused_now = list(self.policy.lane)
+        plan = GenPlan(
+            now=now,
+            batch_ids=tuple(r.request_id for r in active),
+            batch_slots=tuple(r.slot for r in active if r.slot is not None),
+            paused_in_place_ids=tuple(r.request_id for r in paused_now),
+            paused_in_place_slots=tuple(r.slot for r in paused_now if r.slot is not None),
+            admitted_ids=tuple(admitted + at_risk_admitted),
+            resumed_ids=tuple(resumed),
+            paused_ids=tuple(paused),
+            finished_ids=tuple(finished),
+            stat_line=self._maybe_stat_line(now),
+        )
+        self._last_plan = plan
+        return plan
+
+    def _observe(self, now: float) -> list[str]:
+        finished = list(self._pending_finish.items())
+        self._pending_finish.clear()
+        for request_id, reason in finished:
+            request = self._residents.pop(request_id)
+            self.policy.release(request, now)
+            self._active.pop(request_id, None)
+            assert request.slot is not None
+            self.slots.free(request.slot)
+            request.status = RequestStatus.FINISHED
+            request.finish_reason = reason
+            if reason is FinishReason.ABORT:
+                self._num_aborted += 1
+            else:
+                self._num_completed += 1
+                self.policy.on_complete(request, now)
+        return [request_id for request_id, _ in finished]
+
+    def _resume(self, now: float, *, due_only: bool) -> list[str]:
+        """Due resumes take free batch positions first; later, idle positions go early."""
+        resumed: list[str] = []
+        lane = self.policy.lane
+        while len(self._active) < self.max_batch_size and (
+            lane.is_head_due(now) if due_only else len(lane) > 0
+        ):
+            request = lane.peek()
+            assert request is not None
+            self.policy.resume(request, now)
+            self._active[request.request_id] = request
+            resumed.append(request.request_id)
+        return resumed
+
+    def _admit(self, now: float) -> list[str]:
+        admitted: list[str] = []
+        while self.queue and len(self._active) < self.max_batch_size and self.slots.can_allocate():
+            admitted.append(self._admit_head(now))
+        return admitted
+
+    def _admit_head(self, now: float) -> str:
+        is_after_warmup = self.queue.target.is_initialised
+        request = self.queue.pop(now)
+        request.slot = self.slots.allocate()
+        request.resident_since = now
+        request.tokens_at_admission = request.num_output_tokens
+        request.is_slo_counted = request.is_keyed and is_after_warmup
+        self.policy.start_run(request, now)
+        self._active[request.request_id] = request
+        self._residents[request.request_id] = request
+        return request.request_id
+
+    def _pause_for_at_risk(self, now: float) -> tuple[list[str], list[str]]:
+        if not self.policy.is_enabled or not self.queue.is_head_at_risk(now):
+            return [], []
+        budget = min(
+            self.queue.num_at_risk(now),
+            self.policy.settings.per_pass_budget,
+            self.policy.paused_cap - self.policy.num_paused,
+            self.slots.num_free,
+        )
+        paused: list[str] = []
+        admitted: list[str] = []
+        while (
+            len(paused) < budget
+            and self.queue.is_head_at_risk(now)
+            and len(self._active) >= self.max_batch_size
+        ):
+            victim = self.policy.choose_victim(self._active.values(), now)
+            if victim is None:
+                break
+            self.policy.pause(victim, now)
+            del self._active[victim.request.request_id]
+            paused.append(victim.request.request_id)
+            admitted.append(self._admit_head(now))
+        return paused, admitted
+
+    def _maybe_stat_line(self, now: float) -> str | None:
+        interval = self.config.stat_interval_s
+        if self._next_stat_at is None:
+            self._next_stat_at = now + interval
+            return None
+        if now < self._next_stat_at:
+            return None
+        while self._next_stat_at <= now:
+            self._next_stat_at += interval
+        stats = self.make_stats(now)
+        line = format_statline(make_statline(stats, self._last_stats))
+        self._last_stats = stats
+        self.policy.on_stat_period(now)
+        return line
+
+    def _check_time(self, now: float) -> None:
+        if not is_valid_time(now):
+            raise ValueError(f"now must be a finite time >= 0, got {now!r}")
+        if self._last_now is not None and now < self._last_now:
+            raise ValueError(f"now={now} is before the previous pass ({self._last_now})")
+
+    # -- views ---------------------------------------------------------------------
+
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
+
+    @property
+    def num_paused(self) -> int:
+        return self.policy.num_paused
+
+    @property
+    def num_residents(self) -> int:
+        return len(self._residents)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.queue)
+
+    def get_request(self, request_id: str) -> GenRequest:
+        request = self._residents.get(request_id)
+        if request is None:
+            raise UnknownRequestError(request_id)
+        return request
+
+    def capacity_in_force(self) -> tuple[int, int]:
+        """(H, P) in force: a live decrease applies as residents finish, never evicting."""
+        paused = self.num_paused
+        headroom = max(self.slots.resident_headroom(), self.num_residents - self.max_batch_size)
+        return max(headroom, paused), max(self.policy.paused_cap, paused)
+
+    def make_stats(self, now: float) -> SchedulerStats:
+        counters = self.policy.counters
+        return SchedulerStats(
+            t=now,
+            mode=self.policy.mode.value,
+            target_output_tps=self.policy.settings.target_output_tps,
+            residents=self.num_residents,
+            active=self.num_active,
+            paused=self.num_paused,
+            paused_cap=self.policy.paused_cap,
+            resident_headroom=self.slots.resident_headroom(),
+            waiters=self.num_waiting,
+            at_risk=self.queue.num_at_risk(now),
+            admission_target_s=self.queue.target.value,
+            completed=self._num_completed,
+            aborted=self._num_aborted,
+            pauses=counters.pauses,
+            victims=dict(counters.victims),
+            laxity_sum=counters.laxity_sum,
+            laxity_resumes=counters.laxity_resumes,
+            forced_resumes=counters.forced_resumes,
+            slo_completed=counters.slo_completed,
+            below_target=counters.below_target,
+            mode_fields=self.policy.stat_fields(now, self.policy.lane),
+        )

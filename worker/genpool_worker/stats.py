@@ -1,0 +1,37 @@
+"""One snapshot of a scheduler's gauges and cumulative counters (``make_stats``).
+
+The stat line, the HTTP ``/stats`` body and the Prometheus metrics are all views of
+this one object, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    t: float
+    mode: str
+    target_output_tps: float | None
+    residents: int
+    active: int
+    paused: int
+    paused_cap: int
+    resident_headroom: int
+    waiters: int
+    at_risk: int
+    admission_target_s: float | None
+    # cumulative since start
+    completed: int = 0
+    aborted: int = 0
+    pauses: int = 0
+    victims: Mapping[str, int] = field(default_factory=dict)
+    laxity_sum: float = 0.0
+    laxity_resumes: int = 0
+    forced_resumes: int = 0
+    slo_completed: int = 0
+    below_target: int = 0
+    # mode-specific gauges (credit, paused_below_target, budget, window, inflation)
+    mode_fields: Mapping[str, object] = field(default_factory=dict)
