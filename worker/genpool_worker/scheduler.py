@@ -161,10 +161,10 @@ class GenScheduler:
         ceiling = self.slots.max_resident_headroom()
         if not 0 <= headroom <= ceiling:
             raise ValueError(f"resident_headroom={headroom} must be within [0, {ceiling}]")
-        if cap < 0 or cap > headroom:
-            raise ValueError(f"paused_cap={cap} must be within [0, resident_headroom={headroom}]")
         if cap > 0 and not self.policy.is_enabled:
             raise ValueError("paused_cap must be 0 while preemption is off")
+        if cap < 0 or cap > headroom:
+            raise ValueError(f"paused_cap={cap} must be within [0, resident_headroom={headroom}]")
         if slack_s is not None and not (math.isfinite(slack_s) and slack_s >= 0.0):
             raise ValueError(f"slack_s must be a finite value >= 0, got {slack_s}")
         AdaptiveTarget(x_min, x_max)  # validates the bounds without touching state

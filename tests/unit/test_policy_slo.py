@@ -1,0 +1,184 @@
+"""target_output_tps: laxity, victim classes, pause limits, forced resume, credit."""
+
+import pytest
+
+from genpool_worker.preemption import GenCapacity, TargetOutputTpsPolicy, create_gen_preemption
+from genpool_worker.request import FinishReason, VictimKind
+from tests.unit.support import make_active
+
+T = 10.0
+
+
+def slo_policy(cap: int = 4) -> TargetOutputTpsPolicy:
+    policy = create_gen_preemption(
+        {"target_output_tps": T, "paused_cap": cap, "resident_headroom": cap}, GenCapacity(8)
+    )
+    assert isinstance(policy, TargetOutputTpsPolicy)
+    return policy
+
+
+def test_laxity_formula() -> None:
+    policy = slo_policy()
+    # D = 100 / 10 = 10 s; 20 tokens in 1 s -> r = 20; remaining 80 -> done at now + 4.
+    request = make_active("r", max_tokens=101, gen_tokens=20, now=1.0, unpaused=1.0)
+    assert policy.decode_span(request) == 10.0
+    assert policy.decode_rate(request, 1.0) == 20.0
+    assert policy.laxity(request, 1.0) == pytest.approx(10.0 - 5.0)
+
+
+def test_rate_prior_from_step_times_until_a_few_tokens() -> None:
+    policy = slo_policy()
+    fresh = make_active("r", max_tokens=101, gen_tokens=2, now=1.0, unpaused=0.1)
+    assert policy.decode_rate(fresh, 1.0) == T  # no step observed yet: T itself
+    policy.observe_step_time(0.05)
+    assert policy.decode_rate(fresh, 1.0) == pytest.approx(20.0)
+    policy.observe_step_time(0.15)  # EMA: 0.9 * 0.05 + 0.1 * 0.15
+    assert policy.step_time_s == pytest.approx(0.06)
+
+
+def test_laxity_victim_is_the_largest_laxity_with_forced_resume_due() -> None:
+    policy = slo_policy()
+    now = 2.0
+    small = make_active("small", max_tokens=101, gen_tokens=30, now=now, unpaused=2.0)
+    big = make_active("big", max_tokens=201, gen_tokens=40, now=now, unpaused=2.0)
+    # small: r=15, remaining 70 -> 4.667 s; L = 10 - 6.667 = 3.333
+    # big:   r=20, remaining 160 -> 8 s;    L = 20 - 10 = 10, D = 20
+    victim = policy.choose_victim([small, big], now)
+    assert victim is not None and victim.request is big and victim.kind is VictimKind.LAXITY
+    assert victim.laxity == pytest.approx(10.0)
+    # due = now + min(L - 0.01 D, 0.35 D) = 2 + min(9.8, 7.0)
+    assert victim.resume_due == pytest.approx(9.0)
+    only_small = policy.choose_victim([small], now)
+    assert only_small is not None
+    # the laxity margin branch: 2 + min(3.333 - 0.1, 3.5)
+    assert only_small.resume_due == pytest.approx(now + 10.0 - 20.0 / 3 - 0.1)
+
+
+def test_laxity_below_the_minimum_fraction_is_not_a_laxity_victim() -> None:
+    policy = slo_policy()
+    # r = 10 = T exactly: L = 0 < 0.02 D, and not below target either.
+    on_floor = make_active("f", max_tokens=101, gen_tokens=10, now=1.0, unpaused=1.0)
+    assert policy.laxity(on_floor, 1.0) == pytest.approx(0.0)
+    assert policy.choose_victim([on_floor], 1.0) is None
+
+
+def test_laxity_pause_limit_then_below_target_class() -> None:
+    policy = slo_policy()
+    now = 2.0
+    rich = make_active("rich", max_tokens=201, gen_tokens=40, now=now, unpaused=2.0)
+    rich.num_pauses = TargetOutputTpsPolicy.MAX_LAXITY_PAUSES
+    late_old = make_active("late_old", max_tokens=101, gen_tokens=5, now=now, unpaused=1.0)
+    late_young = make_active(
+        "late_young", max_tokens=101, gen_tokens=5, now=now, unpaused=1.0, resident_since=0.5
+    )
+    assert policy.laxity(late_old, now) < 0
+    victim = policy.choose_victim([late_young, rich, late_old], now)
+    assert victim is not None
+    assert victim.request is late_old and victim.kind is VictimKind.BELOW_TARGET
+    assert victim.resume_due == pytest.approx(now + 0.15 * 10.0)
+    late_old.num_pauses = TargetOutputTpsPolicy.MAX_BELOW_TARGET_PAUSES
+    again = policy.choose_victim([late_young, rich, late_old], now)
+    assert again is not None and again.request is late_young
+
+
+def test_sacrifice_needs_credit_and_spends_it() -> None:
+    policy = slo_policy()
+    now = 1.0
+    young = make_active(
+        "young", max_tokens=101, gen_tokens=10, now=now, unpaused=1.0, resident_since=0.5
+    )
+    old = make_active("old", max_tokens=101, gen_tokens=10, now=now, unpaused=1.0)
+    assert policy.choose_victim([young, old], now) is None  # credit 0
+    policy.credit = 1.5
+    victim = policy.choose_victim([young, old], now)
+    assert victim is not None and victim.request is old
+    assert victim.kind is VictimKind.SACRIFICED and policy.credit == 1.5  # choosing is pure
+    policy.pause(victim, now)
+    assert old.is_sacrificed and policy.credit == pytest.approx(0.5)
+    assert victim.resume_due == pytest.approx(now + 1.5)
+
+
+def test_sacrificed_requests_become_below_target_victims() -> None:
+    policy = slo_policy()
+    request = make_active("s", max_tokens=101, gen_tokens=10, now=1.0, unpaused=1.0)
+    request.is_sacrificed = True
+    request.num_pauses = 1
+    victim = policy.choose_victim([request], 1.0)
+    assert victim is not None and victim.kind is VictimKind.BELOW_TARGET
+
+
+def test_hysteresis_after_resume_in_tokens_and_time() -> None:
+    policy = slo_policy()
+    now = 2.0
+    request = make_active("r", max_tokens=201, gen_tokens=40, now=now, unpaused=2.0)
+    request.run_started_at = 1.9
+    request.tokens_at_run_start = request.num_output_tokens - 3
+    assert policy.is_in_hysteresis(request, now)  # 3 tokens < 4
+    request.tokens_at_run_start = request.num_output_tokens - 4
+    assert policy.is_in_hysteresis(request, now)  # 0.1 s < 0.02 * D = 0.4 s
+    request.run_started_at = 1.5
+    assert not policy.is_in_hysteresis(request, now)
+    assert policy.choose_victim([request], now) is not None
+
+
+def completed(
+    policy: TargetOutputTpsPolicy, *, rate: float, sacrificed: bool = False, counted: bool = True
+) -> None:
+    request = make_active("c", max_tokens=11, gen_tokens=10, now=5.0)
+    request.last_token_time = 10.0 / rate
+    request.is_sacrificed = sacrificed
+    request.is_slo_counted = counted
+    request.finish_reason = FinishReason.LENGTH
+    policy.on_complete(request, 5.0)
+
+
+def test_credit_bucket() -> None:
+    policy = slo_policy()
+    completed(policy, rate=20.0)  # on target: +eps
+    assert policy.credit == pytest.approx(0.2)
+    completed(policy, rate=5.0)  # below T: +eps - 1
+    assert policy.credit == pytest.approx(-0.6)
+    completed(policy, rate=5.0, sacrificed=True)  # below, sacrificed: +eps - 1 + 1
+    assert policy.credit == pytest.approx(-0.4)
+    completed(policy, rate=20.0, sacrificed=True)  # sacrificed but made it: refund
+    assert policy.credit == pytest.approx(0.8)
+    completed(policy, rate=1.0, counted=False)  # warm-up / unkeyed: ignored
+    assert policy.credit == pytest.approx(0.8)
+    assert policy.counters.slo_completed == 4 and policy.counters.below_target == 2
+    for _ in range(5000):
+        completed(policy, rate=20.0)
+    assert policy.credit == pytest.approx(TargetOutputTpsPolicy.CREDIT_BOUND)
+    for _ in range(5000):
+        completed(policy, rate=1.0)
+    assert policy.credit == pytest.approx(-TargetOutputTpsPolicy.CREDIT_BOUND)
+
+
+def test_no_window_controller_in_slo_mode() -> None:
+    policy = slo_policy()
+    request = make_active("r", max_tokens=101, gen_tokens=10, now=1.0, unpaused=1.0)
+    request.is_sacrificed = True
+    before = policy.choose_victim([request], 1.0)
+    for t in range(10):
+        policy.on_stat_period(30.0 * t)
+    after = policy.choose_victim([request], 1.0)
+    assert before is not None and after is not None
+    assert before.resume_due == after.resume_due == pytest.approx(1.0 + 0.15 * 10.0)
+
+
+def test_enabled_line_lists_knobs_and_constants() -> None:
+    line = slo_policy(cap=3).enabled_line()
+    assert line.startswith("gen_preemption enabled mode=target_output_tps ")
+    for field in (
+        "target_output_tps=10.0",
+        "paused_cap=3",
+        "resident_headroom=3",
+        "max_batch_size=8",
+        "slack_s=0.5",
+        "per_pass_budget=4",
+        "eps=0.2",
+        "window_fraction=0.15",
+        "max_laxity_pauses=8",
+        "max_below_target_pauses=3",
+        "hysteresis_tokens=4",
+    ):
+        assert field in line.split(), field
