@@ -3,11 +3,11 @@
 import math
 
 import pytest
-
 from genpool_worker.admission import QueueFullError
 from genpool_worker.request import FinishReason, RequestStatus
 from genpool_worker.scheduler import GenScheduler, UnknownRequestError
 from genpool_worker.statline import parse_statline
+
 from tests.unit.support import check_invariants, keyed, make_scheduler, run_pass, unkeyed
 
 DT = 0.0625  # exact in binary, so the timelines below are exact
@@ -136,17 +136,16 @@ def test_due_resumes_take_free_positions_before_admissions_in_due_order() -> Non
     scheduler.add_request(keyed("x2", 1.5, max_tokens=9), 1.5625)
     scheduler.add_request(keyed("x3", 1.5, max_tokens=9), 1.5625)
     events = drive(scheduler, 11.5, {}, start=1.5625)
-    resumes = [
-        (t, p.resumed_ids, p.admitted_ids, p.paused_ids) for t, p in events if p.resumed_ids
-    ]
+    resumes = [(t, p.resumed_ids, p.admitted_ids, p.paused_ids) for t, p in events if p.resumed_ids]
     assert resumes == [(10.0, ("b",), ("x2",), ("x1",)), (11.0, ("a",), (), ())]
     assert scheduler.policy.counters.forced_resumes == 1  # b; a came back early
     assert scheduler.policy.counters.laxity_resumes == 2
 
 
 def test_unkeyed_and_warmup_requests_never_trigger_pauses() -> None:
-    scheduler = make_scheduler(1, {"target_output_tps": 10.0, "paused_cap": 1,
-                                   "resident_headroom": 1})
+    scheduler = make_scheduler(
+        1, {"target_output_tps": 10.0, "paused_cap": 1, "resident_headroom": 1}
+    )
     scheduler.add_request(unkeyed("u1", max_tokens=1000), 0.0)
     run_pass(scheduler, 0.0)
     scheduler.add_request(keyed("k", 0.0), 0.1)  # keyed, but X is not initialised yet
@@ -169,8 +168,10 @@ def test_preemption_off_never_pauses() -> None:
 
 def test_stat_line_every_interval_of_the_pass_clock() -> None:
     scheduler = make_scheduler(
-        1, {"tpot_budget": 0.5, "paused_cap": 1, "resident_headroom": 1},
-        target_x=1.0, stat_interval_s=2.0,
+        1,
+        {"tpot_budget": 0.5, "paused_cap": 1, "resident_headroom": 1},
+        target_x=1.0,
+        stat_interval_s=2.0,
     )
     arrivals = {0.0: [keyed("r1", 0.0, max_tokens=1001)], 1.0: [keyed("r2", 1.0, max_tokens=3)]}
     lines: list[tuple[float, str]] = []
@@ -198,7 +199,8 @@ def test_stat_line_every_interval_of_the_pass_clock() -> None:
 def test_plans_are_rank_identical_for_identical_inputs() -> None:
     def replay() -> list[str]:
         scheduler = make_scheduler(
-            3, {"target_output_tps": 8.0, "paused_cap": 2, "resident_headroom": 2},
+            3,
+            {"target_output_tps": 8.0, "paused_cap": 2, "resident_headroom": 2},
             target_x=0.5,
         )
         digests = []
@@ -290,8 +292,13 @@ def test_length_and_stop_finish_reasons() -> None:
 
 def test_live_knobs_validate_then_apply() -> None:
     scheduler = make_scheduler(
-        2, {"target_output_tps": 10.0, "paused_cap": 2, "resident_headroom": 2,
-            "max_resident_headroom": 4},
+        2,
+        {
+            "target_output_tps": 10.0,
+            "paused_cap": 2,
+            "resident_headroom": 2,
+            "max_resident_headroom": 4,
+        },
     )
     with pytest.raises(ValueError, match=r"within \[0, 4\]"):
         scheduler.set_knobs(resident_headroom=5)

@@ -1,7 +1,6 @@
 import math
 
 import pytest
-
 from genpool_worker.preemption import (
     GenCapacity,
     GenPreemptionConfigError,
@@ -21,9 +20,16 @@ from genpool_worker.preemption import (
         ({"tpot_budget": -0.1}, GenCapacity(8), "tpot_budget must be positive"),
         ({"tpot_budget": 0.1}, GenCapacity(8, pipeline_parallel_size=2), "pipeline_parallel"),
         ({"tpot_budget": 0.1, "paused_cap": 5, "resident_headroom": 4}, GenCapacity(8), "exceeds"),
-        ({"tpot_budget": 0.1, "paused_cap": 5, "resident_headroom": 2}, GenCapacity(8), "paused_cap=5"),
-        ({"tpot_budget": 0.1, "resident_headroom": 6, "max_resident_headroom": 4},
-         GenCapacity(8), "max_resident_headroom"),
+        (
+            {"tpot_budget": 0.1, "paused_cap": 5, "resident_headroom": 2},
+            GenCapacity(8),
+            "paused_cap=5",
+        ),
+        (
+            {"tpot_budget": 0.1, "resident_headroom": 6, "max_resident_headroom": 4},
+            GenCapacity(8),
+            "max_resident_headroom",
+        ),
         ({"tpot_budget": 0.1, "bogus_knob": 1}, GenCapacity(8), "bogus_knob"),
         ({"slack_s": -1.0}, GenCapacity(8), "slack_s"),
         ({"slack_s": "soon"}, GenCapacity(8), "slack_s"),
