@@ -1,9 +1,9 @@
 """target_output_tps: laxity, victim classes, pause limits, forced resume, credit."""
 
 import pytest
+
 from genpool_worker.preemption import GenCapacity, TargetOutputTpsPolicy, create_gen_preemption
 from genpool_worker.request import FinishReason, VictimKind
-
 from tests.unit.support import make_active
 
 T = 10.0

@@ -1,9 +1,9 @@
 """tpot_budget: wait victims by budget left, pause limit, and the window law."""
 
 import pytest
+
 from genpool_worker.preemption import GenCapacity, TpotBudgetPolicy, create_gen_preemption
 from genpool_worker.request import VictimKind
-
 from tests.unit.support import make_active
 
 

@@ -7,12 +7,12 @@ active and paused requests, and live changes of H and P within the ceiling.
 from __future__ import annotations
 
 import pytest
-from genpool_worker.admission import QueueFullError
-from genpool_worker.request import GenRequest, RequestStatus
-from genpool_worker.scheduler import GenScheduler
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from genpool_worker.admission import QueueFullError
+from genpool_worker.request import GenRequest, RequestStatus
+from genpool_worker.scheduler import GenScheduler
 from tests.unit.support import check_invariants, make_scheduler
 
 MODES = [

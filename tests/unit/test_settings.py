@@ -1,6 +1,7 @@
 import math
 
 import pytest
+
 from genpool_worker.preemption import (
     GenCapacity,
     GenPreemptionConfigError,

@@ -1,4 +1,5 @@
 import pytest
+
 from genpool_worker.preemption import GenCapacity
 from genpool_worker.scheduler import GenScheduler
 from genpool_worker.slots import SlotPool

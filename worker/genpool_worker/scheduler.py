@@ -317,6 +317,10 @@ class GenScheduler:
     def num_waiting(self) -> int:
         return len(self.queue)
 
+    def active_ids(self) -> tuple[str, ...]:
+        """Batch members in batch order (admission or resume order, newest last)."""
+        return tuple(self._active)
+
     def get_request(self, request_id: str) -> GenRequest:
         request = self._residents.get(request_id)
         if request is None:

@@ -55,7 +55,9 @@ def _ratio(num: int, den: int) -> float | None:
 def make_statline(cur: SchedulerStats, prev: SchedulerStats | None) -> StatLine:
     """The line for the window ``(prev.t, cur.t]``; ``prev=None`` means since start."""
     base = prev or SchedulerStats(cur.t, cur.mode, None, 0, 0, 0, 0, 0, 0, 0, None)
-    window_victims = {k: v - base.victims.get(k, 0) for k, v in cur.victims.items()}
+    window_victims = {
+        k: v - base.victims.get(k, 0) for k, v in cur.victims.items() if v > base.victims.get(k, 0)
+    }
     laxity_victims = window_victims.get("laxity", 0)
     mode_fields = cur.mode_fields
     return StatLine(

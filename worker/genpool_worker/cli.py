@@ -1,0 +1,224 @@
+"""``genpool`` command line. ``genpool sim``: the simulator of DESIGN.md §9.
+
+This module does the I/O (files, processes, progress bar, plots); everything it
+calls in ``genpool_worker.sim`` is pure and seeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+from genpool_worker.sim.cluster import MODES, ClusterConfig
+from genpool_worker.sim.experiment import RunResult, Workload, run_seed
+from genpool_worker.sim.report import format_table, summarize
+from genpool_worker.sim.workload import (
+    TraceError,
+    TraceRequest,
+    gamma_arrivals,
+    parse_csv_trace,
+    parse_jsonl_trace,
+    scale_time,
+)
+
+DEFAULT_TRACE = (
+    Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "azure_conv_2023.csv"
+)
+
+
+class UsageError(Exception):
+    pass
+
+
+def _positive(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+        return value
+
+    return parse
+
+
+def _list_of(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
+    item = _positive(kind)
+    return lambda text: [item(part) for part in text.split(",") if part]
+
+
+def _modes(text: str) -> list[str]:
+    modes = [m for m in text.split(",") if m]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise argparse.ArgumentTypeError(f"modes must be among {', '.join(MODES)}; got {text!r}")
+    return modes
+
+
+def _target(text: str) -> float | None:
+    return None if text == "auto" else float(_positive(float)(text))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="genpool")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sim = sub.add_parser("sim", help="simulate a disaggregated GEN pool (DESIGN.md §9)")
+    sim.add_argument(
+        "--trace",
+        type=Path,
+        default=DEFAULT_TRACE,
+        help="CSV (arrived_at,num_prefill_tokens,num_decode_tokens) or JSONL",
+    )
+    load = sim.add_mutually_exclusive_group()
+    load.add_argument(
+        "--concurrency",
+        type=_list_of(int),
+        default=None,
+        help="closed loop: clients, comma-separated list for several runs",
+    )
+    load.add_argument("--rate", type=_positive(float), help="open loop: Gamma arrivals, req/s")
+    load.add_argument("--replay", action="store_true", help="open loop: the trace's own times")
+    sim.add_argument("--cv", type=_positive(float), default=1.0, help="Gamma arrivals' CV")
+    sim.add_argument(
+        "--time-scale",
+        type=_positive(float),
+        default=1.0,
+        help="multiply replayed arrival times (below 1: more load)",
+    )
+    sim.add_argument("--duration", type=_positive(float), default=600.0, help="simulated s")
+    sim.add_argument("--warmup", type=float, default=60.0, help="s excluded from metrics")
+    sim.add_argument("--workers", type=_positive(int), default=8)
+    sim.add_argument("--max-batch", type=_positive(int), default=16)
+    sim.add_argument("--ctx-servers", type=_positive(int), default=4)
+    sim.add_argument("--modes", type=_modes, default=list(MODES))
+    sim.add_argument("--target-output-tps", type=_target, default=None, help="auto or tok/s")
+    sim.add_argument(
+        "--paused-cap-fraction",
+        type=_list_of(float),
+        default=[0.375],
+        help="P as a fraction of A; a list gives the trade-off curve",
+    )
+    sim.add_argument("--tpot-budget", type=_positive(float), default=0.1)
+    sim.add_argument("--seeds", type=_positive(int), default=4, help="seeds 0..N-1")
+    sim.add_argument("--jobs", type=_positive(int), default=2, help="worker processes")
+    sim.add_argument("--json", type=Path, help="write all results as JSON here")
+    sim.add_argument("--plot", type=Path, help="write PNG plots into this folder")
+    sim.add_argument("--stat-lines", action="store_true", help="print seed 0's stat lines")
+    return parser
+
+
+def load_trace(path: Path) -> list[TraceRequest]:
+    try:
+        with path.open(encoding="utf-8", errors="strict") as handle:
+            if path.suffix in (".jsonl", ".json"):
+                return parse_jsonl_trace(handle, str(path))
+            return parse_csv_trace(handle, str(path))
+    except OSError as exc:
+        raise UsageError(f"cannot read trace {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text ({exc.reason})") from None
+
+
+def _job(
+    args: tuple[ClusterConfig, Workload, list[str], int, float | None, bool],
+) -> list[RunResult]:
+    config, workload, modes, seed, target, keep = args
+    return run_seed(config, workload, modes, seed, target, keep_records=keep)
+
+
+def run_sim(ns: argparse.Namespace) -> int:
+    trace = load_trace(ns.trace)
+    if not 0 <= ns.warmup < ns.duration:
+        raise UsageError("need 0 <= --warmup < --duration")
+    scenarios: list[tuple[str, Workload]] = []
+    if ns.rate is not None:
+        import random
+
+        arrivals = gamma_arrivals(ns.rate, ns.cv, trace, random.Random(0), duration_s=ns.duration)
+        scenarios.append((f"rate={ns.rate} cv={ns.cv}", Workload(trace, arrivals=arrivals,
+                          duration_s=ns.duration, warmup_s=ns.warmup)))  # fmt: skip
+    elif ns.replay:
+        arrivals = [r for r in scale_time(trace, ns.time_scale) if r.arrival_s < ns.duration]
+        scenarios.append((f"replay x{ns.time_scale}", Workload(trace, arrivals=arrivals,
+                          duration_s=ns.duration, warmup_s=ns.warmup)))  # fmt: skip
+    else:
+        for c in ns.concurrency or [220, 250]:
+            scenarios.append((f"c={c}", Workload(trace, concurrency=c, duration_s=ns.duration,
+                              warmup_s=ns.warmup)))  # fmt: skip
+    base = ClusterConfig(workers=ns.workers, max_batch=ns.max_batch, ctx_servers=ns.ctx_servers,
+                         tpot_budget=ns.tpot_budget)  # fmt: skip
+    modes = list(ns.modes)
+    if ns.target_output_tps is None and "target_output_tps" in modes and "off" not in modes:
+        modes.insert(0, "off")  # T = auto is defined by the off run
+    jobs = []
+    for name, workload in scenarios:
+        for fraction in ns.paused_cap_fraction:
+            config = replace(base, paused_cap_fraction=fraction)
+            for seed in range(ns.seeds):
+                keep = seed == 0 and ns.plot is not None
+                jobs.append(((name, fraction), (config, workload, modes, seed,
+                             ns.target_output_tps, keep)))  # fmt: skip
+    results: dict[tuple[str, float], list[RunResult]] = {key: [] for key, _ in jobs}
+    with ProcessPoolExecutor(max_workers=ns.jobs) as pool:
+        futures = [(key, pool.submit(_job, args)) for key, args in jobs]
+        for key, future in _progress(futures):
+            results[key] += future.result()
+    return report(ns, results)
+
+
+def _progress(futures: list):  # type: ignore[no-untyped-def,type-arg]
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is in the sim extra
+        return futures
+    return tqdm(futures, desc="simulating", unit="seed", file=sys.stderr)
+
+
+def report(ns: argparse.Namespace, results: dict[tuple[str, float], list[RunResult]]) -> int:
+    document: dict[str, object] = {"args": {k: str(v) for k, v in vars(ns).items()}, "runs": []}
+    for (name, fraction), runs in results.items():
+        summary = summarize(runs)
+        target = summary.get("off", summary[next(iter(summary))])["target_output_tps"]["mean"]
+        title = f"\n== {name}, paused cap {fraction} A, T = {target:.2f} tok/s, {ns.seeds} seeds =="
+        print(format_table(summary, title))
+        if ns.stat_lines:
+            for run in runs:
+                if run.seed == 0:
+                    for worker, line in run.stat_lines[:16]:
+                        print(f"[{run.mode} worker {worker}] {line}")
+        document["runs"].append({  # type: ignore[attr-defined]
+            "scenario": name, "paused_cap_fraction": fraction, "summary": summary,
+            "per_seed": [{"mode": r.mode, "seed": r.seed, "target_output_tps":
+                          r.target_output_tps, "metrics": r.metrics} for r in runs],
+        })  # fmt: skip
+    if ns.json:
+        ns.json.parent.mkdir(parents=True, exist_ok=True)
+        ns.json.write_text(json.dumps(document, indent=1, allow_nan=True))
+    if ns.plot:
+        from genpool_worker.sim.plots import write_plots
+
+        write_plots(results, ns.plot)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        if ns.command == "sim":
+            return run_sim(ns)
+    except (UsageError, TraceError) as exc:
+        print(f"genpool: error: {exc}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

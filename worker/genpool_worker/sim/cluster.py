@@ -1,0 +1,244 @@
+"""The simulated disaggregated pool: context stage, router, W GEN workers.
+
+A tiny event loop (heap of (time, seq, kind, index)); ties break by insertion
+order, so a run is a pure function of its inputs and seed. Each GEN worker drives
+the worker's own :class:`GenScheduler` unchanged: ``step(now)``, step time from the
+step model, ``postprocess``. The ``recompute`` baseline evicts instead of pausing.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from genpool_worker.preemption import GenCapacity
+from genpool_worker.request import FinishReason, GenRequest
+from genpool_worker.scheduler import GenPlan, GenScheduler, SchedulerConfig
+from genpool_worker.sim.records import SimRequest
+from genpool_worker.sim.stepmodel import DEFAULT_STEP_MODEL, StepModel
+
+MODES = ("off", "recompute", "tpot_budget", "target_output_tps")
+_ARRIVAL, _CTX_DONE, _WORKER = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    mode: str = "off"
+    workers: int = 8
+    max_batch: int = 16
+    ctx_servers: int = 4
+    target_output_tps: float | None = None
+    tpot_budget: float = 0.1
+    paused_cap_fraction: float = 0.375
+    stat_interval_s: float = 30.0
+    step_model: StepModel = DEFAULT_STEP_MODEL
+    max_evictions_per_request: int = 1
+
+    def settings(self) -> dict[str, object]:
+        if self.mode == "target_output_tps":
+            knobs: dict[str, object] = {"target_output_tps": self.target_output_tps}
+        elif self.mode == "tpot_budget":
+            knobs = {"tpot_budget": self.tpot_budget}
+        elif self.mode in ("off", "recompute"):
+            return {}
+        else:
+            raise ValueError(f"unknown mode {self.mode!r}; choose from {', '.join(MODES)}")
+        cap = int(self.paused_cap_fraction * self.max_batch)
+        return knobs | {"paused_cap": cap, "resident_headroom": cap}
+
+
+@dataclass(eq=False)
+class GenWorker:
+    index: int
+    scheduler: GenScheduler
+    plan: GenPlan | None = None
+    is_busy: bool = False
+    evicting: set[str] = field(default_factory=set)
+    recompute_tokens: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def load(self) -> int:
+        return self.scheduler.num_residents + self.scheduler.num_waiting
+
+
+class Cluster:
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        settings = config.settings()
+        capacity = GenCapacity(config.max_batch)
+        sched_config = SchedulerConfig(
+            max_queue_length=1_000_000, stat_interval_s=config.stat_interval_s
+        )
+        self.workers = [
+            GenWorker(i, GenScheduler.from_settings(settings, capacity, sched_config))
+            for i in range(config.workers)
+        ]
+        self.requests: dict[str, SimRequest] = {}
+        self.stat_lines: list[tuple[int, str]] = []
+        self.on_done: Callable[[SimRequest, float], None] | None = None
+        self.tokens_by_time: list[tuple[float, int]] = []
+        self._events: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        self._ctx_queue: deque[SimRequest] = deque()
+        self._ctx_free = config.ctx_servers
+        self.now = 0.0
+
+    def schedule(self, at: float, kind: int, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (at, self._seq, kind, payload))
+
+    def submit(self, request: SimRequest) -> None:
+        self.requests[request.request_id] = request
+        self.schedule(request.arrival, _ARRIVAL, request)
+
+    def run(self, until: float = float("inf")) -> None:
+        events = self._events
+        while events and events[0][0] <= until:
+            at, _, kind, payload = heapq.heappop(events)
+            self.now = at
+            if kind == _ARRIVAL:
+                self._ctx_queue.append(payload)  # type: ignore[arg-type]
+                self._start_prefills()
+            elif kind == _CTX_DONE:
+                self._ctx_free += 1
+                self._start_prefills()
+                self._to_gen(payload)  # type: ignore[arg-type]
+            else:
+                self._worker_pass(payload)  # type: ignore[arg-type]
+
+    # -- context stage and router ---------------------------------------------------
+
+    def _start_prefills(self) -> None:
+        while self._ctx_free and self._ctx_queue:
+            request = self._ctx_queue.popleft()
+            self._ctx_free -= 1
+            done = self.now + self.config.step_model.prefill_time(request.prompt_tokens)
+            self.schedule(done, _CTX_DONE, request)
+
+    def _to_gen(self, request: SimRequest) -> None:
+        request.first_token_time = self.now
+        if request.output_tokens <= 1:
+            request.last_token = self.now
+            self._finish(request)
+            return
+        worker = min(self.workers, key=lambda w: (w.load, w.index))
+        request.worker = worker.index
+        request.gen_arrival = self.now
+        request.gen = GenRequest(
+            request_id=request.request_id,
+            prompt_len=request.prompt_tokens,
+            max_tokens=request.output_tokens,
+            arrival_time=self.now,
+            first_token_time=self.now,
+        )
+        worker.scheduler.add_request(request.gen, self.now)
+        self._wake(worker)
+
+    def _wake(self, worker: GenWorker) -> None:
+        if not worker.is_busy:
+            worker.is_busy = True
+            self.schedule(self.now, _WORKER, worker)
+
+    def _finish(self, request: SimRequest) -> None:
+        request.is_done = True
+        if self.on_done is not None:
+            self.on_done(request, self.now)
+
+    # -- one GEN worker pass ------------------------------------------------------
+
+    def _worker_pass(self, worker: GenWorker) -> None:
+        now, scheduler = self.now, worker.scheduler
+        if worker.plan is not None:
+            scheduler.postprocess(worker.plan, now)
+            if worker.plan.batch_ids:
+                self.tokens_by_time.append((now, len(worker.plan.batch_ids)))
+            worker.plan = None
+        if self.config.mode == "recompute":
+            self._evict_for_at_risk(worker)
+        plan = scheduler.step(now)
+        self._record(worker, plan)
+        if plan.stat_line is not None:
+            self.stat_lines.append((worker.index, plan.stat_line))
+        if not plan.batch_ids:
+            scheduler.postprocess(plan, now)
+            worker.is_busy = False
+            return
+        worker.plan = plan
+        self.schedule(now + self._step_time(worker, plan), _WORKER, worker)
+
+    def _step_time(self, worker: GenWorker, plan: GenPlan) -> float:
+        model = self.config.step_model
+        context = 0
+        for request_id in plan.batch_ids:
+            gen = self.requests[request_id].gen
+            assert gen is not None
+            context += gen.prompt_len + gen.num_output_tokens
+        seconds = model.decode_step_time(len(plan.batch_ids), context)
+        for request_id in plan.admitted_ids:
+            recomputed = worker.recompute_tokens.pop(request_id, None)
+            if recomputed is not None:  # the evicted KV is rebuilt by a prefill
+                seconds += model.prefill_time(recomputed)
+        return seconds
+
+    def _record(self, worker: GenWorker, plan: GenPlan) -> None:
+        now = self.now
+        for request_id in plan.finished_ids:
+            request = self.requests[request_id]
+            worker.evicting.discard(request_id)
+            assert request.gen is not None
+            if request.gen.finish_reason is FinishReason.ABORT:
+                self._requeue_evicted(worker, request_id)
+                continue
+            assert request.gen is not None
+            request.first_gen_token = request.gen.first_gen_token_time
+            request.last_token = request.gen.last_token_time
+            self._finish(request)
+        for request_id in plan.admitted_ids:
+            request = self.requests[request_id]
+            if request.admitted is None:
+                request.admitted = now
+        for request_id in plan.paused_ids:
+            self.requests[request_id].num_pauses += 1
+
+    # -- recompute baseline -------------------------------------------------------
+
+    def _evict_for_at_risk(self, worker: GenWorker) -> None:
+        """vLLM-style: drop the newest resident's KV so an at-risk waiter gets in."""
+        scheduler, now = worker.scheduler, self.now
+        if not scheduler.queue.is_head_at_risk(now) or scheduler.slots.can_allocate():
+            return
+        budget = min(scheduler.queue.num_at_risk(now), 4)
+        newest_first = reversed(scheduler.active_ids())
+        for request_id in newest_first:
+            if budget == 0:
+                break
+            request = self.requests[request_id]
+            gen = request.gen
+            assert gen is not None
+            if (
+                request.num_evictions >= self.config.max_evictions_per_request
+                or gen.num_remaining_tokens == 0  # finished in the step that just ended
+            ):
+                continue
+            request.num_evictions += 1
+            worker.evicting.add(request_id)
+            scheduler.abort(request_id)
+            budget -= 1
+
+    def _requeue_evicted(self, worker: GenWorker, request_id: str) -> None:
+        request = self.requests[request_id]
+        old = request.gen
+        assert old is not None
+        request.gen = GenRequest(
+            request_id=request_id,
+            prompt_len=old.prompt_len,
+            max_tokens=old.max_tokens,
+            arrival_time=self.now,  # back of the line: no immediate re-eviction thrash
+            first_token_time=old.first_token_time,
+            num_output_tokens=old.num_output_tokens,
+        )
+        request.gen.first_gen_token_time = old.first_gen_token_time
+        worker.recompute_tokens[request_id] = old.prompt_len + old.num_output_tokens
+        worker.scheduler.add_request(request.gen, self.now)

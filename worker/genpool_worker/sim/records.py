@@ -1,0 +1,68 @@
+"""Per-request records of a simulation and the metric definitions (DESIGN.md §9).
+
+Defined once here and in docs/sim.md:
+- ``ttft_ctx``       arrival -> first token from the context stage (``first_token_time``)
+- ``ttft``           arrival -> first token emitted by the GEN worker (first decode step
+                     after admission): the latency the policy attacks
+- ``admission_wait`` GEN arrival -> (first) admission
+- ``tpot``           (last token - first GEN token) / (GEN tokens - 1), pauses included
+- ``e2e``            arrival -> last token
+- ``output_rate``    (n - 1) / (last token - first_token_time): the SLO's rate
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from genpool_worker.request import GenRequest
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest:
+    request_id: str
+    arrival: float
+    prompt_tokens: int
+    output_tokens: int
+    client: int | None = None
+    first_token_time: float | None = None
+    gen_arrival: float | None = None
+    admitted: float | None = None
+    first_gen_token: float | None = None
+    last_token: float | None = None
+    num_pauses: int = 0
+    num_evictions: int = 0
+    worker: int | None = None
+    gen: GenRequest | None = None
+    is_done: bool = False
+
+    @property
+    def ttft_ctx(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_gen_token is None else self.first_gen_token - self.arrival
+
+    @property
+    def admission_wait(self) -> float | None:
+        if self.admitted is None or self.gen_arrival is None:
+            return None
+        return self.admitted - self.gen_arrival
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.last_token is None else self.last_token - self.arrival
+
+    @property
+    def tpot(self) -> float | None:
+        gen_tokens = self.output_tokens - 1
+        if gen_tokens < 2 or self.first_gen_token is None or self.last_token is None:
+            return None
+        return (self.last_token - self.first_gen_token) / (gen_tokens - 1)
+
+    @property
+    def output_rate(self) -> float | None:
+        if self.output_tokens < 2 or self.last_token is None or self.first_token_time is None:
+            return None
+        span = self.last_token - self.first_token_time
+        return float("inf") if span <= 0 else (self.output_tokens - 1) / span

@@ -1,0 +1,102 @@
+"""Aggregate runs over seeds: means, paired deltas vs ``off`` with 95% CIs, the table."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from genpool_worker.sim.experiment import RunResult
+
+# Two-sided 95% Student t quantiles by degrees of freedom (1..30); 1.96 beyond.
+_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+        2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+        2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]  # fmt: skip
+
+TABLE_METRICS = (
+    ("ttft_p50", "TTFT p50 s"),
+    ("ttft_p90", "TTFT p90 s"),
+    ("ttft_p99", "TTFT p99 s"),
+    ("admission_wait_p50", "wait p50 s"),
+    ("admission_wait_p90", "wait p90 s"),
+    ("admission_wait_p99", "wait p99 s"),
+    ("e2e_p50", "E2E p50 s"),
+    ("e2e_p90", "E2E p90 s"),
+    ("e2e_p99", "E2E p99 s"),
+    ("tpot_mean", "TPOT mean s"),
+    ("tpot_p90", "TPOT p90 s"),
+    ("below_target", "below T"),
+    ("output_tokens_per_s", "tok/s"),
+)
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% confidence interval (t distribution)."""
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan
+    mean = sum(values) / n
+    if n == 1:
+        return mean, math.nan
+    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    t = _T95[n - 2] if n - 1 <= len(_T95) else 1.96
+    return mean, t * math.sqrt(var / n)
+
+
+def summarize(results: Sequence[RunResult]) -> dict[str, dict[str, dict[str, float]]]:
+    """{mode: {metric: {mean, ci, delta, delta_ci, delta_pct}}} over the seeds."""
+    by_mode: dict[str, dict[int, RunResult]] = {}
+    for result in results:
+        by_mode.setdefault(result.mode, {})[result.seed] = result
+    off = by_mode.get("off", {})
+    summary: dict[str, dict[str, dict[str, float]]] = {}
+    for mode, runs in by_mode.items():
+        summary[mode] = {}
+        names = sorted({k for r in runs.values() for k in r.metrics})
+        for name in names:
+            values = [r.metrics[name] for r in runs.values() if name in r.metrics]
+            mean, ci = mean_ci(values)
+            entry = {"mean": mean, "ci95": ci, "seeds": float(len(values))}
+            paired = [
+                (r.metrics[name], off[s].metrics[name])
+                for s, r in runs.items()
+                if s in off and name in r.metrics and name in off[s].metrics
+            ]
+            if paired and mode != "off":
+                delta, delta_ci = mean_ci([a - b for a, b in paired])
+                base = sum(b for _, b in paired) / len(paired)
+                entry |= {"delta": delta, "delta_ci95": delta_ci}
+                entry["delta_pct"] = 100.0 * delta / base if base else math.nan
+            summary[mode][name] = entry
+        targets = [r.target_output_tps for r in runs.values() if r.target_output_tps]
+        summary[mode]["target_output_tps"] = {"mean": mean_ci(targets)[0] if targets else math.nan}
+    return summary
+
+
+def _cell(entry: dict[str, float] | None, is_ratio: bool) -> str:
+    if entry is None or math.isnan(entry["mean"]):
+        return "-"
+    if is_ratio:
+        text = f"{100 * entry['mean']:.1f}%"
+    elif entry["mean"] >= 100:
+        text = f"{entry['mean']:.0f}"
+    else:
+        text = f"{entry['mean']:.3f}"
+    if "delta_pct" in entry and not math.isnan(entry["delta_pct"]):
+        half = entry.get("delta_ci95", math.nan)
+        scale = 100.0 if is_ratio else 1.0
+        unit = "pt" if is_ratio else ""
+        text += f" ({entry['delta'] * scale:+.3g}{unit} ±{half * scale:.2g})"
+    return text
+
+
+def format_table(summary: dict[str, dict[str, dict[str, float]]], title: str = "") -> str:
+    modes = list(summary)
+    rows = [[label] + [_cell(summary[m].get(key), key == "below_target") for m in modes]
+            for key, label in TABLE_METRICS]  # fmt: skip
+    header = ["metric (mean over seeds; delta vs off ±95% CI)", *modes]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [title] if title else []
+    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
