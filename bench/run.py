@@ -21,6 +21,7 @@ from typing import Any
 # name -> module; the name is also the results file name.
 BENCHMARKS: dict[str, str] = {
     "scheduler": "bench.scheduler",
+    "sim": "bench.sim",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

@@ -240,12 +240,13 @@ def test_quiet_window_has_no_ratios_but_keeps_totals() -> None:
     assert line.below_target_window is None
     assert line.below_target_total == pytest.approx(605 / 5000)
     assert line.mean_laxity is None
-    assert line.victims == {"laxity": 0, "below_target": 0, "sacrificed": 0}
+    # Kinds with no pause in the window are left out, so a quiet window shows "-".
+    assert line.victims == {}
     assert (line.completed_window, line.pauses_window) == (0, 0)
     text = format_statline(line)
     assert " below_target=-/0.121 " in text
     assert " mean_laxity=- " in text
-    assert " victims=laxity:0,below_target:0,sacrificed:0 " in text
+    assert " victims=- " in text
     assert text.endswith(" completed=0/5230 pauses=0/2110")
 
 
@@ -272,6 +273,14 @@ def test_new_victim_kind_in_window_counts_from_zero() -> None:
     assert line.victims["wait"] == 3
     text = format_statline(line)
     assert "victims=laxity:40,below_target:10,sacrificed:7,wait:3 " in text
+
+
+def test_kind_without_pauses_in_the_window_is_left_out() -> None:
+    prev, cur = slo_snapshots()
+    cur = dataclasses.replace(cur, victims={**cur.victims, "sacrificed": 5})  # as in prev
+    line = make_statline(cur, prev)
+    assert line.victims == {"laxity": 40, "below_target": 10}
+    assert " victims=laxity:40,below_target:10 mean_laxity=1.27 " in format_statline(line)
 
 
 def test_unknown_victim_kinds_sort_after_known_ones() -> None:
