@@ -60,5 +60,7 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [f"simulator speed ({result['scenario']}, {result['duration_s']:.0f} s simulated)"]
     for mode, row in result["per_mode"].items():
         lines.append(f"  {mode:<18} {row['speedup']:8.1f}x  ({row['wall_s']:.1f} s wall)")
-    lines.append(f"  overall            {result['speedup']:8.1f}x  (target >= {TARGET_SPEEDUP:.0f}x)")
+    lines.append(
+        f"  overall            {result['speedup']:8.1f}x  (target >= {TARGET_SPEEDUP:.0f}x)"
+    )
     return "\n".join(lines)

@@ -123,11 +123,11 @@ class GenScheduler:
         if plan is not self._last_plan:
             raise ValueError("postprocess takes the latest plan, once")
         self._check_time(now)
-        unknown = set(stop_ids) - set(plan.batch_ids)
-        if unknown:
-            raise ValueError(f"stop ids not in this pass's batch: {sorted(unknown)}")
-        self._last_plan = None
         stops = set(stop_ids)
+        if stops and not stops.issubset(plan.batch_ids):
+            unknown = sorted(stops.difference(plan.batch_ids))
+            raise ValueError(f"stop ids not in this pass's batch: {unknown}")
+        self._last_plan = None
         for request_id in plan.batch_ids:
             request = self._active[request_id]
             request.num_output_tokens += 1
@@ -264,12 +264,13 @@ class GenScheduler:
         )
         paused: list[str] = []
         admitted: list[str] = []
+        victims = self.policy.choose_victims(list(self._active.values()), now)
         while (
             len(paused) < budget
             and self.queue.is_head_at_risk(now)
             and len(self._active) >= self.max_batch_size
         ):
-            victim = self.policy.choose_victim(self._active.values(), now)
+            victim = next(victims, None)
             if victim is None:
                 break
             self.policy.pause(victim, now)

@@ -7,7 +7,7 @@ counters behind the stat line live here, once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -72,8 +72,19 @@ class PreemptionPolicy:
 
     # -- policy hooks -------------------------------------------------------------
 
+    def choose_victims(self, active: Iterable[GenRequest], now: float) -> Iterator[Victim]:
+        """Victims in the order the policy would pause them, computed in one scan.
+
+        Pausing one request does not change another's standing at the same ``now``,
+        so one ranked scan per pass gives what repeated single choices would.
+        Lazy: the scheduler stops taking victims when the head is no longer at risk.
+        Pure: nothing is mutated until :meth:`pause`.
+        """
+        return iter(())
+
     def choose_victim(self, active: Iterable[GenRequest], now: float) -> Victim | None:
-        return None
+        """The next victim (the first of :meth:`choose_victims`)."""
+        return next(self.choose_victims(active, now), None)
 
     def on_complete(self, request: GenRequest, now: float) -> None:
         """A resident finished (not aborted); ``request`` holds its final counts."""
@@ -100,8 +111,6 @@ class PreemptionPolicy:
             self.step_time_s = (1.0 - w) * self.step_time_s + w * seconds
 
     def is_in_hysteresis(self, request: GenRequest, now: float) -> bool:
-        if request.run_started_at is None:
-            return False
         return request.num_output_tokens - request.tokens_at_run_start < self.HYSTERESIS_TOKENS
 
     def pause(self, victim: Victim, now: float) -> None:

@@ -9,7 +9,7 @@ exactly the SLO budget that on-target completions leave unused.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
 from genpool_worker.preemption.base import PreemptionPolicy, Victim
@@ -69,11 +69,12 @@ class TargetOutputTpsPolicy(PreemptionPolicy):
 
     # -- victims -------------------------------------------------------------------
 
-    def choose_victim(self, active: Iterable[GenRequest], now: float) -> Victim | None:
-        laxity_victim: tuple[float, GenRequest] | None = None
-        below_victim: GenRequest | None = None
-        sacrifice: GenRequest | None = None
-        for request in active:
+    def choose_victims(self, active: Iterable[GenRequest], now: float) -> Iterator[Victim]:
+        """Laxity victims (most laxity first), then below-target, then sacrifices."""
+        laxity: list[tuple[float, int, GenRequest]] = []
+        below: list[GenRequest] = []
+        sacrifices: list[GenRequest] = []
+        for order, request in enumerate(active):
             span = self.decode_span(request)
             if span <= 0.0 or self.is_in_hysteresis(request, now):
                 continue
@@ -81,28 +82,43 @@ class TargetOutputTpsPolicy(PreemptionPolicy):
             if (
                 lax >= self.MIN_LAXITY_FRACTION * span
                 and request.num_pauses < self.MAX_LAXITY_PAUSES
-                and (laxity_victim is None or lax > laxity_victim[0])
             ):
-                laxity_victim = (lax, request)
+                laxity.append((-lax, order, request))
             is_below = lax < 0.0 or request.is_sacrificed
             if is_below and request.num_pauses < self.MAX_BELOW_TARGET_PAUSES:
-                below_victim = _longer_resident(below_victim, request)
+                below.append(request)
             if not request.is_sacrificed:
-                sacrifice = _longer_resident(sacrifice, request)
-        if laxity_victim is not None:
-            lax, request = laxity_victim
+                sacrifices.append(request)
+        return self._ranked(now, laxity, below, sacrifices)
+
+    def _ranked(
+        self,
+        now: float,
+        laxity: list[tuple[float, int, GenRequest]],
+        below: list[GenRequest],
+        sacrifices: list[GenRequest],
+    ) -> Iterator[Victim]:
+        chosen: set[int] = set()
+        laxity.sort(key=lambda entry: (entry[0], entry[1]))  # most laxity, then batch order
+        for negative_lax, _, request in laxity:
             span = self.decode_span(request)
+            lax = -negative_lax
             hold = min(
                 lax - self.RESUME_LAXITY_FRACTION * span, self.MAX_LAXITY_PAUSE_FRACTION * span
             )
-            return Victim(request, VictimKind.LAXITY, now + hold, laxity=lax)
-        if below_victim is not None:
-            due = now + self.WINDOW_FRACTION * self.decode_span(below_victim)
-            return Victim(below_victim, VictimKind.BELOW_TARGET, due)
-        if sacrifice is not None and self.credit >= 1.0:
-            due = now + self.WINDOW_FRACTION * self.decode_span(sacrifice)
-            return Victim(sacrifice, VictimKind.SACRIFICED, due)
-        return None
+            chosen.add(id(request))
+            yield Victim(request, VictimKind.LAXITY, now + hold, laxity=lax)
+        for request in _longest_resident_first(below):
+            if id(request) not in chosen:
+                chosen.add(id(request))
+                due = now + self.WINDOW_FRACTION * self.decode_span(request)
+                yield Victim(request, VictimKind.BELOW_TARGET, due)
+        for request in _longest_resident_first(sacrifices):
+            # Re-read the credit: pausing a sacrifice spends it before the next one.
+            if id(request) not in chosen and self.credit >= 1.0:
+                chosen.add(id(request))
+                due = now + self.WINDOW_FRACTION * self.decode_span(request)
+                yield Victim(request, VictimKind.SACRIFICED, due)
 
     def pause(self, victim: Victim, now: float) -> None:
         super().pause(victim, now)
@@ -151,9 +167,6 @@ class TargetOutputTpsPolicy(PreemptionPolicy):
         return {"credit": self.credit, "paused_below_target": paused_below}
 
 
-def _longer_resident(current: GenRequest | None, candidate: GenRequest) -> GenRequest:
-    """The longest resident (earliest ``resident_since``); ties keep the earlier one."""
-    if current is None:
-        return candidate
-    assert current.resident_since is not None and candidate.resident_since is not None
-    return candidate if candidate.resident_since < current.resident_since else current
+def _longest_resident_first(requests: list[GenRequest]) -> list[GenRequest]:
+    """Earliest ``resident_since`` first; the sort is stable, so ties keep batch order."""
+    return sorted(requests, key=lambda r: r.resident_since or 0.0)

@@ -12,7 +12,7 @@ their budget); overshoot shortens it. Bounded steps and bounds keep it stable.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
 from genpool_worker.preemption.base import PreemptionPolicy, Victim
@@ -46,17 +46,18 @@ class TpotBudgetPolicy(PreemptionPolicy):
     def budget_left(self, request: GenRequest, now: float) -> float:
         return self.budget * request.unpaused_time(now) - request.paused_time
 
-    def choose_victim(self, active: Iterable[GenRequest], now: float) -> Victim | None:
-        best: tuple[float, GenRequest] | None = None
-        for request in active:
+    def choose_victims(self, active: Iterable[GenRequest], now: float) -> Iterator[Victim]:
+        """Most budget left first (at least one window of it)."""
+        ranked: list[tuple[float, int, GenRequest]] = []
+        for order, request in enumerate(active):
             if request.num_pauses >= self.max_pauses or self.is_in_hysteresis(request, now):
                 continue
             left = self.budget_left(request, now)
-            if left >= self.window_s and (best is None or left > best[0]):
-                best = (left, request)
-        if best is None:
-            return None
-        return Victim(best[1], VictimKind.WAIT, now + self.window_s)
+            if left >= self.window_s:
+                ranked.append((-left, order, request))
+        ranked.sort(key=lambda entry: (entry[0], entry[1]))
+        due = now + self.window_s
+        return (Victim(request, VictimKind.WAIT, due) for _, _, request in ranked)
 
     def on_complete(self, request: GenRequest, now: float) -> None:
         if request.num_pauses == 0 or request.unpaused_decode_time <= 0.0:
