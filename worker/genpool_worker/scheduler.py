@@ -119,7 +119,12 @@ class GenScheduler:
             raise UnknownRequestError(request_id)
 
     def postprocess(self, plan: GenPlan, now: float, stop_ids: tuple[str, ...] = ()) -> None:
-        """Each batch request produced one token at ``now``; ``stop_ids`` hit EOS."""
+        """Each batch request produced one token at ``now``; ``stop_ids`` hit EOS.
+
+        A request admitted with ``num_output_tokens == 0`` (the worker does its own
+        prefill) gets its first token from that prefill in its admission pass; the
+        first token stamps ``first_token_time`` when no context server did.
+        """
         if plan is not self._last_plan:
             raise ValueError("postprocess takes the latest plan, once")
         self._check_time(now)
@@ -134,6 +139,8 @@ class GenScheduler:
             request.last_token_time = now
             if request.first_gen_token_time is None:
                 request.first_gen_token_time = now
+            if request.first_token_time is None:  # this worker did the prefill
+                request.first_token_time = now
             if request.num_output_tokens >= request.max_tokens:
                 self._pending_finish.setdefault(request_id, FinishReason.LENGTH)
             elif request_id in stops:

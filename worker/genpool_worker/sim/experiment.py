@@ -113,6 +113,8 @@ def measure(
     for name, values in (("ttft", ttft), ("admission_wait", wait), ("e2e", e2e)):
         for q in (50, 90, 99):
             metrics[f"{name}_p{q}"] = percentile(values, q)
+    metrics["ttft_mean"] = sum(ttft) / len(ttft) if ttft else math.nan
+    metrics["e2e_mean"] = sum(e2e) / len(e2e) if e2e else math.nan
     metrics["ttft_ctx_p90"] = percentile([r.ttft_ctx or 0.0 for r in done], 90)
     metrics["tpot_mean"] = sum(tpot) / len(tpot) if tpot else math.nan
     metrics["tpot_p90"] = percentile(tpot, 90)

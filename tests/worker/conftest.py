@@ -1,0 +1,80 @@
+"""A real worker (engine thread + uvicorn on loopback) around the synthetic model."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import uvicorn
+
+from genpool_worker.engine import GenEngine
+from genpool_worker.metrics import WorkerMetrics
+from genpool_worker.server import create_app
+from genpool_worker.synthetic import SyntheticModel, SyntheticTokenizer
+from genpool_worker.worker_cli import WorkerConfig, build_scheduler
+
+
+@dataclass
+class RunningWorker:
+    url: str
+    engine: GenEngine
+
+    def client(self, **kw: object) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30.0, **kw)  # type: ignore[arg-type]
+
+    def async_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, timeout=60.0)
+
+
+@contextmanager
+def run_worker(admin_token: str | None = None, **overrides: object) -> Iterator[RunningWorker]:
+    config = WorkerConfig.model_validate(
+        {"model": "synthetic:test", "synthetic_time_scale": 0.2, **overrides}
+    )
+    scheduler = build_scheduler(config)
+    model = SyntheticModel("test", num_slots=scheduler.slots.pool_size,
+                           max_seq_len=config.max_seq_len,
+                           time_scale=config.synthetic_time_scale)  # fmt: skip
+    metrics = WorkerMetrics(model.name, True)
+    engine = GenEngine(model, SyntheticTokenizer(), scheduler, on_step=metrics.observe_step)
+    app = create_app(engine, SyntheticTokenizer(), metrics, admin_token=admin_token,
+                     stamp_arrival=config.stamp_arrival)  # fmt: skip
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])))
+    engine.start()
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert time.monotonic() < deadline, "worker did not start"
+        time.sleep(0.02)
+    try:
+        yield RunningWorker(f"http://127.0.0.1:{port}", engine)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        engine.stop()
+        sock.close()
+
+
+@pytest.fixture
+def worker_factory() -> Iterator[Callable[..., RunningWorker]]:
+    stack: list[object] = []
+
+    def start(**kw: object) -> RunningWorker:
+        manager = run_worker(**kw)  # type: ignore[arg-type]
+        stack.append(manager)
+        return manager.__enter__()
+
+    yield start
+    for manager in reversed(stack):
+        manager.__exit__(None, None, None)  # type: ignore[attr-defined]

@@ -1,0 +1,107 @@
+"""HTTP bodies of the worker API, validated with pydantic (unknown fields rejected)."""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_BODY_BYTES = 1 << 20
+MAX_TEMPERATURE = 2.0
+# Clients and workers do not share a clock: an arrival stamped this far in the
+# future is clamped to now; further is a client bug and rejected.
+ARRIVAL_SKEW_TOLERANCE_S = 5.0
+
+
+def _finite_time(value: float | None, name: str) -> float | None:
+    if value is not None and not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"{name} must be a finite time >= 0")
+    return value
+
+
+class GenPoolTiming(BaseModel):
+    """The ``genpool`` extension: timing metadata from a router or context server."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    arrival_time: float | None = Field(default=None, description="Unix seconds at GEN arrival")
+    first_token_time: float | None = Field(default=None, description="Unix s of token 1")
+
+    @field_validator("arrival_time", "first_token_time", mode="before")
+    @classmethod
+    def _int_ok(cls, value: object) -> object:
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _times(self) -> GenPoolTiming:
+        _finite_time(self.arrival_time, "arrival_time")
+        _finite_time(self.first_token_time, "first_token_time")
+        return self
+
+
+class CompletionRequest(BaseModel):
+    """OpenAI ``/v1/completions`` subset."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    prompt: str | list[int]
+    max_tokens: int = Field(default=16, ge=1)
+    temperature: float = Field(default=0.0, ge=0.0, le=MAX_TEMPERATURE)
+    stream: bool = False
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    model: str | None = None
+    user: str | None = None
+    genpool: GenPoolTiming | None = None
+
+    @field_validator("temperature", mode="before")
+    @classmethod
+    def _int_temperature(cls, value: object) -> object:
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @field_validator("temperature")
+    @classmethod
+    def _finite_temperature(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("temperature must be finite")
+        return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, value: str | list[int]) -> str | list[int]:
+        if len(value) == 0:
+            raise ValueError("prompt must not be empty")
+        return value
+
+
+class ConfigUpdate(BaseModel):
+    """``PUT /config``: live knobs, tagged with the operator's generation."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    generation: int = Field(ge=0)
+    resident_headroom: int | None = Field(default=None, ge=0)
+    paused_cap: int | None = Field(default=None, ge=0)
+    slack_s: float | None = Field(default=None, ge=0.0)
+    admission_target_min_s: float | None = Field(default=None, gt=0.0)
+    admission_target_max_s: float | None = Field(default=None, gt=0.0)
+
+    @field_validator(
+        "slack_s", "admission_target_min_s", "admission_target_max_s", mode="before"
+    )
+    @classmethod
+    def _int_ok(cls, value: object) -> object:
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    def knobs(self) -> dict[str, float | int]:
+        return {k: v for k, v in self.model_dump(exclude={"generation"}).items() if v is not None}
+
+
+class DrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    timeout_s: float = Field(default=60.0, gt=0.0, le=3600.0)
+
+    @field_validator("timeout_s", mode="before")
+    @classmethod
+    def _int_ok(cls, value: object) -> object:
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value

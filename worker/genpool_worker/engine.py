@@ -1,0 +1,327 @@
+"""The GEN engine loop: schedule (the pass) -> run the model on the batch -> postprocess.
+
+One thread owns the scheduler and the model; HTTP handlers talk to it only through
+``submit`` / ``abort`` / ``reconfigure`` (thread-safe inboxes) and read the snapshot it
+publishes after every pass. Tokens stream back through each request's asyncio queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from genpool_worker.admission import QueueFullError
+from genpool_worker.request import GenRequest
+from genpool_worker.scheduler import GenPlan, GenScheduler
+from genpool_worker.statline import format_statline, make_statline
+from genpool_worker.stats import SchedulerStats
+
+STAT_LOGGER = logging.getLogger("genpool.gen_preemption")
+log = logging.getLogger("genpool.worker")
+IDLE_PASS_S = 0.25  # an idle worker still passes, so its stat line keeps coming
+
+
+class DecodeModel(Protocol):
+    name: str
+    is_synthetic: bool
+    eos_token_id: int | None
+    num_slots: int
+    max_seq_len: int
+
+    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor: ...
+
+    def decode(
+        self, slots: list[int], token_ids: list[int], positions: list[int]
+    ) -> torch.Tensor: ...
+
+
+class Tokenizer(Protocol):
+    eos_token_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    """What the HTTP layer submits; events come back on ``events``."""
+
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    loop: asyncio.AbstractEventLoop
+    temperature: float = 0.0
+    seed: int | None = None
+    arrival_time: float | None = None
+    first_token_time: float | None = None
+    events: asyncio.Queue[tuple[Any, ...]] = field(default_factory=asyncio.Queue)
+    output_ids: list[int] = field(default_factory=list)
+    text_sent: int = 0
+    generator: torch.Generator | None = None
+
+    def emit(self, *event: Any) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    stats: SchedulerStats
+    stat_line: str
+    config: dict[str, Any]
+    inflight: int
+    tokens_total: int
+    passes: int
+
+
+class GenEngine:
+    def __init__(
+        self,
+        model: DecodeModel,
+        tokenizer: Tokenizer,
+        scheduler: GenScheduler,
+        *,
+        clock: Callable[[], float] = time.time,
+        on_step: Callable[[float, int], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.scheduler = scheduler
+        self._clock = clock
+        self._on_step = on_step
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._inbox: list[EngineRequest] = []
+        self._aborts: list[str] = []
+        self._configs: list[tuple[dict[str, Any], Future[dict[str, Any]]]] = []
+        self._requests: dict[str, EngineRequest] = {}
+        self._last_now = 0.0
+        self._inflight = 0
+        self._tokens_total = 0
+        self._passes = 0
+        self._last_line: str | None = None
+        self.generation = 0
+        self.is_draining = False
+        self.error: BaseException | None = None
+        self._running = False
+        self._thread = threading.Thread(target=self._run, name="genpool-engine", daemon=True)
+        self.snapshot = self._make_snapshot(self._now())
+
+    # -- API for other threads ------------------------------------------------------
+
+    def start(self) -> None:
+        self._running = True
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._running = False
+        self._wake.set()
+        self._thread.join(timeout)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    def submit(self, request: EngineRequest) -> None:
+        with self._lock:
+            self._inbox.append(request)
+            self._inflight += 1
+        self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self._aborts.append(request_id)
+        self._wake.set()
+
+    def reconfigure(self, update: dict[str, Any]) -> Future[dict[str, Any]]:
+        future: Future[dict[str, Any]] = Future()
+        with self._lock:
+            self._configs.append((update, future))
+        self._wake.set()
+        return future
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def _now(self) -> float:
+        # Wall clock (clients send arrival times in it), never allowed to go back.
+        self._last_now = max(self._last_now, self._clock())
+        return self._last_now
+
+    def _run(self) -> None:
+        try:
+            while self._running:
+                self._take_inputs()
+                if not (self.scheduler.num_residents or self.scheduler.num_waiting):
+                    self._wake.wait(IDLE_PASS_S)
+                    self._wake.clear()
+                    self._take_inputs()
+                self._pass()
+        except BaseException as exc:  # the worker must report, not hang: /health goes red
+            self.error = exc
+            log.exception("engine loop died")
+            with self._lock:
+                pending = list(self._requests.values()) + self._inbox
+            for request in pending:
+                request.emit("error", 500, f"engine failure: {exc}")
+
+    def _take_inputs(self) -> None:
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+            aborts, self._aborts = self._aborts, []
+            configs, self._configs = self._configs, []
+        now = self._now()
+        for request in inbox:
+            self._admit_to_queue(request, now)
+        for request_id in aborts:
+            if request_id in self._requests:
+                self.scheduler.abort(request_id)
+        for update, future in configs:
+            try:
+                self.scheduler.set_knobs(**update)
+                future.set_result(self.config())
+            except (ValueError, TypeError) as exc:
+                future.set_exception(exc)
+
+    def _admit_to_queue(self, request: EngineRequest, now: float) -> None:
+        gen = GenRequest(
+            request_id=request.request_id,
+            prompt_len=len(request.prompt_ids),
+            max_tokens=request.max_tokens,
+            arrival_time=None if request.arrival_time is None else min(request.arrival_time, now),
+            first_token_time=request.first_token_time,
+            num_output_tokens=0,
+        )
+        try:
+            self.scheduler.add_request(gen, now)
+        except QueueFullError as exc:
+            self._inflight -= 1
+            request.emit("rejected", 429, str(exc))
+            return
+        except ValueError as exc:
+            self._inflight -= 1
+            request.emit("rejected", 400, str(exc))
+            return
+        if request.temperature > 0.0:
+            request.generator = torch.Generator().manual_seed(
+                request.seed if request.seed is not None else hash(request.request_id) & 0xFFFF
+            )
+        self._requests[request.request_id] = request
+        request.emit("accepted")
+
+    def _pass(self) -> None:
+        now = self._now()
+        plan = self.scheduler.step(now)
+        for request_id in plan.finished_ids:
+            self._finish(request_id)
+        if plan.stat_line is not None:
+            self._last_line = plan.stat_line
+            STAT_LOGGER.info(plan.stat_line)
+        started = time.perf_counter()
+        tokens = self._run_model(plan) if plan.batch_ids else {}
+        end = self._now()
+        stops = tuple(rid for rid, token in tokens.items() if token == self.model.eos_token_id)
+        self.scheduler.postprocess(plan, end, stops)
+        for request_id, token in tokens.items():
+            self._stream(self._requests[request_id], token)
+        self._tokens_total += len(tokens)
+        self._passes += 1
+        if plan.batch_ids and self._on_step is not None:
+            self._on_step(time.perf_counter() - started, len(plan.batch_ids))
+        self.snapshot = self._make_snapshot(end)
+
+    def _run_model(self, plan: GenPlan) -> dict[str, int]:
+        """Prefill the newly admitted (their token this pass), decode the rest."""
+        logits: dict[str, torch.Tensor] = {}
+        slots, last, positions, ids = [], [], [], []
+        for request_id, slot in zip(plan.batch_ids, plan.batch_slots, strict=True):
+            request = self._requests[request_id]
+            if not request.output_ids:
+                logits[request_id] = self.model.prefill(slot, request.prompt_ids)
+                continue
+            ids.append(request_id)
+            slots.append(slot)
+            last.append(request.output_ids[-1])
+            positions.append(len(request.prompt_ids) + len(request.output_ids) - 1)
+        if ids:
+            batch_logits = self.model.decode(slots, last, positions)
+            logits.update(zip(ids, batch_logits, strict=True))
+        return {rid: self._sample(self._requests[rid], row) for rid, row in logits.items()}
+
+    @staticmethod
+    def _sample(request: EngineRequest, logits: torch.Tensor) -> int:
+        if request.temperature <= 0.0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits.float() / request.temperature, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=request.generator))
+
+    def _stream(self, request: EngineRequest, token: int) -> None:
+        request.output_ids.append(token)
+        ids = request.output_ids
+        if ids[-1] == self.model.eos_token_id:
+            ids = ids[:-1]
+        text = self.tokenizer.decode(ids)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the rest
+            return
+        if len(text) > request.text_sent:
+            request.emit("token", text[request.text_sent :])
+            request.text_sent = len(text)
+
+    def _finish(self, request_id: str) -> None:
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return
+        with self._lock:
+            self._inflight -= 1
+        eos = self.model.eos_token_id
+        reason = "stop" if request.output_ids and request.output_ids[-1] == eos else "length"
+        if len(request.output_ids) < request.max_tokens and reason != "stop":
+            reason = "abort"
+        text = self.tokenizer.decode([t for t in request.output_ids if t != eos])
+        if len(text) > request.text_sent:
+            request.emit("token", text[request.text_sent :])
+        request.emit(
+            "done",
+            reason,
+            {
+                "prompt_tokens": len(request.prompt_ids),
+                "completion_tokens": len(request.output_ids),
+                "total_tokens": len(request.prompt_ids) + len(request.output_ids),
+            },
+        )
+
+    # -- views ------------------------------------------------------------------------
+
+    def config(self) -> dict[str, Any]:
+        scheduler = self.scheduler
+        headroom, cap = scheduler.capacity_in_force()
+        target = scheduler.queue.target
+        return {
+            "generation": self.generation,
+            "mode": scheduler.policy.mode.value,
+            "resident_headroom": scheduler.slots.resident_headroom(),
+            "max_resident_headroom": scheduler.slots.max_resident_headroom(),
+            "paused_cap": scheduler.policy.paused_cap,
+            "slack_s": scheduler.queue.slack_s,
+            "admission_target_min_s": target.x_min,
+            "admission_target_max_s": target.x_max,
+            "in_force": {"resident_headroom": headroom, "paused_cap": cap},
+        }
+
+    def _make_snapshot(self, now: float) -> EngineSnapshot:
+        stats = self.scheduler.make_stats(now)
+        line = self._last_line or format_statline(make_statline(stats, None))
+        return EngineSnapshot(
+            stats, line, self.config(), self._inflight, self._tokens_total, self._passes
+        )

@@ -1,0 +1,73 @@
+"""``--model synthetic:<name>``: no weights; each step sleeps the simulator's step time.
+
+For scale tests of the serving path (HTTP, scheduler, operator) without a model.
+Tokens are a deterministic function of the previous token, so outputs are
+reproducible; everything it serves is labelled synthetic (logs, /stats, metrics).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from genpool_worker.sim.stepmodel import DEFAULT_STEP_MODEL, StepModel
+
+SYNTHETIC_VOCAB = 256
+SYNTHETIC_EOS = 0
+
+
+class SyntheticTokenizer:
+    """Bytes as tokens (ids 1..255; 0 is EOS): any text round-trips."""
+
+    eos_token_id = SYNTHETIC_EOS
+    bos_token_id = None
+
+    def encode(self, text: str) -> list[int]:
+        return [b for b in text.encode("utf-8") if b != 0] or [32]
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if 0 < i < 256).decode("utf-8", errors="replace")
+
+
+class SyntheticModel:
+    is_synthetic = True
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        num_slots: int,
+        max_seq_len: int,
+        step_model: StepModel = DEFAULT_STEP_MODEL,
+        time_scale: float = 1.0,
+    ) -> None:
+        self.name = f"synthetic:{name}"
+        self.num_slots = num_slots
+        self.max_seq_len = max_seq_len
+        self.vocab_size = SYNTHETIC_VOCAB
+        self.eos_token_id = SYNTHETIC_EOS
+        self._step_model = step_model
+        self._time_scale = time_scale
+        self._lengths = [0] * (num_slots + 1)
+
+    def _logits_for(self, previous: list[int]) -> torch.Tensor:
+        # Printable lowercase letters and spaces, never EOS: requests end by length.
+        nxt = torch.tensor([97 + (p * 7 + 3) % 26 if p % 5 else 32 for p in previous])
+        logits = torch.full((len(previous), SYNTHETIC_VOCAB), -1e4)
+        logits[torch.arange(len(previous)), nxt] = 0.0
+        return logits
+
+    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
+        self._lengths[slot] = len(token_ids)
+        time.sleep(self._time_scale * self._step_model.prefill_time(len(token_ids)))
+        return self._logits_for([token_ids[-1]])[0]
+
+    def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
+        context = 0
+        for slot, position in zip(slots, positions, strict=True):
+            self._lengths[slot] = position + 1
+            context += position + 1
+        step = self._step_model.decode_step_time(len(slots), context)
+        time.sleep(self._time_scale * step)
+        return self._logits_for(token_ids)

@@ -1,0 +1,155 @@
+"""``genpool-worker``: one GEN worker process (model + engine + HTTP API)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from genpool_worker.engine import DecodeModel, GenEngine, Tokenizer
+from genpool_worker.metrics import WorkerMetrics
+from genpool_worker.preemption import GenCapacity, GenPreemptionConfigError
+from genpool_worker.scheduler import GenScheduler, SchedulerConfig
+
+log = logging.getLogger("genpool.worker")
+Mode = Literal["off", "tpot_budget", "target_output_tps"]
+
+
+class WorkerConfig(BaseModel):
+    """Everything the CRD's engine and preemption sections can set, checked once."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "smollm2-135m"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    device: str = "cpu"
+    max_batch_size: int = Field(default=16, ge=1, le=4096)
+    max_num_active_requests: int | None = Field(default=None, ge=1)
+    max_seq_len: int = Field(default=2048, ge=16, le=1 << 20)
+    max_queue_length: int = Field(default=1024, ge=1)
+    preemption_mode: Mode = "off"
+    target_output_tps: float | None = Field(default=None, gt=0)
+    tpot_budget: float | None = Field(default=None, gt=0)
+    slack_s: float = Field(default=0.5, ge=0)
+    max_pauses_per_request: int = Field(default=2, ge=1)
+    admission_target_min_s: float = Field(default=0.25, gt=0)
+    admission_target_max_s: float = Field(default=30.0, gt=0)
+    resident_headroom: int | None = Field(default=None, ge=0)
+    max_resident_headroom: int | None = Field(default=None, ge=0)
+    paused_cap: int | None = Field(default=None, ge=0)
+    stat_interval_s: float = Field(default=30.0, gt=0)
+    stamp_arrival: bool = False
+    synthetic_time_scale: float = Field(default=1.0, ge=0)
+
+    @model_validator(mode="after")
+    def _mode_parameter(self) -> WorkerConfig:
+        if self.preemption_mode == "target_output_tps" and self.target_output_tps is None:
+            raise ValueError("--preemption-mode target_output_tps needs --target-output-tps")
+        if self.preemption_mode == "tpot_budget" and self.tpot_budget is None:
+            raise ValueError("--preemption-mode tpot_budget needs --tpot-budget")
+        return self
+
+    def preemption_settings(self) -> dict[str, object]:
+        settings: dict[str, object] = {
+            "slack_s": self.slack_s,
+            "max_pauses_per_request": self.max_pauses_per_request,
+            "admission_target_min_s": self.admission_target_min_s,
+            "admission_target_max_s": self.admission_target_max_s,
+            "resident_headroom": self.resident_headroom,
+            "max_resident_headroom": self.max_resident_headroom,
+            "paused_cap": self.paused_cap,
+        }
+        if self.preemption_mode == "target_output_tps":
+            settings["target_output_tps"] = self.target_output_tps
+        elif self.preemption_mode == "tpot_budget":
+            settings["tpot_budget"] = self.tpot_budget
+        return settings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="genpool-worker", description=__doc__)
+    for name, field in WorkerConfig.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        if field.annotation is bool:
+            parser.add_argument(flag, action="store_true", default=None)
+        else:
+            parser.add_argument(flag, default=None, help=field.description)
+    return parser
+
+
+def parse_config(argv: Sequence[str] | None) -> WorkerConfig:
+    ns = build_parser().parse_args(argv)
+    given = {k: v for k, v in vars(ns).items() if v is not None}
+    return WorkerConfig.model_validate(given)
+
+
+def build_scheduler(config: WorkerConfig) -> GenScheduler:
+    capacity = GenCapacity(config.max_batch_size, config.max_num_active_requests)
+    return GenScheduler.from_settings(
+        config.preemption_settings(),
+        capacity,
+        SchedulerConfig(max_queue_length=config.max_queue_length,
+                        stat_interval_s=config.stat_interval_s),  # fmt: skip
+    )
+
+
+def build_model(config: WorkerConfig, num_slots: int) -> tuple[DecodeModel, Tokenizer]:
+    if config.model.startswith("synthetic:"):
+        from genpool_worker.synthetic import SyntheticModel, SyntheticTokenizer
+
+        model = SyntheticModel(config.model.split(":", 1)[1] or "default", num_slots=num_slots,
+                               max_seq_len=config.max_seq_len,
+                               time_scale=config.synthetic_time_scale)  # fmt: skip
+        return model, SyntheticTokenizer()
+    from genpool_worker.model.gguf_weights import find_smollm2_gguf
+    from genpool_worker.model.llama import LlamaModel
+    from genpool_worker.model.tokenizer import load_tokenizer
+
+    path = find_smollm2_gguf() if config.model == "smollm2-135m" else config.model
+    llama = LlamaModel.from_gguf(path, num_slots=num_slots, max_seq_len=config.max_seq_len,
+                                 device=config.device)  # fmt: skip
+    return llama, load_tokenizer(path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        config = parse_config(argv)
+        scheduler = build_scheduler(config)
+    except ValidationError as exc:
+        for error in exc.errors():
+            where = ".".join(str(p) for p in error["loc"]) or "config"
+            print(f"genpool-worker: error: {where}: {error['msg']}", file=sys.stderr)
+        return 2
+    except GenPreemptionConfigError as exc:
+        print(f"genpool-worker: error: {exc}", file=sys.stderr)
+        return 2
+    log.info(scheduler.policy.enabled_line())
+    model, tokenizer = build_model(config, scheduler.slots.pool_size)
+    if model.is_synthetic:
+        log.info("model %s is SYNTHETIC: no weights, simulated step times", model.name)
+    metrics = WorkerMetrics(model.name, model.is_synthetic)
+    engine = GenEngine(model, tokenizer, scheduler, on_step=metrics.observe_step)
+    from genpool_worker.server import create_app
+
+    app = create_app(engine, tokenizer, metrics,
+                     admin_token=os.environ.get("GENPOOL_ADMIN_TOKEN") or None,
+                     stamp_arrival=config.stamp_arrival)  # fmt: skip
+    import uvicorn
+
+    engine.start()
+    try:
+        uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
+    finally:
+        engine.stop()
+    return 1 if engine.error else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
