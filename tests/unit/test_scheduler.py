@@ -127,17 +127,17 @@ def test_due_resumes_take_free_positions_before_admissions_in_due_order() -> Non
     assert b.resume_due is not None and a.resume_due is not None
     assert b.resume_due < a.resume_due  # b has less laxity: first in the lane
     assert plan.paused_in_place_ids == ("b", "a")
-    # x0 and x1 take the positions w1/w2 free at 2.0 (nobody is due yet); x0
-    # finishes at 10.0, after b's due time (8.5): b gets that position before the
-    # waiter x2, which gets in only by pausing x1 (a laxity victim). At 11.0 the
-    # queue is empty and a (due 15.5) takes the idle position early.
+    # x0 and x1 take the positions w1/w2 free at 2.0 (nobody is due yet). At b's due
+    # time (8.5) the batch is full: b swaps with x1 (a laxity victim) instead of
+    # waiting for a completion. At 11.0 the queue is empty and a (due 15.5) takes an
+    # idle position early.
     scheduler.add_request(keyed("x0", 1.5, max_tokens=129), 1.5625)
     scheduler.add_request(keyed("x1", 1.5, max_tokens=241), 1.5625)
     scheduler.add_request(keyed("x2", 1.5, max_tokens=9), 1.5625)
     scheduler.add_request(keyed("x3", 1.5, max_tokens=9), 1.5625)
     events = drive(scheduler, 11.5, {}, start=1.5625)
     resumes = [(t, p.resumed_ids, p.admitted_ids, p.paused_ids) for t, p in events if p.resumed_ids]
-    assert resumes == [(10.0, ("b",), ("x2",), ("x1",)), (11.0, ("a",), (), ())]
+    assert resumes == [(8.5, ("b",), (), ("x1",)), (11.0, ("a",), (), ())]
     assert scheduler.policy.counters.forced_resumes == 1  # b; a came back early
     assert scheduler.policy.counters.laxity_resumes == 2
 

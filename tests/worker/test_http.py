@@ -108,7 +108,11 @@ def test_put_config_changes_headroom_and_cap_live(worker_factory: Factory) -> No
     )  # fmt: skip
     with worker.client() as client:
         before = client.get("/config").json()
-        assert (before["resident_headroom"], before["paused_cap"], before["generation"]) == (2, 1, 0)
+        assert (before["resident_headroom"], before["paused_cap"], before["generation"]) == (
+            2,
+            1,
+            0,
+        )
         update = {"generation": 1, "resident_headroom": 5, "paused_cap": 4, "slack_s": 1.0}
         reply = client.put("/config", json=update)
         assert reply.status_code == 200, reply.text
@@ -173,8 +177,9 @@ def test_full_queue_answers_429_with_retry_after(worker_factory: Factory) -> Non
 def test_client_disconnect_frees_the_request(worker_factory: Factory) -> None:
     worker = worker_factory(max_batch_size=2)
     with worker.client() as client:
-        with client.stream("POST", "/v1/completions",
-                           json={"prompt": "a", "max_tokens": 500, "stream": True}) as reply:
+        with client.stream(
+            "POST", "/v1/completions", json={"prompt": "a", "max_tokens": 500, "stream": True}
+        ) as reply:
             for _ in reply.iter_lines():
                 break  # fmt: skip
         deadline = time.monotonic() + 5

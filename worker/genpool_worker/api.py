@@ -85,9 +85,7 @@ class ConfigUpdate(BaseModel):
     admission_target_min_s: float | None = Field(default=None, gt=0.0)
     admission_target_max_s: float | None = Field(default=None, gt=0.0)
 
-    @field_validator(
-        "slack_s", "admission_target_min_s", "admission_target_max_s", mode="before"
-    )
+    @field_validator("slack_s", "admission_target_min_s", "admission_target_max_s", mode="before")
     @classmethod
     def _int_ok(cls, value: object) -> object:
         return float(value) if isinstance(value, int) and not isinstance(value, bool) else value

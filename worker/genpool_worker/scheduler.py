@@ -190,9 +190,11 @@ class GenScheduler:
         self._last_now = now
         finished = self._observe(now)
         resumed = self._resume(now, due_only=True)
+        swapped_out, swapped_in = self._swap_for_due(now)
         admitted = self._admit(now)
         paused, at_risk_admitted = self._pause_for_at_risk(now)
-        resumed += self._resume(now, due_only=False)
+        resumed += swapped_in + self._resume(now, due_only=False)
+        paused = swapped_out + paused
         active = list(self._active.values())
         paused_now = list(self.policy.lane)
         plan = GenPlan(
@@ -241,6 +243,36 @@ class GenScheduler:
             self._active[request.request_id] = request
             resumed.append(request.request_id)
         return resumed
+
+    def _swap_for_due(self, now: float) -> tuple[list[str], list[str]]:
+        """A due request still waiting for a position swaps with a fresh victim.
+
+        Without this a pause would last until some request completes, not until its
+        due time, and neither the TPOT budget nor the laxity margin would hold in a
+        saturated batch. The paused count does not change; at most
+        ``per_pass_budget`` swaps per pass; hysteresis and the pause limits stop
+        ping-pong.
+        """
+        lane = self.policy.lane
+        # Over a live-lowered cap, pausing stops: due requests wait for free positions.
+        if not lane.is_head_due(now) or self.policy.num_paused > self.policy.paused_cap:
+            return [], []
+        victims = self.policy.choose_victims(list(self._active.values()), now)
+        out: list[str] = []
+        into: list[str] = []
+        while len(out) < self.policy.settings.per_pass_budget and lane.is_head_due(now):
+            victim = next(victims, None)
+            if victim is None:
+                break
+            due = lane.peek()
+            assert due is not None
+            self.policy.pause(victim, now)
+            del self._active[victim.request.request_id]
+            self.policy.resume(due, now)
+            self._active[due.request_id] = due
+            out.append(victim.request.request_id)
+            into.append(due.request_id)
+        return out, into
 
     def _admit(self, now: float) -> list[str]:
         admitted: list[str] = []

@@ -94,8 +94,9 @@ def build_scheduler(config: WorkerConfig) -> GenScheduler:
     return GenScheduler.from_settings(
         config.preemption_settings(),
         capacity,
-        SchedulerConfig(max_queue_length=config.max_queue_length,
-                        stat_interval_s=config.stat_interval_s),  # fmt: skip
+        SchedulerConfig(
+            max_queue_length=config.max_queue_length, stat_interval_s=config.stat_interval_s
+        ),  # fmt: skip
     )
 
 

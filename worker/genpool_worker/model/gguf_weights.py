@@ -63,8 +63,7 @@ class LlamaConfig:
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             raise GGUFLoadError(
-                f"num_heads={self.num_heads} is not a multiple of num_kv_heads="
-                f"{self.num_kv_heads}"
+                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
             )
         if self.head_dim % 2:
             raise GGUFLoadError(f"head_dim={self.head_dim} must be even for RoPE")
@@ -126,9 +125,7 @@ def _unpermute(weight: np.ndarray, n_head: int) -> np.ndarray:
     """
     rows = weight.shape[0]
     half = rows // n_head // 2
-    return (
-        weight.reshape(n_head, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
-    )
+    return weight.reshape(n_head, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
 def load_gguf(path: str | Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:

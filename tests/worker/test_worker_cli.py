@@ -1,0 +1,41 @@
+"""``genpool-worker`` flag validation: a clear one-line error and exit code 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from genpool_worker.worker_cli import main, parse_config
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--preemption-mode", "target_output_tps"], "needs --target-output-tps"),
+        (["--preemption-mode", "tpot_budget"], "needs --tpot-budget"),
+        (["--preemption-mode", "fastest"], "preemption_mode"),
+        (["--max-batch-size", "-3"], "max_batch_size"),
+        (["--max-batch-size", "many"], "max_batch_size"),
+        (["--target-output-tps", "0", "--preemption-mode", "target_output_tps"], "greater"),
+        (["--port", "70000"], "port"),
+        (["--paused-cap", "9", "--resident-headroom", "2", "--preemption-mode", "tpot_budget",
+          "--tpot-budget", "0.1"], "paused_cap=9 exceeds"),
+    ],
+)  # fmt: skip
+def test_bad_flags_exit_2_with_a_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("genpool-worker: error: ") and message in err
+
+
+def test_flags_map_to_the_config() -> None:
+    config = parse_config(
+        ["--model", "synthetic:x", "--max-batch-size", "8", "--preemption-mode",
+         "target_output_tps", "--target-output-tps", "18.5", "--max-resident-headroom", "6",
+         "--stamp-arrival"]
+    )  # fmt: skip
+    assert config.max_batch_size == 8 and config.target_output_tps == 18.5
+    assert config.stamp_arrival is True
+    assert config.preemption_settings()["target_output_tps"] == 18.5
+    assert config.preemption_settings()["max_resident_headroom"] == 6
