@@ -52,7 +52,8 @@ def scenario_table(run: dict[str, Any]) -> str:
 
 def curve_table(runs: list[dict[str, Any]], mode: str) -> str:
     lines = [
-        "| scenario | P / A | p90 TTFT Δ | p99 wait Δ | mean TPOT Δ | below T | p90 E2E Δ | tok/s Δ |",
+        "| scenario | P / A | p90 TTFT Δ | p99 wait Δ | mean TPOT Δ | below T | p90 E2E Δ "
+        "| tok/s Δ |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
@@ -60,7 +61,7 @@ def curve_table(runs: list[dict[str, Any]], mode: str) -> str:
         if s is None:
             continue
 
-        def pct(key: str) -> str:
+        def pct(key: str, s: dict[str, Any] = s) -> str:
             return f"{s[key]['delta_pct']:+.1f} %"
 
         lines.append(

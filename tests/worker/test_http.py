@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable
 
 import httpx
-import pytest
 
 from tests.worker.conftest import RunningWorker
 

@@ -230,7 +230,8 @@ async def stream_events(
         while True:
             event = await request.events.get()
             if event[0] == "token":
-                yield f"data: {json.dumps(_chunk(request.request_id, name, event[1], None))}\n\n".encode()
+                chunk = _chunk(request.request_id, name, event[1], None)
+                yield f"data: {json.dumps(chunk)}\n\n".encode()
             elif event[0] == "done":
                 done = True
                 chunk = _chunk(request.request_id, name, "", event[1]) | {"usage": event[2]}

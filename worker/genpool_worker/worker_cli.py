@@ -96,7 +96,7 @@ def build_scheduler(config: WorkerConfig) -> GenScheduler:
         capacity,
         SchedulerConfig(
             max_queue_length=config.max_queue_length, stat_interval_s=config.stat_interval_s
-        ),  # fmt: skip
+        ),
     )
 
 
@@ -104,17 +104,21 @@ def build_model(config: WorkerConfig, num_slots: int) -> tuple[DecodeModel, Toke
     if config.model.startswith("synthetic:"):
         from genpool_worker.synthetic import SyntheticModel, SyntheticTokenizer
 
-        model = SyntheticModel(config.model.split(":", 1)[1] or "default", num_slots=num_slots,
-                               max_seq_len=config.max_seq_len,
-                               time_scale=config.synthetic_time_scale)  # fmt: skip
+        model = SyntheticModel(
+            config.model.split(":", 1)[1] or "default",
+            num_slots=num_slots,
+            max_seq_len=config.max_seq_len,
+            time_scale=config.synthetic_time_scale,
+        )
         return model, SyntheticTokenizer()
     from genpool_worker.model.gguf_weights import find_smollm2_gguf
     from genpool_worker.model.llama import LlamaModel
     from genpool_worker.model.tokenizer import load_tokenizer
 
     path = find_smollm2_gguf() if config.model == "smollm2-135m" else config.model
-    llama = LlamaModel.from_gguf(path, num_slots=num_slots, max_seq_len=config.max_seq_len,
-                                 device=config.device)  # fmt: skip
+    llama = LlamaModel.from_gguf(
+        path, num_slots=num_slots, max_seq_len=config.max_seq_len, device=config.device
+    )
     return llama, load_tokenizer(path)
 
 
@@ -139,9 +143,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = GenEngine(model, tokenizer, scheduler, on_step=metrics.observe_step)
     from genpool_worker.server import create_app
 
-    app = create_app(engine, tokenizer, metrics,
-                     admin_token=os.environ.get("GENPOOL_ADMIN_TOKEN") or None,
-                     stamp_arrival=config.stamp_arrival)  # fmt: skip
+    app = create_app(
+        engine,
+        tokenizer,
+        metrics,
+        admin_token=os.environ.get("GENPOOL_ADMIN_TOKEN") or None,
+        stamp_arrival=config.stamp_arrival,
+    )
     import uvicorn
 
     engine.start()
