@@ -22,6 +22,7 @@ from typing import Any
 BENCHMARKS: dict[str, str] = {
     "scheduler": "bench.scheduler",
     "sim": "bench.sim",
+    "worker": "bench.worker",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

