@@ -95,7 +95,9 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     _time_hf(hf, warm, 2, ours.eos_token_id)
     rows = []
     for b in BATCHES:
-        prompts = [[rng.randrange(100, ours.vocab_size) for _ in range(prompt_len)] for _ in range(b)]
+        prompts = [
+            [rng.randrange(100, ours.vocab_size) for _ in range(prompt_len)] for _ in range(b)
+        ]
         scattered = rng.sample(range(num_slots), b)
         best: dict[str, float] = {}
         agree = 0.0
@@ -109,7 +111,11 @@ def run(*, quick: bool = False) -> dict[str, Any]:
             times["hf_prefill"], _ = _time_hf(hf, prompts, 1, ours.eos_token_id)
             for key, value in times.items():
                 best[key] = min(best.get(key, float("inf")), value)
-            same = sum(a == c for x, y in zip(ours_out, hf_out, strict=True) for a, c in zip(x, y))
+            same = sum(
+                a == c
+                for x, y in zip(ours_out, hf_out, strict=True)
+                for a, c in zip(x, y, strict=True)
+            )
             agree = same / (b * (new_tokens + 1))
         hf_decode_s = max(best["hf_generate"] - best["hf_prefill"], 1e-9)
         tokens = b * new_tokens

@@ -62,3 +62,19 @@ def hf_model(gguf_path: Path) -> Any:
         gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
     )
     return hf.eval()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Any:
+    """Run these tests on one intra-op thread, restoring the setting afterwards.
+
+    The CPUs are shared (``pytest -n 2``, other jobs): OpenMP with 2 threads on a busy
+    2-core machine spins at its barriers, and the oracle test measured 79 s instead of
+    6 s. Results do not depend on the thread count beyond float summation order.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -18,33 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .gguf_weights import LlamaConfig, find_smollm2_gguf, load_gguf
-
-
-class KVCache:
-    """Per-layer K/V tensors ``[num_slots + 1, kv_heads, max_seq_len, head_dim]``."""
-
-    def __init__(
-        self,
-        config: LlamaConfig,
-        *,
-        num_slots: int,
-        max_seq_len: int,
-        device: torch.device,
-        dtype: torch.dtype,
-    ) -> None:
-        self.num_slots = num_slots
-        self.max_seq_len = max_seq_len
-        shape = (num_slots + 1, config.num_kv_heads, max_seq_len, config.head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
-
-    @property
-    def dummy_slot(self) -> int:
-        return self.num_slots
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+from .kv_cache import KVCache
 
 
 class _Layer:
@@ -58,13 +32,13 @@ class _Layer:
 
         self.attn_norm = take("attn_norm").to(**to)
         self.ffn_norm = take("ffn_norm").to(**to)
-        # One [in, out] matrix for Q|K|V and one for gate|up: a single GEMM each
-        # instead of three/two, which matters at decode batch sizes (tiny M).
-        qkv = torch.cat([take("attn_q"), take("attn_k"), take("attn_v")])
-        self.w_qkv = qkv.t().contiguous().to(**to)
-        self.w_o = take("attn_output").t().contiguous().to(**to)
-        self.w_gate_up = torch.cat([take("ffn_gate"), take("ffn_up")]).t().contiguous().to(**to)
-        self.w_down = take("ffn_down").t().contiguous().to(**to)
+        # One matrix for Q|K|V and one for gate|up: a single GEMM each instead of
+        # three/two. Kept in PyTorch's [out, in] layout: MKL's transposed-B GEMM
+        # measured 15-30% faster at decode batch sizes than a pre-transposed copy.
+        self.w_qkv = torch.cat([take("attn_q"), take("attn_k"), take("attn_v")]).to(**to)
+        self.w_o = take("attn_output").to(**to)
+        self.w_gate_up = torch.cat([take("ffn_gate"), take("ffn_up")]).to(**to)
+        self.w_down = take("ffn_down").to(**to)
 
 
 class LlamaModel:
@@ -147,7 +121,7 @@ class LlamaModel:
         for layer, k_cache, v_cache in zip(
             self._layers, self.kv_cache.k, self.kv_cache.v, strict=True
         ):
-            qkv = (self._norm(x, layer.attn_norm) @ layer.w_qkv).view(n, nh + 2 * nkv, d)
+            qkv = F.linear(self._norm(x, layer.attn_norm), layer.w_qkv).view(n, nh + 2 * nkv, d)
             qk = _rope(qkv[:, : nh + nkv], cos, sin)
             k_cache[slot, :, :n] = qk[:, nh:].transpose(0, 1)
             v_cache[slot, :, :n] = qkv[:, nh + nkv :].transpose(0, 1)
@@ -158,7 +132,7 @@ class LlamaModel:
                 is_causal=True,
                 enable_gqa=True,
             )
-            x = torch.addmm(x, attn[0].transpose(0, 1).reshape(n, nh * d), layer.w_o)
+            x = torch.addmm(x, attn[0].transpose(0, 1).reshape(n, nh * d), layer.w_o.t())
             x = self._mlp(x, layer)
         return self._logits(x[-1:])[0]
 
@@ -188,7 +162,7 @@ class LlamaModel:
         for layer, k_cache, v_cache in zip(
             self._layers, self.kv_cache.k, self.kv_cache.v, strict=True
         ):
-            qkv = (self._norm(x, layer.attn_norm) @ layer.w_qkv).view(b, nh + 2 * nkv, d)
+            qkv = F.linear(self._norm(x, layer.attn_norm), layer.w_qkv).view(b, nh + 2 * nkv, d)
             qk = _rope(qkv[:, : nh + nkv], cos, sin)
             k_cache[slot_idx, :, pos] = qk[:, nh:]
             v_cache[slot_idx, :, pos] = qkv[:, nh + nkv :]
@@ -202,7 +176,7 @@ class LlamaModel:
             # `group` query rows against that head ([B, kv_heads, group, d]).
             q = qk[:, :nh].reshape(b, nkv, nh // nkv, d)
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-            x = torch.addmm(x, attn.reshape(b, nh * d), layer.w_o)
+            x = torch.addmm(x, attn.reshape(b, nh * d), layer.w_o.t())
             x = self._mlp(x, layer)
         return self._logits(x)
 
@@ -216,14 +190,14 @@ class LlamaModel:
         return F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype) * weight
 
     def _mlp(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
-        gate, up = (self._norm(x, layer.ffn_norm) @ layer.w_gate_up).chunk(2, dim=-1)
-        return torch.addmm(x, F.silu(gate) * up, layer.w_down)
+        gate, up = F.linear(self._norm(x, layer.ffn_norm), layer.w_gate_up).chunk(2, dim=-1)
+        return torch.addmm(x, F.silu(gate) * up, layer.w_down.t())
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self._norm(x, self._out_norm), self._lm_head).float()
 
     def _check_tokens(self, token_ids: list[int]) -> None:
-        if token_ids and not (0 <= min(token_ids) and max(token_ids) < self.vocab_size):
+        if token_ids and not (min(token_ids) >= 0 and max(token_ids) < self.vocab_size):
             bad = next(t for t in token_ids if not 0 <= t < self.vocab_size)
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
 
