@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,27 @@ def test_cli_runs_a_small_scenario(tmp_path: Path, capsys: pytest.CaptureFixture
     summary = document["runs"][0]["summary"]
     assert set(summary) == set(MODES)
     assert "delta" in summary["target_output_tps"]["ttft_p90"]
+
+
+@pytest.mark.parametrize(
+    "load", [["--rate", "3", "--cv", "1.5"], ["--replay", "--time-scale", "0.5"]]
+)
+def test_cli_open_loop_workloads(
+    load: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    rows = [
+        json.dumps(
+            {"timestamp": 250 * i, "input_length": 100 + i % 40, "output_length": 20 + i % 30}
+        )
+        for i in range(400)
+    ]
+    trace.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "r.json"
+    args = ["sim", "--trace", str(trace), *load, "--workers", "2", "--max-batch", "4",
+            "--duration", "60", "--warmup", "5", "--seeds", "1", "--jobs", "1",
+            "--modes", "off,tpot_budget", "--json", str(out)]  # fmt: skip
+    assert main(args) == 0
+    summary = json.loads(out.read_text())["runs"][0]["summary"]
+    assert summary["off"]["requests"]["mean"] > 50
+    assert summary["tpot_budget"]["output_tokens_per_s"]["mean"] > 0
