@@ -11,6 +11,7 @@ import asyncio
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -53,12 +54,12 @@ class Tokenizer(Protocol):
 
 @dataclass(eq=False)
 class EngineRequest:
-    """What the HTTP layer submits; events come back on ``events``."""
+    """One request's engine state; on rank 0 events go back to its HTTP handler."""
 
     request_id: str
     prompt_ids: list[int]
     max_tokens: int
-    loop: asyncio.AbstractEventLoop
+    loop: asyncio.AbstractEventLoop | None
     temperature: float = 0.0
     seed: int | None = None
     arrival_time: float | None = None
@@ -69,7 +70,77 @@ class EngineRequest:
     generator: torch.Generator | None = None
 
     def emit(self, *event: Any) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        if self.loop is not None:  # followers (ranks > 0) have no client
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    def arrival(self) -> Arrival:
+        return Arrival(
+            self.request_id,
+            self.prompt_ids,
+            self.max_tokens,
+            self.temperature,
+            self.seed,
+            self.arrival_time,
+            self.first_token_time,
+        )
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """What every rank must know about a new request (broadcast by rank 0)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float
+    seed: int | None
+    arrival_time: float | None
+    first_token_time: float | None
+
+    def to_request(self) -> EngineRequest:
+        return EngineRequest(
+            self.request_id,
+            self.prompt_ids,
+            self.max_tokens,
+            None,
+            self.temperature,
+            self.seed,
+            self.arrival_time,
+            self.first_token_time,
+        )
+
+
+@dataclass(frozen=True)
+class PassInputs:
+    """Everything a pass depends on besides the model's outputs (DESIGN.md §8).
+
+    Rank 0 fills it from its clock and inboxes; with N ranks it is broadcast, so every
+    rank's scheduler sees bit-identical inputs and makes identical decisions.
+    ``prev_end`` is when the previous pass's model step ended (its postprocess time).
+    """
+
+    now: float
+    prev_end: float | None
+    arrivals: list[Arrival]
+    aborts: list[str]
+    configs: list[dict[str, Any]]
+    stop: bool = False
+
+
+class Coordinator(Protocol):
+    rank: int
+
+    def exchange(self, inputs: PassInputs | None) -> PassInputs: ...
+
+
+class LocalCoordinator:
+    """One rank: the inputs are already everyone's."""
+
+    rank = 0
+
+    def exchange(self, inputs: PassInputs | None) -> PassInputs:
+        assert inputs is not None
+        return inputs
 
 
 @dataclass(frozen=True)
@@ -91,10 +162,12 @@ class GenEngine:
         *,
         clock: Callable[[], float] = time.time,
         on_step: Callable[[float, int], None] | None = None,
+        coordinator: Coordinator | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.scheduler = scheduler
+        self.coordinator: Coordinator = coordinator or LocalCoordinator()
         self._clock = clock
         self._on_step = on_step
         self._lock = threading.Lock()
@@ -102,22 +175,28 @@ class GenEngine:
         self._inbox: list[EngineRequest] = []
         self._aborts: list[str] = []
         self._configs: list[tuple[dict[str, Any], Future[dict[str, Any]]]] = []
+        self._config_futures: list[Future[dict[str, Any]]] = []
         self._requests: dict[str, EngineRequest] = {}
+        self._pending: tuple[GenPlan, dict[str, int]] | None = None
+        self._prev_end: float | None = None
         self._last_now = 0.0
         self._inflight = 0
         self._tokens_total = 0
         self._passes = 0
         self._last_line: str | None = None
+        self.plan_digests: list[str] = []
+        self.record_digests = False
         self.generation = 0
         self.is_draining = False
         self.error: BaseException | None = None
         self._running = False
-        self._thread = threading.Thread(target=self._run, name="genpool-engine", daemon=True)
+        self._thread = threading.Thread(target=self.run, name="genpool-engine", daemon=True)
         self.snapshot = self._make_snapshot(self._now())
 
     # -- API for other threads ------------------------------------------------------
 
     def start(self) -> None:
+        """Run the loop in a background thread (rank 0, next to the HTTP server)."""
         self._running = True
         self._thread.start()
 
@@ -159,15 +238,16 @@ class GenEngine:
         self._last_now = max(self._last_now, self._clock())
         return self._last_now
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """The loop; followers (ranks > 0) call it directly and block on the exchange."""
+        self._running = True
         try:
-            while self._running:
-                self._take_inputs()
-                if not (self.scheduler.num_residents or self.scheduler.num_waiting):
-                    self._wake.wait(IDLE_PASS_S)
-                    self._wake.clear()
-                    self._take_inputs()
-                self._pass()
+            while True:
+                is_leader = self.coordinator.rank == 0
+                inputs = self.coordinator.exchange(self._collect() if is_leader else None)
+                if inputs.stop:
+                    return
+                self._pass(inputs)
         except BaseException as exc:  # the worker must report, not hang: /health goes red
             self.error = exc
             log.exception("engine loop died")
@@ -175,19 +255,40 @@ class GenEngine:
                 pending = list(self._requests.values()) + self._inbox
             for request in pending:
                 request.emit("error", 500, f"engine failure: {exc}")
+            if self.coordinator.rank != 0:
+                raise
 
-    def _take_inputs(self) -> None:
+    def _collect(self) -> PassInputs:
+        """Rank 0: this pass's inputs from the clock and the inboxes."""
+        if not (self.scheduler.num_residents or self.scheduler.num_waiting or self._inbox):
+            self._wake.wait(IDLE_PASS_S)
+            self._wake.clear()
         with self._lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
             configs, self._configs = self._configs, []
-        now = self._now()
         for request in inbox:
-            self._admit_to_queue(request, now)
-        for request_id in aborts:
+            self._requests[request.request_id] = request
+        self._config_futures = [future for _, future in configs]
+        return PassInputs(
+            now=self._now(),
+            prev_end=self._prev_end,
+            arrivals=[request.arrival() for request in inbox],
+            aborts=aborts,
+            configs=[update for update, _ in configs],
+            stop=not self._running,
+        )
+
+    def _apply(self, inputs: PassInputs) -> None:
+        for arrival in inputs.arrivals:
+            request = self._requests.get(arrival.request_id) or arrival.to_request()
+            self._admit_to_queue(request, inputs.now)
+        for request_id in inputs.aborts:
             if request_id in self._requests:
                 self.scheduler.abort(request_id)
-        for update, future in configs:
+        futures = self._config_futures or [Future() for _ in inputs.configs]
+        self._config_futures = []
+        for update, future in zip(inputs.configs, futures, strict=True):
             try:
                 self.scheduler.set_knobs(**update)
                 future.set_result(self.config())
@@ -205,41 +306,57 @@ class GenEngine:
         )
         try:
             self.scheduler.add_request(gen, now)
-        except QueueFullError as exc:
-            self._inflight -= 1
-            request.emit("rejected", 429, str(exc))
-            return
-        except ValueError as exc:
-            self._inflight -= 1
-            request.emit("rejected", 400, str(exc))
+        except (QueueFullError, ValueError) as exc:
+            self._requests.pop(request.request_id, None)
+            with self._lock:
+                self._inflight -= 1
+            request.emit("rejected", 429 if isinstance(exc, QueueFullError) else 400, str(exc))
             return
         if request.temperature > 0.0:
-            request.generator = torch.Generator().manual_seed(
-                request.seed if request.seed is not None else hash(request.request_id) & 0xFFFF
+            # A stable seed (not hash()): every rank must draw the same tokens.
+            seed = (
+                request.seed
+                if request.seed is not None
+                else zlib.crc32(request.request_id.encode())
             )
+            request.generator = torch.Generator().manual_seed(seed)
         self._requests[request.request_id] = request
         request.emit("accepted")
 
-    def _pass(self) -> None:
-        now = self._now()
-        plan = self.scheduler.step(now)
+    def _pass(self, inputs: PassInputs) -> None:
+        if self._pending is not None:
+            previous, tokens = self._pending
+            self._pending = None
+            assert inputs.prev_end is not None
+            self.scheduler.postprocess(previous, inputs.prev_end, self._stops(tokens))
+        self._apply(inputs)
+        plan = self.scheduler.step(inputs.now)
+        if self.record_digests:
+            self.plan_digests.append(plan.digest())
         for request_id in plan.finished_ids:
             self._finish(request_id)
         if plan.stat_line is not None:
             self._last_line = plan.stat_line
-            STAT_LOGGER.info(plan.stat_line)
+            if self.coordinator.rank == 0:
+                STAT_LOGGER.info(plan.stat_line)
         started = time.perf_counter()
         tokens = self._run_model(plan) if plan.batch_ids else {}
-        end = self._now()
-        stops = tuple(rid for rid, token in tokens.items() if token == self.model.eos_token_id)
-        self.scheduler.postprocess(plan, end, stops)
+        self._prev_end = self._now()
+        if tokens:
+            self._pending = (plan, tokens)
+        else:
+            self.scheduler.postprocess(plan, inputs.now)
         for request_id, token in tokens.items():
             self._stream(self._requests[request_id], token)
         self._tokens_total += len(tokens)
         self._passes += 1
         if plan.batch_ids and self._on_step is not None:
             self._on_step(time.perf_counter() - started, len(plan.batch_ids))
-        self.snapshot = self._make_snapshot(end)
+        self.snapshot = self._make_snapshot(inputs.now)
+
+    def _stops(self, tokens: dict[str, int]) -> tuple[str, ...]:
+        eos = self.model.eos_token_id
+        return tuple(request_id for request_id, token in tokens.items() if token == eos)
 
     def _run_model(self, plan: GenPlan) -> dict[str, int]:
         """Prefill the newly admitted (their token this pass), decode the rest."""
