@@ -184,8 +184,10 @@ class GenEngine:
         self._tokens_total = 0
         self._passes = 0
         self._last_line: str | None = None
+        # Tests of rank identity record every plan's digest and every output.
+        self.record_history = False
         self.plan_digests: list[str] = []
-        self.record_digests = False
+        self.completed: dict[str, list[int]] = {}
         self.generation = 0
         self.is_draining = False
         self.error: BaseException | None = None
@@ -331,7 +333,7 @@ class GenEngine:
             self.scheduler.postprocess(previous, inputs.prev_end, self._stops(tokens))
         self._apply(inputs)
         plan = self.scheduler.step(inputs.now)
-        if self.record_digests:
+        if self.record_history:
             self.plan_digests.append(plan.digest())
         for request_id in plan.finished_ids:
             self._finish(request_id)
@@ -399,6 +401,8 @@ class GenEngine:
         request = self._requests.pop(request_id, None)
         if request is None:
             return
+        if self.record_history:
+            self.completed[request_id] = list(request.output_ids)
         with self._lock:
             self._inflight -= 1
         eos = self.model.eos_token_id

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Literal
 
@@ -13,10 +14,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from genpool_worker.engine import DecodeModel, GenEngine, Tokenizer
 from genpool_worker.metrics import WorkerMetrics
+from genpool_worker.multirank import (
+    DistCoordinator,
+    check_tensor_parallel_size,
+    free_port,
+    init_process_group,
+    spawn_followers,
+    watch_followers,
+    watch_leader,
+)
 from genpool_worker.preemption import GenCapacity, GenPreemptionConfigError
 from genpool_worker.scheduler import GenScheduler, SchedulerConfig
 
 log = logging.getLogger("genpool.worker")
+RANK_DEATH_GRACE_S = 1.0
 Mode = Literal["off", "tpot_budget", "target_output_tps"]
 
 
@@ -29,6 +40,7 @@ class WorkerConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     device: str = "cpu"
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     max_batch_size: int = Field(default=16, ge=1, le=4096)
     max_num_active_requests: int | None = Field(default=None, ge=1)
     max_seq_len: int = Field(default=2048, ge=16, le=1 << 20)
@@ -49,6 +61,8 @@ class WorkerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _mode_parameter(self) -> WorkerConfig:
+        if self.tensor_parallel_size > 1 and not self.model.startswith("synthetic:"):
+            check_tensor_parallel_size(self.tensor_parallel_size)
         if self.preemption_mode == "target_output_tps" and self.target_output_tps is None:
             raise ValueError("--preemption-mode target_output_tps needs --target-output-tps")
         if self.preemption_mode == "tpot_budget" and self.tpot_budget is None:
@@ -100,7 +114,9 @@ def build_scheduler(config: WorkerConfig) -> GenScheduler:
     )
 
 
-def build_model(config: WorkerConfig, num_slots: int) -> tuple[DecodeModel, Tokenizer]:
+def build_model(
+    config: WorkerConfig, num_slots: int, tp_rank: int = 0
+) -> tuple[DecodeModel, Tokenizer]:
     if config.model.startswith("synthetic:"):
         from genpool_worker.synthetic import SyntheticModel, SyntheticTokenizer
 
@@ -117,7 +133,12 @@ def build_model(config: WorkerConfig, num_slots: int) -> tuple[DecodeModel, Toke
 
     path = find_smollm2_gguf() if config.model == "smollm2-135m" else config.model
     llama = LlamaModel.from_gguf(
-        path, num_slots=num_slots, max_seq_len=config.max_seq_len, device=config.device
+        path,
+        num_slots=num_slots,
+        max_seq_len=config.max_seq_len,
+        device=config.device,
+        tp_rank=tp_rank,
+        tp_size=config.tensor_parallel_size,
     )
     return llama, load_tokenizer(path)
 
@@ -136,11 +157,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"genpool-worker: error: {exc}", file=sys.stderr)
         return 2
     log.info(scheduler.policy.enabled_line())
+    tp = config.tensor_parallel_size
+    coordinator = None
+    if tp > 1:
+        port = free_port()
+        followers = spawn_followers(tp, port, follower_main, (config.model_dump(),))
+        init_process_group(0, tp, port, backend="nccl" if config.device == "cuda" else "gloo")
+        coordinator = DistCoordinator(0)
     model, tokenizer = build_model(config, scheduler.slots.pool_size)
     if model.is_synthetic:
         log.info("model %s is SYNTHETIC: no weights, simulated step times", model.name)
     metrics = WorkerMetrics(model.name, model.is_synthetic)
-    engine = GenEngine(model, tokenizer, scheduler, on_step=metrics.observe_step)
+    engine = GenEngine(
+        model, tokenizer, scheduler, on_step=metrics.observe_step, coordinator=coordinator
+    )
+    if tp > 1:
+        watch_followers(followers, lambda rank, code: _rank_died(engine, rank, code))
     from genpool_worker.server import create_app
 
     app = create_app(
@@ -158,6 +190,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         engine.stop()
     return 1 if engine.error else 0
+
+
+def _rank_died(engine: GenEngine, rank: int, exitcode: int) -> None:
+    """A dead rank takes the worker down: readiness false at once, then exit non-zero."""
+    engine.error = RuntimeError(f"rank {rank} exited with code {exitcode}")
+    log.error("rank %d exited with code %d: shutting the worker down", rank, exitcode)
+    time.sleep(RANK_DEATH_GRACE_S)  # let probes see /ready and /health fail
+    os._exit(4)
+
+
+def follower_main(
+    rank: int, world_size: int, port: int, leader_pid: int, config: dict[str, object]
+) -> None:
+    """Ranks > 0: same scheduler, same model shard, inputs from rank 0, no HTTP."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(name)s %(message)s")
+    watch_leader(leader_pid)
+    parsed = WorkerConfig.model_validate(config)
+    init_process_group(
+        rank, world_size, port, backend="nccl" if parsed.device == "cuda" else "gloo"
+    )
+    scheduler = build_scheduler(parsed)
+    model, tokenizer = build_model(parsed, scheduler.slots.pool_size, tp_rank=rank)
+    GenEngine(model, tokenizer, scheduler, coordinator=DistCoordinator(rank)).run()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,75 @@
+"""Runs one rank of a scripted multi-rank worker (no HTTP); imported by spawned ranks."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from typing import Any
+
+from genpool_worker.engine import EngineRequest, GenEngine
+from genpool_worker.multirank import DistCoordinator, init_process_group
+from genpool_worker.worker_cli import WorkerConfig, build_model, build_scheduler
+
+SETTINGS: dict[str, Any] = {
+    "max_batch_size": 2,
+    "preemption_mode": "target_output_tps",
+    "target_output_tps": 5.0,
+    "paused_cap": 2,
+    "resident_headroom": 2,
+    "stat_interval_s": 0.5,
+    "synthetic_time_scale": 0.05,
+    "max_seq_len": 256,
+}
+PROMPTS = ["The capital of France is", "One, two, three,", "Water boils at", "def add(a, b):"]
+
+
+def script() -> list[tuple[float, str, list[int] | str, int]]:
+    """(delay before, id, prompt, max_tokens): warm-up, then an overload that pauses."""
+    steps: list[tuple[float, str, list[int] | str, int]] = [
+        (0.0, f"w{i}", PROMPTS[i % 4], 2) for i in range(34)
+    ]
+    steps += [(0.1, "long0", PROMPTS[0], 120), (0.0, "long1", PROMPTS[1], 120)]
+    steps += [(0.05, f"s{i}", PROMPTS[(i + 2) % 4], 8) for i in range(6)]
+    return steps
+
+
+def drive(engine: GenEngine, tokenizer: Any) -> None:
+    expected = 0
+    for delay, request_id, prompt, max_tokens in script():
+        time.sleep(delay)
+        ids = tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+        engine.submit(EngineRequest(request_id, ids, max_tokens, None, arrival_time=time.time()))
+        expected += 1
+        if request_id == "w33":  # let the warm-up finish so X is initialised
+            while len(engine.completed) < 34:
+                time.sleep(0.01)
+    deadline = time.monotonic() + 600
+    while len(engine.completed) < expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def run_rank(
+    rank: int,
+    world_size: int,
+    port: int,
+    model: str,
+    results: multiprocessing.Queue,  # type: ignore[type-arg]
+) -> None:
+    config = WorkerConfig.model_validate(
+        {**SETTINGS, "model": model, "tensor_parallel_size": world_size}
+    )
+    if world_size > 1:
+        init_process_group(rank, world_size, port)
+    scheduler = build_scheduler(config)
+    decode_model, tokenizer = build_model(config, scheduler.slots.pool_size, tp_rank=rank)
+    coordinator = DistCoordinator(rank) if world_size > 1 else None
+    engine = GenEngine(decode_model, tokenizer, scheduler, coordinator=coordinator)
+    engine.record_history = True
+    if rank == 0:
+        engine.start()
+        drive(engine, tokenizer)
+        engine.stop(timeout=60)
+    else:
+        engine.run()
+    stats = scheduler.make_stats(0.0)
+    results.put((rank, engine.plan_digests, engine.completed, stats.pauses, engine.error))
