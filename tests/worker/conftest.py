@@ -17,8 +17,7 @@ import uvicorn
 from genpool_worker.engine import GenEngine
 from genpool_worker.metrics import WorkerMetrics
 from genpool_worker.server import create_app
-from genpool_worker.synthetic import SyntheticModel, SyntheticTokenizer
-from genpool_worker.worker_cli import WorkerConfig, build_scheduler
+from genpool_worker.worker_cli import WorkerConfig, build_model, build_scheduler
 
 
 @dataclass
@@ -39,12 +38,10 @@ def run_worker(admin_token: str | None = None, **overrides: object) -> Iterator[
         {"model": "synthetic:test", "synthetic_time_scale": 0.2, **overrides}
     )
     scheduler = build_scheduler(config)
-    model = SyntheticModel("test", num_slots=scheduler.slots.pool_size,
-                           max_seq_len=config.max_seq_len,
-                           time_scale=config.synthetic_time_scale)  # fmt: skip
-    metrics = WorkerMetrics(model.name, True)
-    engine = GenEngine(model, SyntheticTokenizer(), scheduler, on_step=metrics.observe_step)
-    app = create_app(engine, SyntheticTokenizer(), metrics, admin_token=admin_token,
+    model, tokenizer = build_model(config, scheduler.slots.pool_size)
+    metrics = WorkerMetrics(model.name, model.is_synthetic)
+    engine = GenEngine(model, tokenizer, scheduler, on_step=metrics.observe_step)
+    app = create_app(engine, tokenizer, metrics, admin_token=admin_token,
                      stamp_arrival=config.stamp_arrival)  # fmt: skip
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
