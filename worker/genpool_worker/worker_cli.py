@@ -131,6 +131,10 @@ def build_model(
     from genpool_worker.model.llama import LlamaModel
     from genpool_worker.model.tokenizer import load_tokenizer
 
+    import torch
+
+    # Ranks share the pod's cores; oversubscribed torch threads collapse throughput.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
     path = find_smollm2_gguf() if config.model == "smollm2-135m" else config.model
     llama = LlamaModel.from_gguf(
         path,

@@ -18,10 +18,13 @@ class KVCache:
         max_seq_len: int,
         device: torch.device,
         dtype: torch.dtype,
+        kv_heads: int | None = None,
     ) -> None:
+        """``kv_heads``: this rank's KV heads under tensor parallelism (default: all)."""
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len
-        shape = (num_slots + 1, config.num_kv_heads, max_seq_len, config.head_dim)
+        heads = config.num_kv_heads if kv_heads is None else kv_heads
+        shape = (num_slots + 1, heads, max_seq_len, config.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
 

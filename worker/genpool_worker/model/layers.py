@@ -1,0 +1,67 @@
+"""Per-layer weights of the Llama blocks, sharded for tensor parallelism."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .gguf_weights import LlamaConfig
+from .linear import Linear
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's tensor-parallel position: rank ``rank`` of ``size``."""
+
+    rank: int
+    size: int
+
+    def check(self, config: LlamaConfig) -> None:
+        if self.size < 1 or not 0 <= self.rank < self.size:
+            raise ValueError(f"need 0 <= tp_rank < tp_size, got {self.rank} and {self.size}")
+        sizes = {"num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads}
+        for what, n in (sizes | {"ffn_size": config.ffn_size}).items():
+            if n % self.size:
+                raise ValueError(f"tp_size={self.size} must divide the model's {what}={n}")
+        if self.size > 1 and not (
+            dist.is_available()
+            and dist.is_initialized()
+            and (dist.get_world_size(), dist.get_rank()) == (self.size, self.rank)
+        ):
+            raise ValueError(
+                f"tp_size={self.size} needs torch.distributed initialised with world_size "
+                f"{self.size} and this process at rank tp_rank={self.rank}"
+            )
+
+
+class LayerWeights:
+    """One block's weights (this rank's shard), fused for the decode GEMMs.
+
+    Tensor parallelism (DESIGN.md §8) shards by heads and MLP columns: rank r keeps
+    its slice of the Q/K/V and gate/up rows and the matching columns of the output
+    and down projections, whose partial sums the model all-reduces.
+    """
+
+    def __init__(
+        self, w: dict[str, torch.Tensor], i: int, to: dict[str, Any], pack: bool, tp: Shard
+    ) -> None:
+        p = f"blk.{i}."
+
+        def take(name: str, dim: int | None = None) -> torch.Tensor:
+            t = w.pop(p + name + ".weight")
+            if dim is not None:  # slice before moving: only the shard goes to the device
+                t = t.chunk(tp.size, dim=dim)[tp.rank]
+            return t.to(**to).contiguous()
+
+        self.attn_norm = take("attn_norm")
+        self.ffn_norm = take("ffn_norm")
+        # One GEMM for Q|K|V and one for gate|up instead of three and two: fewer
+        # kernel launches and better GEMM shapes at decode batch sizes.
+        qkv = [take("attn_q", 0), take("attn_k", 0), take("attn_v", 0)]
+        self.qkv = Linear(torch.cat(qkv), pack=pack)
+        self.o = Linear(take("attn_output", 1), pack=pack)
+        self.gate_up = Linear(torch.cat([take("ffn_gate", 0), take("ffn_up", 0)]), pack=pack)
+        self.down = Linear(take("ffn_down", 1), pack=pack)
