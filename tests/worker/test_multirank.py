@@ -54,6 +54,11 @@ def test_three_ranks_plan_identically_and_match_one_rank_synthetic() -> None:
     check_identical(SYNTHETIC)
 
 
+def test_three_ranks_of_smollm2_plan_identically_and_match_one_rank() -> None:
+    """Sharded by heads and MLP columns: the all-reduced logits give the same greedy tokens."""
+    check_identical("smollm2-135m")
+
+
 def test_unsupported_tensor_parallel_sizes_are_rejected() -> None:
     check_tensor_parallel_size(1)
     check_tensor_parallel_size(3)

@@ -127,11 +127,11 @@ def build_model(
             time_scale=config.synthetic_time_scale,
         )
         return model, SyntheticTokenizer()
+    import torch
+
     from genpool_worker.model.gguf_weights import find_smollm2_gguf
     from genpool_worker.model.llama import LlamaModel
     from genpool_worker.model.tokenizer import load_tokenizer
-
-    import torch
 
     # Ranks share the pod's cores; oversubscribed torch threads collapse throughput.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
