@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 test: lint
-	$(PY) -m pytest -q -n 2 tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=10 tests $(PYTEST_ARGS)
 
 unit: setup
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
