@@ -46,18 +46,21 @@ class TargetOutputTpsPolicy(PreemptionPolicy):
         """D = (max_tokens - 1) / T: the decode span the floor allows."""
         return (request.max_tokens - 1) / self.target_tps
 
-    def decode_rate(self, request: GenRequest, now: float) -> float:
+    def prior_rate(self) -> float:
+        """Tokens/s of a request without history: 1 / the recent step time."""
+        return 1.0 / self.step_time_s if self.step_time_s is not None else self.target_tps
+
+    def decode_rate(self, request: GenRequest, now: float, prior: float | None = None) -> float:
         """Own unpaused rate once it has a few tokens, else the recent step-time prior."""
         unpaused = request.unpaused_time(now)
-        if request.num_gen_tokens >= self.RATE_PRIOR_TOKENS and unpaused > 0.0:
-            return request.num_gen_tokens / unpaused
-        if self.step_time_s is not None:
-            return 1.0 / self.step_time_s
-        return self.target_tps
+        generated = request.num_gen_tokens
+        if generated >= self.RATE_PRIOR_TOKENS and unpaused > 0.0:
+            return generated / unpaused
+        return self.prior_rate() if prior is None else prior
 
-    def laxity(self, request: GenRequest, now: float) -> float:
+    def laxity(self, request: GenRequest, now: float, prior: float | None = None) -> float:
         """L = first_token_time + (max_tokens - 1)/T - (now + remaining / r)."""
-        finish_at = now + request.num_remaining_tokens / self.decode_rate(request, now)
+        finish_at = now + request.num_remaining_tokens / self.decode_rate(request, now, prior)
         return request.output_start_time() + self.decode_span(request) - finish_at
 
     def is_in_hysteresis(self, request: GenRequest, now: float) -> bool:
@@ -74,11 +77,20 @@ class TargetOutputTpsPolicy(PreemptionPolicy):
         laxity: list[tuple[float, int, GenRequest]] = []
         below: list[GenRequest] = []
         sacrifices: list[GenRequest] = []
+        # The hot loop of a pass under overload: cheap token hysteresis first, the
+        # prior computed once (same arithmetic as is_in_hysteresis / laxity).
+        prior = self.prior_rate()
+        min_tokens = self.HYSTERESIS_TOKENS
         for order, request in enumerate(active):
-            span = self.decode_span(request)
-            if span <= 0.0 or self.is_in_hysteresis(request, now):
+            if request.num_output_tokens - request.tokens_at_run_start < min_tokens:
                 continue
-            lax = self.laxity(request, now)
+            span = self.decode_span(request)
+            started = request.run_started_at
+            if span <= 0.0 or (
+                started is not None and now - started < self.HYSTERESIS_FRACTION * span
+            ):
+                continue
+            lax = self.laxity(request, now, prior)
             if (
                 lax >= self.MIN_LAXITY_FRACTION * span
                 and request.num_pauses < self.MAX_LAXITY_PAUSES
