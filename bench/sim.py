@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import platform
 import time
-from pathlib import Path
 from typing import Any
 
+from genpool_worker.datafiles import AZURE_CONV, data_file
 from genpool_worker.sim.cluster import MODES, ClusterConfig
 from genpool_worker.sim.experiment import Workload, simulate
 from genpool_worker.sim.workload import parse_csv_trace
 
-TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "azure_conv_2023.csv"
+TRACE = data_file(AZURE_CONV)
 TARGET_SPEEDUP = 50.0
 
 

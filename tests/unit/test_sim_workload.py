@@ -10,11 +10,12 @@ import itertools
 import math
 import random
 import statistics
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from genpool_worker.datafiles import AZURE_CONV as AZURE_CONV_NAME
+from genpool_worker.datafiles import data_file
 from genpool_worker.sim.workload import (
     LengthSampler,
     TraceError,
@@ -25,7 +26,7 @@ from genpool_worker.sim.workload import (
     scale_time,
 )
 
-AZURE_CONV = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "azure_conv_2023.csv"
+AZURE_CONV = data_file(AZURE_CONV_NAME)
 HEADER = "arrived_at,num_prefill_tokens,num_decode_tokens"
 SMALL = [TraceRequest(0.0, 100, 10), TraceRequest(1.0, 200, 20), TraceRequest(2.5, 300, 30)]
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import csv
 import math
-from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from genpool_worker.datafiles import SPLITWISE_PERF, data_file
 from genpool_worker.sim.stepmodel import (
     DEFAULT_STEP_MODEL,
     FitResult,
@@ -22,9 +22,7 @@ from genpool_worker.sim.stepmodel import (
     ols,
 )
 
-PERF_CSV = (
-    Path(__file__).resolve().parents[2].parent / "shared" / "data" / "splitwise_perf_model.csv"
-)
+PERF_CSV = data_file(SPLITWISE_PERF)
 TOY = StepModel(
     t0_s=1.0,
     per_request_s=0.1,

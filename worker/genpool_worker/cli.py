@@ -15,6 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from genpool_worker.datafiles import AZURE_CONV, data_file
 from genpool_worker.sim.cluster import MODES, ClusterConfig
 from genpool_worker.sim.experiment import RunResult, Workload, run_seed
 from genpool_worker.sim.report import format_table, summarize
@@ -27,9 +28,7 @@ from genpool_worker.sim.workload import (
     scale_time,
 )
 
-DEFAULT_TRACE = (
-    Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "azure_conv_2023.csv"
-)
+DEFAULT_TRACE = data_file(AZURE_CONV)
 
 
 class UsageError(Exception):
