@@ -55,7 +55,6 @@ class GenWorker:
     scheduler: GenScheduler
     plan: GenPlan | None = None
     is_busy: bool = False
-    evicting: set[str] = field(default_factory=set)
     recompute_tokens: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -186,7 +185,6 @@ class Cluster:
         now = self.now
         for request_id in plan.finished_ids:
             request = self.requests[request_id]
-            worker.evicting.discard(request_id)
             assert request.gen is not None
             if request.gen.finish_reason is FinishReason.ABORT:
                 self._requeue_evicted(worker, request_id)
@@ -223,7 +221,6 @@ class Cluster:
             ):
                 continue
             request.num_evictions += 1
-            worker.evicting.add(request_id)
             scheduler.abort(request_id)
             budget -= 1
 
