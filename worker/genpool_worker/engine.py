@@ -7,150 +7,34 @@ publishes after every pass. Tokens stream back through each request's asyncio qu
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from genpool_worker.admission import QueueFullError
+from genpool_worker.engine_io import (
+    Arrival,
+    Coordinator,
+    DecodeModel,
+    EngineRequest,
+    EngineSnapshot,
+    LocalCoordinator,
+    PassInputs,
+    Tokenizer,
+)
 from genpool_worker.request import GenRequest
 from genpool_worker.scheduler import GenPlan, GenScheduler
 from genpool_worker.statline import format_statline, make_statline
-from genpool_worker.stats import SchedulerStats
 
 STAT_LOGGER = logging.getLogger("genpool.gen_preemption")
 log = logging.getLogger("genpool.worker")
 IDLE_PASS_S = 0.25  # an idle worker still passes, so its stat line keeps coming
-
-
-class DecodeModel(Protocol):
-    name: str
-    is_synthetic: bool
-    eos_token_id: int | None
-    num_slots: int
-    max_seq_len: int
-
-    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor: ...
-
-    def decode(
-        self, slots: list[int], token_ids: list[int], positions: list[int]
-    ) -> torch.Tensor: ...
-
-
-class Tokenizer(Protocol):
-    eos_token_id: int | None
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: list[int]) -> str: ...
-
-
-@dataclass(eq=False)
-class EngineRequest:
-    """One request's engine state; on rank 0 events go back to its HTTP handler."""
-
-    request_id: str
-    prompt_ids: list[int]
-    max_tokens: int
-    loop: asyncio.AbstractEventLoop | None
-    temperature: float = 0.0
-    seed: int | None = None
-    arrival_time: float | None = None
-    first_token_time: float | None = None
-    events: asyncio.Queue[tuple[Any, ...]] = field(default_factory=asyncio.Queue)
-    output_ids: list[int] = field(default_factory=list)
-    text_sent: int = 0
-    generator: torch.Generator | None = None
-
-    def emit(self, *event: Any) -> None:
-        if self.loop is not None:  # followers (ranks > 0) have no client
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-
-    def arrival(self) -> Arrival:
-        return Arrival(
-            self.request_id,
-            self.prompt_ids,
-            self.max_tokens,
-            self.temperature,
-            self.seed,
-            self.arrival_time,
-            self.first_token_time,
-        )
-
-
-@dataclass(frozen=True)
-class Arrival:
-    """What every rank must know about a new request (broadcast by rank 0)."""
-
-    request_id: str
-    prompt_ids: list[int]
-    max_tokens: int
-    temperature: float
-    seed: int | None
-    arrival_time: float | None
-    first_token_time: float | None
-
-    def to_request(self) -> EngineRequest:
-        return EngineRequest(
-            self.request_id,
-            self.prompt_ids,
-            self.max_tokens,
-            None,
-            self.temperature,
-            self.seed,
-            self.arrival_time,
-            self.first_token_time,
-        )
-
-
-@dataclass(frozen=True)
-class PassInputs:
-    """Everything a pass depends on besides the model's outputs (DESIGN.md §8).
-
-    Rank 0 fills it from its clock and inboxes; with N ranks it is broadcast, so every
-    rank's scheduler sees bit-identical inputs and makes identical decisions.
-    ``prev_end`` is when the previous pass's model step ended (its postprocess time).
-    """
-
-    now: float
-    prev_end: float | None
-    arrivals: list[Arrival]
-    aborts: list[str]
-    configs: list[dict[str, Any]]
-    stop: bool = False
-
-
-class Coordinator(Protocol):
-    rank: int
-
-    def exchange(self, inputs: PassInputs | None) -> PassInputs: ...
-
-
-class LocalCoordinator:
-    """One rank: the inputs are already everyone's."""
-
-    rank = 0
-
-    def exchange(self, inputs: PassInputs | None) -> PassInputs:
-        assert inputs is not None
-        return inputs
-
-
-@dataclass(frozen=True)
-class EngineSnapshot:
-    stats: SchedulerStats
-    stat_line: str
-    config: dict[str, Any]
-    inflight: int
-    tokens_total: int
-    passes: int
 
 
 class GenEngine:
@@ -446,3 +330,16 @@ class GenEngine:
         return EngineSnapshot(
             stats, line, self.config(), self._inflight, self._tokens_total, self._passes
         )
+
+
+__all__ = [
+    "Arrival",
+    "Coordinator",
+    "DecodeModel",
+    "EngineRequest",
+    "EngineSnapshot",
+    "GenEngine",
+    "LocalCoordinator",
+    "PassInputs",
+    "Tokenizer",
+]
