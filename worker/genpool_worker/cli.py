@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -138,8 +139,6 @@ def run_sim(ns: argparse.Namespace) -> int:
         raise UsageError("need 0 <= --warmup < --duration")
     scenarios: list[tuple[str, Workload]] = []
     if ns.rate is not None:
-        import random
-
         arrivals = gamma_arrivals(ns.rate, ns.cv, trace, random.Random(0), duration_s=ns.duration)
         scenarios.append((f"rate={ns.rate} cv={ns.cv}", Workload(trace, arrivals=arrivals,
                           duration_s=ns.duration, warmup_s=ns.warmup)))  # fmt: skip

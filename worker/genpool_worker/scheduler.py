@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from genpool_worker.admission import AdaptiveTarget, AdmissionQueue
@@ -17,6 +18,7 @@ from genpool_worker.preemption import (
     GenCapacity,
     GenPreemptionSettings,
     PreemptionPolicy,
+    Victim,
     create_gen_preemption,
 )
 from genpool_worker.request import FinishReason, GenRequest, RequestStatus, is_valid_time
@@ -80,6 +82,7 @@ class GenScheduler:
         self._pending_finish: dict[str, FinishReason] = {}
         self._last_now: float | None = None
         self._last_plan: GenPlan | None = None
+        self._pass_victims: Iterator[Victim] | None = None
         self._num_completed = 0
         self._num_aborted = 0
         self._next_stat_at: float | None = None
@@ -188,6 +191,7 @@ class GenScheduler:
         if self._last_plan is not None:
             raise ValueError("postprocess the previous plan before the next step")
         self._last_now = now
+        self._pass_victims = None
         finished = self._observe(now)
         resumed = self._resume(now, due_only=True)
         swapped_out, swapped_in = self._swap_for_due(now)
@@ -244,6 +248,17 @@ class GenScheduler:
             resumed.append(request.request_id)
         return resumed
 
+    def _victims(self, now: float) -> Iterator[Victim]:
+        """This pass's ranked victims: one scan serves both the swaps and the pauses.
+
+        Valid for the whole pass: standings do not change at the same ``now``, each
+        victim is yielded once, and requests that enter the batch during the pass are
+        in hysteresis (never candidates).
+        """
+        if self._pass_victims is None:
+            self._pass_victims = self.policy.choose_victims(list(self._active.values()), now)
+        return self._pass_victims
+
     def _swap_for_due(self, now: float) -> tuple[list[str], list[str]]:
         """A due request still waiting for a position swaps with a fresh victim.
 
@@ -257,7 +272,7 @@ class GenScheduler:
         # Over a live-lowered cap, pausing stops: due requests wait for free positions.
         if not lane.is_head_due(now) or self.policy.num_paused > self.policy.paused_cap:
             return [], []
-        victims = self.policy.choose_victims(list(self._active.values()), now)
+        victims = self._victims(now)
         out: list[str] = []
         into: list[str] = []
         while len(out) < self.policy.settings.per_pass_budget and lane.is_head_due(now):
@@ -303,7 +318,7 @@ class GenScheduler:
         )
         paused: list[str] = []
         admitted: list[str] = []
-        victims = self.policy.choose_victims(list(self._active.values()), now)
+        victims = self._victims(now)
         while (
             len(paused) < budget
             and self.queue.is_head_at_risk(now)
