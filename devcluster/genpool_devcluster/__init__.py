@@ -1,0 +1,1 @@
+"""Local Kubernetes control plane from Go modules, and a process pod runner."""

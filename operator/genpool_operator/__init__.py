@@ -1,0 +1,1 @@
+"""GenPool operator: kopf handlers, child builders, stats and the tuner."""
