@@ -1,0 +1,169 @@
+"""Pool-level statistics from the workers' stat lines (DESIGN.md §6, §11).
+
+Pure: the operator scrapes and parses, this module only adds up. Each worker's line
+covers its own last window, so counters are summed and ratios are re-weighted by the
+counts they were measured over (a worker that completed 3 requests must not weigh
+as much as one that completed 300). Garbage (``None`` from ``parse_statline``) is
+skipped, never fatal: one broken pod must not blind the tuner to the others.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from genpool_worker.statline import VICTIM_ORDER, StatLine
+
+MIXED_MODE = "mixed"
+_STATUS_VICTIM_KEYS = {
+    "laxity": "laxity",
+    "below_target": "belowTarget",
+    "sacrificed": "sacrificed",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    """Sums over the reporting workers, and ratios weighted by what they count."""
+
+    workers_reporting: int
+    newest_t: float
+    mode: str
+    residents: int
+    active: int
+    paused: int
+    cap: int
+    headroom: int
+    waiters: int
+    at_risk: int
+    completed_window: int
+    completed_total: int
+    pauses_window: int
+    pauses_total: int
+    laxity_resumes: int
+    forced_resumes: int
+    victims: Mapping[str, int] = field(default_factory=dict)
+    below_target_window: float | None = None
+    below_target_total: float | None = None
+    # Credit is a per-worker bucket: the sum is the pool's SLO budget, the min is the
+    # worker closest to (or deepest in) deficit. The tuner wants both.
+    credit_sum: float | None = None
+    credit_min: float | None = None
+    mean_laxity: float | None = None
+    paused_below_target: int | None = None
+    admission_target_mean_s: float | None = None
+    admission_target_max_s: float | None = None
+
+    @property
+    def victims_window(self) -> int:
+        return sum(self.victims.values())
+
+    def victim_share(self, *kinds: str) -> float:
+        """Fraction of this window's victims of the given kinds (0 when there were none)."""
+        total = self.victims_window
+        return sum(self.victims.get(k, 0) for k in kinds) / total if total else 0.0
+
+    def to_status(self) -> dict[str, object]:
+        """``status.preemption`` in the CRD's camelCase shape, JSON-safe (no NaN/inf)."""
+        return {
+            "paused": self.paused,
+            "cap": self.cap,
+            "headroom": self.headroom,
+            "belowTargetWindow": _rounded(self.below_target_window, 4),
+            "belowTargetTotal": _rounded(self.below_target_total, 4),
+            "credit": _rounded(self.credit_sum, 2),
+            "victims": {
+                name: self.victims.get(kind, 0) for kind, name in _STATUS_VICTIM_KEYS.items()
+            },
+            "victimsText": victims_text(self.victims),
+            "meanLaxitySeconds": _rounded(self.mean_laxity, 3),
+            "laxityResumes": self.laxity_resumes,
+            "pausedBelowTarget": self.paused_below_target,
+            "waiters": self.waiters,
+            "atRisk": self.at_risk,
+            "admissionTargetSeconds": _rounded(self.admission_target_mean_s, 3),
+        }
+
+
+def victims_text(victims: Mapping[str, int]) -> str:
+    """``laxity:40,below_target:10,sacrificed:7`` in the stat line's order; ``-`` if none."""
+    known = [k for k in VICTIM_ORDER if victims.get(k)]
+    other = sorted(k for k in victims if k not in VICTIM_ORDER and victims[k])
+    return ",".join(f"{k}:{victims[k]}" for k in known + other) or "-"
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return round(value, digits)
+
+
+def _weighted_mean(pairs: Iterable[tuple[float | None, float]]) -> float | None:
+    """Mean of the present values, weighted; ``None`` when nothing carries weight."""
+    num = den = 0.0
+    for value, weight in pairs:
+        if value is not None and math.isfinite(value) and weight > 0:
+            num += value * weight
+            den += weight
+    return num / den if den > 0 else None
+
+
+def _present(values: Iterable[float | int | None]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(v)]
+
+
+def _sum_victims(lines: list[StatLine]) -> dict[str, int]:
+    victims: dict[str, int] = {}
+    for line in lines:
+        for kind, count in line.victims.items():
+            victims[kind] = victims.get(kind, 0) + count
+    return victims
+
+
+def aggregate(lines: Iterable[StatLine | None]) -> PoolStats | None:
+    """The pool's stats from one stat line per worker; ``None`` if no line is usable."""
+    good = [line for line in lines if isinstance(line, StatLine) and math.isfinite(line.t)]
+    if not good:
+        return None
+    modes = {line.mode for line in good}
+    credits = _present(line.credit for line in good)
+    targets = _present(line.admission_target_s for line in good)
+    paused_below = [line.paused_below_target for line in good]
+    return PoolStats(
+        workers_reporting=len(good),
+        newest_t=max(line.t for line in good),
+        mode=modes.pop() if len(modes) == 1 else MIXED_MODE,
+        residents=sum(line.residents for line in good),
+        active=sum(line.active for line in good),
+        paused=sum(line.paused for line in good),
+        cap=sum(line.cap for line in good),
+        headroom=sum(line.headroom for line in good),
+        waiters=sum(line.waiters for line in good),
+        at_risk=sum(line.at_risk for line in good),
+        completed_window=sum(line.completed_window for line in good),
+        completed_total=sum(line.completed_total for line in good),
+        pauses_window=sum(line.pauses_window for line in good),
+        pauses_total=sum(line.pauses_total for line in good),
+        laxity_resumes=sum(line.laxity_resumes for line in good),
+        forced_resumes=sum(line.forced_resumes for line in good),
+        victims=_sum_victims(good),
+        below_target_window=_weighted_mean(
+            (line.below_target_window, line.completed_window) for line in good
+        ),
+        below_target_total=_weighted_mean(
+            (line.below_target_total, line.completed_total) for line in good
+        ),
+        credit_sum=sum(credits) if credits else None,
+        credit_min=min(credits) if credits else None,
+        # mean_laxity is a mean over the window's laxity victims: weighting by their
+        # count gives the exact pooled mean.
+        mean_laxity=_weighted_mean(
+            (line.mean_laxity, line.victims.get("laxity", 0)) for line in good
+        ),
+        paused_below_target=(
+            None if all(v is None for v in paused_below) else sum(v or 0 for v in paused_below)
+        ),
+        admission_target_mean_s=sum(targets) / len(targets) if targets else None,
+        admission_target_max_s=max(targets) if targets else None,
+    )

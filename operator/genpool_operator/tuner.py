@@ -1,0 +1,218 @@
+"""The knob tuner (DESIGN.md §12): (bounds, knobs in force, pool stats) -> new knobs.
+
+Pure and deterministic: the operator calls :func:`tune` once per stats interval and
+persists :class:`TunerState` in ``status.tuning`` so a restart resumes the same
+cooldown and hysteresis. The simulator calls the same function (``genpool sim
+--tune``).
+
+The SLO (mode ``target_output_tps``) lets ``eps`` of the requests fall below T. The
+rules, in priority order (each must be proposed ``confirm_rounds`` fresh rounds in a
+row, then the knobs freeze for ``cooldown_intervals`` rounds):
+
+1. mostly sacrificed victims -> lower the cap (the policy is spending SLO budget);
+2. below-T above eps, or negative credit, while the pauses are implicated -> lower;
+3. below-T under ``eps - dead_band`` (budget unspent) while waiters are at risk and
+   the cap binds -> raise the cap (and the headroom with it, so P <= H);
+4. below-T above eps while the cap binds but every victim is a laxity victim -> raise;
+5. headroom above the cap for ``shrink_rounds`` rounds -> give headroom back.
+
+"Implicated" (rules 2 and 4, ``guarded=True``) is our refinement of §12: laxity
+victims are resumed before their laxity runs out, so when (nearly) all victims are
+laxity victims the misses come from queueing, and the simulator shows that a lower
+cap then *raises* below-T (docs/results.md). ``guarded=False`` is §12's literal rule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from genpool_operator.aggregate import PoolStats
+
+SLO_MODE = "target_output_tps"
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    resident_headroom: int
+    paused_cap: int
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    headroom_min: int
+    headroom_max: int
+    cap_min: int
+    cap_max: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.headroom_min <= self.headroom_max:
+            raise ValueError(f"need 0 <= headroom min <= max, got {self}")
+        if not 0 <= self.cap_min <= self.cap_max:
+            raise ValueError(f"need 0 <= cap min <= max, got {self}")
+        if self.cap_max > self.headroom_max:
+            raise ValueError(f"cap max {self.cap_max} exceeds headroom max {self.headroom_max}")
+
+
+@dataclass(frozen=True, slots=True)
+class TunerSettings:
+    eps: float = 0.2  # the SLO lets 20 % of requests fall below T
+    dead_band: float = 0.05  # raise only below eps - dead_band: no flapping around eps
+    step_fraction: float = 0.25  # a step moves a knob by this fraction of its value...
+    min_step: int = 1  # ...and by at least this much
+    bind_fraction: float = 0.8  # the cap binds when paused >= this fraction of it
+    min_completions: int = 20  # fewer completions in the window: below-T is noise
+    min_victims: int = 4  # fewer victims in the window: the victim mix is noise
+    implicated_share: float = 0.5  # non-laxity victim share that implicates pauses
+    sacrificed_share: float = 0.5  # "mostly sacrificed"
+    confirm_rounds: int = 2  # hysteresis for cap changes
+    shrink_rounds: int = 4  # headroom unused this long before it is given back
+    cooldown_intervals: int = 2
+    guarded: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 < self.eps < 1 or not 0 <= self.dead_band < self.eps:
+            raise ValueError("need 0 < eps < 1 and 0 <= dead_band < eps")
+        if self.min_step < 1 or not 0 <= self.step_fraction <= 1:
+            raise ValueError("need min_step >= 1 and 0 <= step_fraction <= 1")
+        if min(self.confirm_rounds, self.shrink_rounds) < 1 or self.cooldown_intervals < 0:
+            raise ValueError("need confirm/shrink rounds >= 1 and cooldown >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class TunerState:
+    cooldown_remaining: int = 0
+    pending_reason: str = ""  # the change proposed in the last fresh rounds...
+    pending_rounds: int = 0  # ...and for how many in a row
+
+    def to_status(self) -> dict[str, object]:
+        return {
+            "cooldownRemaining": self.cooldown_remaining,
+            "pendingReason": self.pending_reason,
+            "pendingRounds": self.pending_rounds,
+        }
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, object] | None) -> TunerState:
+        """Tolerant: a missing or hand-edited status restarts the counters at zero."""
+        if not isinstance(status, Mapping):
+            return cls()
+        reason = status.get("pendingReason")
+        return cls(
+            cooldown_remaining=_count(status.get("cooldownRemaining")),
+            pending_reason=reason if isinstance(reason, str) else "",
+            pending_rounds=_count(status.get("pendingRounds")),
+        )
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return 0
+    return max(0, min(int(value), 10_000))
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    knobs: Knobs
+    reason: str
+    changed: bool
+    state: TunerState
+
+
+def clamp(knobs: Knobs, bounds: Bounds) -> Knobs:
+    """Into the bounds, with P <= H (possible because cap max <= headroom max)."""
+    cap = min(max(knobs.paused_cap, bounds.cap_min), bounds.cap_max)
+    headroom = max(knobs.resident_headroom, bounds.headroom_min, cap)
+    return Knobs(min(headroom, bounds.headroom_max), cap)
+
+
+def _step(value: int, settings: TunerSettings) -> int:
+    return max(settings.min_step, math.ceil(settings.step_fraction * value))
+
+
+def _raised(knobs: Knobs, bounds: Bounds, settings: TunerSettings) -> Knobs:
+    cap = knobs.paused_cap + _step(knobs.paused_cap, settings)
+    return clamp(Knobs(max(knobs.resident_headroom, cap), cap), bounds)
+
+
+def _lowered(knobs: Knobs, bounds: Bounds, settings: TunerSettings) -> Knobs:
+    cap = knobs.paused_cap - _step(knobs.paused_cap, settings)
+    return clamp(Knobs(knobs.resident_headroom, cap), bounds)
+
+
+def _shrunk(knobs: Knobs, bounds: Bounds, settings: TunerSettings) -> Knobs:
+    headroom = knobs.resident_headroom - _step(knobs.resident_headroom, settings)
+    return clamp(Knobs(max(headroom, knobs.paused_cap), knobs.paused_cap), bounds)
+
+
+def _proposal(stats: PoolStats, settings: TunerSettings) -> str:
+    """The rule that fires on this round's stats, or ``""`` (see the module doc)."""
+    eps = settings.eps
+    enough = stats.completed_window >= settings.min_completions
+    below = stats.below_target_window if enough else None
+    mix_known = stats.victims_window >= settings.min_victims
+    implicated = not settings.guarded or (
+        mix_known and stats.victim_share("below_target", "sacrificed") >= settings.implicated_share
+    )
+    binds = stats.at_risk > 0 and stats.paused >= settings.bind_fraction * stats.cap
+    unspent = below is not None and below < eps - settings.dead_band
+    missing = below is not None and below > eps
+    credit_negative = stats.credit_sum is not None and stats.credit_sum < 0
+    if mix_known and stats.victim_share("sacrificed") >= settings.sacrificed_share:
+        return "lower-cap-sacrificed"
+    if missing and implicated:
+        return "lower-cap-below-target"
+    if credit_negative and not unspent and implicated:
+        return "lower-cap-negative-credit"
+    if binds and unspent:
+        return "raise-cap-budget-unspent"
+    if binds and missing and settings.guarded:
+        return "raise-cap-queueing-misses"
+    if stats.headroom > stats.cap:
+        return "shrink-headroom-unused"
+    return ""
+
+
+def _apply(reason: str, knobs: Knobs, bounds: Bounds, settings: TunerSettings) -> Knobs:
+    if reason.startswith("lower-cap"):
+        return _lowered(knobs, bounds, settings)
+    if reason.startswith("raise-cap"):
+        return _raised(knobs, bounds, settings)
+    if reason == "shrink-headroom-unused":
+        return _shrunk(knobs, bounds, settings)
+    return knobs
+
+
+def tune(
+    knobs: Knobs,
+    bounds: Bounds,
+    stats: PoolStats | None,
+    state: TunerState,
+    settings: TunerSettings,
+    *,
+    stale: bool,
+) -> Decision:
+    """One tuner round. ``knobs`` are the per-worker values in force."""
+    fresh = TunerState()  # no cooldown, no pending proposal
+    clamped = clamp(knobs, bounds)
+    if clamped != knobs:  # the bounds are the user's spec: obey at once, cooldown or not
+        cooled = replace(fresh, cooldown_remaining=settings.cooldown_intervals)
+        return Decision(clamped, "clamp-to-bounds", True, cooled)
+    if stale or stats is None:  # freeze; a stale round neither cools down nor confirms
+        return Decision(knobs, "stats-stale", False, replace(state, pending_rounds=0))
+    if state.cooldown_remaining > 0:
+        cooling = replace(fresh, cooldown_remaining=state.cooldown_remaining - 1)
+        return Decision(knobs, "hold-cooldown", False, cooling)
+    if stats.mode != SLO_MODE:
+        return Decision(knobs, "hold-not-slo-mode", False, fresh)
+    reason = _proposal(stats, settings)
+    target = _apply(reason, knobs, bounds, settings)
+    if not reason or target == knobs:  # nothing to do, or already at the bound
+        return Decision(knobs, "hold", False, fresh)
+    rounds = state.pending_rounds + 1 if reason == state.pending_reason else 1
+    needed = settings.shrink_rounds if reason.startswith("shrink") else settings.confirm_rounds
+    if rounds < needed:
+        return Decision(knobs, "hold-hysteresis", False, TunerState(0, reason, rounds))
+    cooled = replace(fresh, cooldown_remaining=settings.cooldown_intervals)
+    return Decision(target, reason, True, cooled)
