@@ -1,0 +1,303 @@
+"""The GenPool spec as pydantic models: the CRD's defaults, bounds and CEL rules, in Python.
+
+The apiserver checks a GenPool against the CRD before the operator sees it; these models
+check it again so that unit tests, the simulator and a GenPool read from a file (or from an
+apiserver with an older CRD) meet the same rules. Rule messages are word for word the CRD's
+``x-kubernetes-validations`` messages. Pure: no Kubernetes client, no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+Mode = Literal["Off", "TpotBudget", "TargetOutputTps"]
+WORKER_MODES: dict[str, str] = {
+    "Off": "off",
+    "TpotBudget": "tpot_budget",
+    "TargetOutputTps": "target_output_tps",
+}
+DEFAULT_PAUSED_CAP_FRACTION = 0.375
+# Pushed to running pods with PUT /config; a change must never roll the StatefulSet.
+LIVE_FIELDS = (
+    "resident_headroom",
+    "paused_cap",
+    "slack_s",
+    "admission_target_min_s",
+    "admission_target_max_s",
+)
+RESERVED_ENV_NAMES = frozenset({"POD_IP", "POD_NAME", "POD_NAMESPACE", "HOME"})
+RESERVED_ENV_PREFIX = "GENPOOL_"
+# core/v1 resource.Quantity, as the CRD's pattern spells it.
+QUANTITY = re.compile(
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+
+
+class GenPoolSpecError(ValueError):
+    """An invalid GenPool spec; one line per problem, each naming the field (``spec.x.y``)."""
+
+
+class _Section(BaseModel):
+    # strict: the apiserver rejects "3" for an integer, so the model does too.
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True, frozen=True
+    )
+
+
+class ResourceRequirements(_Section):
+    limits: dict[str, int | str] = Field(default_factory=dict)
+    requests: dict[str, int | str] = Field(default_factory=dict)
+
+    @field_validator("limits", "requests")
+    @classmethod
+    def _quantities(cls, value: dict[str, int | str]) -> dict[str, int | str]:
+        for name, quantity in value.items():
+            if isinstance(quantity, str) and not QUANTITY.match(quantity):
+                raise ValueError(f"{name}: {quantity!r} is not a resource quantity")
+        return value
+
+
+class Engine(_Section):
+    max_batch_size: int = Field(default=16, ge=1, le=4096)
+    max_num_active_requests: int | None = Field(default=None, ge=1, le=65536)
+    max_seq_len: int = Field(default=2048, ge=16, le=1048576)
+    max_queue_length: int = Field(default=1024, ge=1, le=1048576)
+
+
+class AdmissionTarget(_Section):
+    min: float = Field(default=0.25, gt=0)
+    max: float = Field(default=30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AdmissionTarget:
+        if self.min > self.max:
+            raise ValueError(
+                "preemption.admissionTargetSeconds.min must not exceed "
+                "preemption.admissionTargetSeconds.max"
+            )
+        return self
+
+
+class Preemption(_Section):
+    mode: Mode = "Off"
+    tpot_budget: float | None = Field(default=None, gt=0, le=10)
+    target_output_tps: float | None = Field(default=None, gt=0, le=100000)
+    slack_seconds: float = Field(default=0.5, ge=0, le=60)
+    max_pauses_per_request: int = Field(default=2, ge=1, le=100)
+    admission_target_seconds: AdmissionTarget = Field(default_factory=AdmissionTarget)
+
+    @model_validator(mode="after")
+    def _mode_parameter(self) -> Preemption:
+        needs = {"TpotBudget": "tpotBudget", "TargetOutputTps": "targetOutputTps"}
+        given = {"tpotBudget": self.tpot_budget, "targetOutputTps": self.target_output_tps}
+        for mode, parameter in needs.items():
+            if self.mode == mode and given[parameter] is None:
+                raise ValueError(
+                    f"preemption.{parameter} is required when preemption.mode is {mode}"
+                )
+            other = next(p for p in given if p != parameter)
+            if self.mode == mode and given[other] is not None:
+                raise ValueError(
+                    f"preemption.{other} is not allowed when preemption.mode is {mode}"
+                )
+        return self
+
+
+class KnobRange(_Section):
+    min: int = Field(default=0, ge=0, le=4096)
+    max: int | None = Field(default=None, ge=0, le=4096)
+
+
+class Tuning(_Section):
+    enabled: bool = True
+    interval_seconds: int = Field(default=30, ge=2, le=3600)
+    stats_source: Literal["Http", "Log"] = "Http"
+    resident_headroom: KnobRange = Field(default_factory=KnobRange)
+    paused_cap: KnobRange = Field(default_factory=KnobRange)
+    cooldown_intervals: int = Field(default=2, ge=0, le=100)
+
+    @model_validator(mode="after")
+    def _cap_ordered(self) -> Tuning:
+        cap = self.paused_cap
+        if cap.max is not None and cap.min > cap.max:
+            raise ValueError("tuning.pausedCap.min must not exceed tuning.pausedCap.max")
+        return self
+
+
+class Drain(_Section):
+    timeout_seconds: int = Field(default=120, ge=1, le=3600)
+
+
+class Toleration(_Section):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class EnvVar(_Section):
+    name: str = Field(min_length=1, max_length=253)
+    value: str | None = None
+    value_from: dict[str, Any] | None = None
+
+
+class PodTemplate(_Section):
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
+    affinity: dict[str, Any] | None = None
+    priority_class_name: str | None = Field(default=None, max_length=253)
+    env: list[EnvVar] = Field(default_factory=list, max_length=64)
+
+    @field_validator("env")
+    @classmethod
+    def _not_ours(cls, env: list[EnvVar]) -> list[EnvVar]:
+        if any(is_reserved_env(var.name) for var in env):
+            raise ValueError(
+                "podTemplate.env must not set POD_IP, POD_NAME, POD_NAMESPACE, HOME or "
+                "GENPOOL_* (the operator sets them)"
+            )
+        return env
+
+
+def is_reserved_env(name: str) -> bool:
+    return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class KnobBounds:
+    """Effective tuner bounds: unset maxima are A (DESIGN §2)."""
+
+    headroom_min: int
+    headroom_max: int
+    cap_min: int
+    cap_max: int
+
+    def clamp_headroom(self, value: int) -> int:
+        return max(self.headroom_min, min(self.headroom_max, value))
+
+    def clamp_cap(self, value: int) -> int:
+        return max(self.cap_min, min(self.cap_max, value))
+
+
+class GenPoolSpec(_Section):
+    replicas: int = Field(default=1, ge=0, le=256)
+    model: str = Field(default="smollm2-135m", min_length=1, max_length=1024)
+    image: str = Field(default="", max_length=1024)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=8)
+    accelerator: Literal["nvidia", "none"] = "nvidia"
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    engine: Engine = Field(default_factory=Engine)
+    preemption: Preemption = Field(default_factory=Preemption)
+    tuning: Tuning = Field(default_factory=Tuning)
+    drain: Drain = Field(default_factory=Drain)
+    pod_template: PodTemplate = Field(default_factory=PodTemplate)
+
+    @model_validator(mode="after")
+    def _bounds_within_headroom(self) -> GenPoolSpec:
+        ceiling = self._headroom_ceiling()
+        checks = [
+            ("tuning.residentHeadroom.min", self.tuning.resident_headroom.min),
+            ("tuning.pausedCap.min", self.tuning.paused_cap.min),
+            ("tuning.pausedCap.max", self.tuning.paused_cap.max),
+        ]
+        for name, value in checks:
+            if value is not None and value > ceiling:
+                raise ValueError(
+                    f"{name} must not exceed tuning.residentHeadroom.max "
+                    "(default A = engine.maxNumActiveRequests, else engine.maxBatchSize)"
+                )
+        return self
+
+    @classmethod
+    def from_body(cls, spec: dict[str, Any] | None) -> GenPoolSpec:
+        """Validate a GenPool's ``spec`` (camelCase, as stored); GenPoolSpecError if invalid."""
+        try:
+            return cls.model_validate(spec or {})
+        except ValidationError as exc:
+            raise GenPoolSpecError(describe_errors(exc)) from None
+
+    @property
+    def preemption_on(self) -> bool:
+        return self.preemption.mode != "Off"
+
+    def capacity_a(self) -> int:
+        """A: the base resident capacity, ``maxNumActiveRequests`` or else B."""
+        return self.engine.max_num_active_requests or self.engine.max_batch_size
+
+    def _headroom_ceiling(self) -> int:
+        headroom_max = self.tuning.resident_headroom.max
+        return self.capacity_a() if headroom_max is None else headroom_max
+
+    def bounds(self) -> KnobBounds:
+        ceiling = self._headroom_ceiling()
+        headroom, cap = self.tuning.resident_headroom, self.tuning.paused_cap
+        # An unset cap max is A, but never above the headroom ceiling (P <= H always).
+        cap_max = min(self.capacity_a(), ceiling) if cap.max is None else cap.max
+        return KnobBounds(headroom.min, ceiling, cap.min, cap_max)
+
+    def start_knobs(self) -> tuple[int, int]:
+        """(resident_headroom, paused_cap) a new pod starts with; (0, 0) with mode Off."""
+        if not self.preemption_on:
+            return 0, 0
+        bounds = self.bounds()
+        cap = bounds.clamp_cap(math.floor(DEFAULT_PAUSED_CAP_FRACTION * self.capacity_a()))
+        # The validators keep cap bounds under the headroom ceiling, so cap <= headroom.
+        headroom = bounds.clamp_headroom(max(cap, bounds.headroom_min))
+        return headroom, cap
+
+    def live_config(self) -> dict[str, float]:
+        """The spec's live knobs in WorkerConfig/PUT /config names (the tuner adds H and P)."""
+        target = self.preemption.admission_target_seconds
+        return {
+            "slack_s": self.preemption.slack_seconds,
+            "admission_target_min_s": target.min,
+            "admission_target_max_s": target.max,
+        }
+
+    def worker_config(self) -> dict[str, Any]:
+        """The worker's ``worker.json`` (WorkerConfig fields); start knobs and live fields
+        included so a new pod is right before the operator's first PUT /config."""
+        engine, preemption = self.engine, self.preemption
+        headroom, cap = self.start_knobs()
+        config: dict[str, Any] = {
+            "model": self.model,
+            "device": "cuda" if self.accelerator == "nvidia" else "cpu",
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "max_batch_size": engine.max_batch_size,
+            "max_num_active_requests": self.capacity_a(),
+            "max_seq_len": engine.max_seq_len,
+            "max_queue_length": engine.max_queue_length,
+            "preemption_mode": WORKER_MODES[preemption.mode],
+            "max_pauses_per_request": preemption.max_pauses_per_request,
+            # With mode Off (a template field) no slot is reserved: the KV cache stays small.
+            "max_resident_headroom": self.bounds().headroom_max if self.preemption_on else 0,
+            "resident_headroom": headroom,
+            "paused_cap": cap,
+            "stat_interval_s": float(self.tuning.interval_seconds),
+            **self.live_config(),
+        }
+        # The worker refuses both parameters at once: only the mode's own one goes in.
+        if preemption.mode == "TpotBudget":
+            config["tpot_budget"] = preemption.tpot_budget
+        elif preemption.mode == "TargetOutputTps":
+            config["target_output_tps"] = preemption.target_output_tps
+        return config
+
+
+def describe_errors(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        where = ".".join(["spec", *(str(part) for part in error["loc"])])
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: {message}")
+    return "\n".join(lines)
