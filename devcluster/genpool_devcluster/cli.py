@@ -1,0 +1,98 @@
+"""`genpool-devcluster build|up|down|status|env`: a local control plane without Docker."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from . import build, kubeconfig, supervisor
+
+DEFAULT_STATE_DIR = "~/.cache/genpool/devcluster/run"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="genpool-devcluster",
+        description="etcd + kube-apiserver + kube-controller-manager + pod runner on loopback",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("build", help="build or fetch the binaries (tens of minutes the first time)")
+    for name, text in [
+        ("up", "start the cluster in the background (no-op when already up)"),
+        ("down", "stop the cluster (its data and PKI stay in the state dir)"),
+        ("status", "say whether the cluster is up and serving (exit 0) or not (exit 1)"),
+        ("env", "print shell exports for KUBECONFIG and PATH (kubectl, helm)"),
+    ]:
+        sp = sub.add_parser(name, help=text)
+        sp.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="default: %(default)s")
+        if name == "up":
+            sp.add_argument("--timeout", type=float, default=300.0, help="seconds to become ready")
+            sp.add_argument("--no-podrunner", action="store_true", help="control plane only")
+    return p
+
+
+def _state_dir(p: argparse.ArgumentParser, raw: str) -> Path:
+    path = Path(raw).expanduser().resolve()
+    if path.exists() and not path.is_dir():
+        p.error(f"--state-dir {raw}: exists and is not a directory")
+    return path
+
+
+def _up(state_dir: Path, timeout: float, podrunner: bool | None) -> int:
+    if supervisor.running_pid(state_dir) is not None:
+        kc = state_dir / "kubeconfig"
+        if supervisor.wait_serving(state_dir, timeout):  # a second `up` racing the first waits
+            print(f"already up: KUBECONFIG={kc}")
+            return 0
+        print("a supervisor runs but the API does not answer: restarting", file=sys.stderr)
+        supervisor.stop(state_dir)
+    build.ensure_binaries()
+    proc = supervisor.spawn(state_dir, podrunner, timeout)
+    if not supervisor.wait_ready(state_dir, proc, timeout + 30):
+        supervisor.stop(state_dir)
+        log = state_dir / "logs" / "supervisor.log"
+        print(f"cluster did not come up; see {log} and {state_dir / 'logs'}/", file=sys.stderr)
+        print(log.read_text(errors="replace")[-4000:], file=sys.stderr)
+        return 1
+    print(f"up: KUBECONFIG={state_dir / 'kubeconfig'}")
+    return 0
+
+
+def _status(state_dir: Path) -> int:
+    pid = supervisor.running_pid(state_dir)
+    kc = state_dir / "kubeconfig"
+    if pid is None or not kc.exists():
+        print("down")
+        return 1
+    api = kubeconfig.Api.from_kubeconfig(kc)
+    ready = api.ready()
+    print(f"{'up' if ready else 'not ready'}: supervisor pid {pid}, {api.server}, KUBECONFIG={kc}")
+    return 0 if ready else 1
+
+
+def _env(state_dir: Path) -> int:
+    kc = shlex.quote(str(state_dir / "kubeconfig"))
+    print(f"export KUBECONFIG={kc} PATH={shlex.quote(str(build.bin_dir()))}:$PATH")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
+    if args.command == "build":
+        print(build.ensure_binaries())
+        return 0
+    state_dir = _state_dir(p, args.state_dir)
+    if args.command == "up" and args.timeout <= 0:
+        p.error("--timeout must be > 0")
+    podrunner = False if getattr(args, "no_podrunner", False) else None
+    if args.command == "up":
+        return _up(state_dir, args.timeout, podrunner)
+    if args.command == "down":
+        print("stopped" if supervisor.stop(state_dir) else "not running")
+        return 0
+    if args.command == "status":
+        return _status(state_dir)
+    return _env(state_dir)

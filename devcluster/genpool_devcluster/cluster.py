@@ -1,0 +1,227 @@
+"""etcd + kube-apiserver + kube-controller-manager (+ the pod runner) on loopback.
+
+`Cluster(state_dir)` owns one state dir: PKI, etcd data, logs, ports and the admin kubeconfig.
+Data and PKI survive stop/start; ports are reused when still free, so a kubeconfig stays valid.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+from . import build, certs, kubeconfig, procs
+
+SERVICE_CIDR = "10.96.0.0/16"
+SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+NODE_NAME = "genpool-dev"
+PODRUNNER_MODULE = "genpool_devcluster.podrunner"
+PORT_NAMES = ("etcd_client", "etcd_peer", "apiserver", "controller_manager")
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def _podrunner_available() -> bool:
+    """`python -m` needs the package's __main__; another helper may not have landed it yet."""
+    try:
+        return importlib.util.find_spec(PODRUNNER_MODULE + ".__main__") is not None
+    except ImportError:
+        return False
+
+
+class Cluster:
+    def __init__(
+        self, state_dir: Path | str, bin_dir: Path | None = None, podrunner: bool | None = None
+    ) -> None:
+        self.state_dir = Path(state_dir).expanduser().resolve()
+        self.bin_dir = bin_dir or build.bin_dir()
+        # None: run the pod runner when its module exists.
+        self.podrunner = _podrunner_available() if podrunner is None else podrunner
+        self.pki = certs.Pki(self.state_dir / "pki")
+        self.log_dir = self.state_dir / "logs"
+        self.ports: dict[str, int] = {}
+        self.procs: list[procs.Proc] = []
+
+    # ---- public ------------------------------------------------------------------------
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    def start(self, timeout: float = 180.0) -> Cluster:
+        """Start every component and wait until the API serves and has a default SA."""
+        if self.procs:
+            raise ClusterError("already started")
+        self._prepare()
+        deadline = time.monotonic() + timeout
+        try:
+            self._launch("etcd", self._etcd_argv())
+            kubeconfig.wait_etcd(self.ports["etcd_client"], self._watchdog(deadline))
+            self._launch("kube-apiserver", self._apiserver_argv())
+            self._api().wait_ready(self._watchdog(deadline))
+            self._launch("kube-controller-manager", self._kcm_argv())
+            self._api().wait_default_sa(self._watchdog(deadline))
+            if self.podrunner:
+                self._launch("podrunner", self._podrunner_argv())
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Reverse start order: the pod runner first (it needs the API to finish pod deletes)."""
+        while self.procs:
+            procs.stop(self.procs.pop(), grace)
+        (self.state_dir / "pids.json").unlink(missing_ok=True)
+
+    def dead(self) -> procs.Proc | None:
+        """The first component that has exited, if any (the supervisor watches this)."""
+        return next((p for p in self.procs if not p.alive()), None)
+
+    def healthy(self) -> bool:
+        return not self.dead() and self._api().ready()
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # ---- set-up ------------------------------------------------------------------------
+
+    def _prepare(self) -> None:
+        missing = [n for n in build.CONTROL_PLANE if not (self.bin_dir / n).exists()]
+        if missing:
+            hint = "run `genpool-devcluster build`"
+            raise ClusterError(f"missing {missing} in {self.bin_dir}: {hint}")
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        certs.ensure_pki(self.pki.dir)
+        self.ports = self._choose_ports()
+        kubeconfig.write(self.kubeconfig, self.server, self.pki.ca_crt, self.pki.admin_token)
+        kubeconfig.write(
+            self.state_dir / "controller-manager.kubeconfig",
+            self.server,
+            self.pki.ca_crt,
+            self.pki.admin_token,
+        )
+
+    def _choose_ports(self) -> dict[str, int]:
+        """Last run's ports when free (kubeconfigs already handed out stay valid), else new."""
+        path = self.state_dir / "ports.json"
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, ValueError):
+            old = {}
+        ports: dict[str, int] = {}
+        for name in PORT_NAMES:
+            port = old.get(name)
+            ok = isinstance(port, int) and port not in ports.values() and procs.port_free(port)
+            ports[name] = port if ok else procs.free_port()
+        path.write_text(json.dumps(ports, indent=2) + "\n")
+        return ports
+
+    def _launch(self, name: str, argv: list[str]) -> None:
+        self.procs.append(procs.spawn(name, argv, self.log_dir))
+        pids = {p.name: p.pid for p in self.procs}
+        (self.state_dir / "pids.json").write_text(json.dumps(pids, indent=2) + "\n")
+
+    def _watchdog(self, deadline: float) -> kubeconfig.Watchdog:
+        def check() -> None:
+            dead = self.dead()
+            if dead:
+                raise ClusterError(
+                    f"{dead.name} exited with {dead.popen.returncode}; "
+                    f"{dead.log_path}:\n{dead.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                tails = "\n".join(f"--- {p.name}\n{p.log_tail(1500)}" for p in self.procs)
+                raise ClusterError(f"control plane not ready in time\n{tails}")
+
+        return check
+
+    def _api(self) -> kubeconfig.Api:
+        return kubeconfig.Api(self.server, self.pki.ca_crt, self.pki.admin_token)
+
+    # ---- command lines -----------------------------------------------------------------
+
+    def _etcd_argv(self) -> list[str]:
+        client = f"http://127.0.0.1:{self.ports['etcd_client']}"
+        peer = f"http://127.0.0.1:{self.ports['etcd_peer']}"
+        return [
+            str(self.bin_dir / "etcd"),
+            "--name=genpool-dev",
+            f"--data-dir={self.state_dir / 'etcd'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=genpool-dev={peer}",
+            "--unsafe-no-fsync",  # a throw-away dev store: speed over durability
+            "--log-level=warn",
+        ]
+
+    def _apiserver_argv(self) -> list[str]:
+        pki = self.pki
+        return [
+            str(self.bin_dir / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{self.ports['etcd_client']}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.ports['apiserver']}",
+            f"--cert-dir={self.state_dir / 'apiserver-certs'}",
+            f"--tls-cert-file={pki.serving_crt}",
+            f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.ca_crt}",
+            f"--token-auth-file={pki.token_file}",
+            "--authorization-mode=RBAC",
+            f"--service-account-issuer={SA_ISSUER}",
+            f"--service-account-key-file={pki.sa_key}",
+            f"--service-account-signing-key-file={pki.sa_key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--allow-privileged=true",
+            # The pod runner's node reports only InternalIP 127.0.0.1 and its own kubelet port.
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={pki.kubelet_client_crt}",
+            f"--kubelet-client-key={pki.kubelet_client_key}",
+            "--profiling=false",
+        ]
+
+    def _kcm_argv(self) -> list[str]:
+        kc = self.state_dir / "controller-manager.kubeconfig"
+        return [
+            str(self.bin_dir / "kube-controller-manager"),
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={self.ports['controller_manager']}",
+            f"--cert-dir={self.state_dir / 'controller-manager-certs'}",
+            "--leader-elect=false",
+            # No kubelet heartbeats: node-lifecycle would taint the pod runner's node and evict.
+            "--controllers=*,-node-lifecycle-controller",
+            f"--service-account-private-key-file={self.pki.sa_key}",
+            f"--root-ca-file={self.pki.ca_crt}",
+            "--use-service-account-credentials=true",
+            f"--cluster-signing-cert-file={self.pki.ca_crt}",
+            f"--cluster-signing-key-file={self.pki.ca_key}",
+            "--profiling=false",
+        ]
+
+    def _podrunner_argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", PODRUNNER_MODULE,
+            "--kubeconfig", str(self.kubeconfig),
+            "--state-dir", str(self.state_dir / "podrunner"),
+            "--node-name", NODE_NAME,
+        ]  # fmt: skip

@@ -1,0 +1,141 @@
+"""The detached process behind `genpool-devcluster up`: owns a Cluster until SIGTERM.
+
+Files in the state dir: `supervisor.pid` (this process), `ready` (written once the API serves),
+`logs/supervisor.log`. The children die with it (PR_SET_PDEATHSIG), so a SIGKILLed supervisor
+leaves no control plane behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import kubeconfig
+from .cluster import Cluster
+
+PID_FILE = "supervisor.pid"
+READY_FILE = "ready"
+MODULE = "genpool_devcluster.supervisor"  # not __name__: that is "__main__" when run
+
+
+def pid_path(state_dir: Path) -> Path:
+    return state_dir / PID_FILE
+
+
+def running_pid(state_dir: Path) -> int | None:
+    """The supervisor's pid if it is alive; a stale pid file (dead or reused pid) is removed."""
+    path = pid_path(state_dir)
+    try:
+        pid = int(path.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        path.unlink(missing_ok=True)
+        return None
+    if MODULE.encode() not in cmdline:
+        path.unlink(missing_ok=True)  # the pid now belongs to something else
+        return None
+    return pid
+
+
+def spawn(state_dir: Path, podrunner: bool | None, timeout: float) -> subprocess.Popen[bytes]:
+    log_dir = state_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / READY_FILE).unlink(missing_ok=True)
+    argv = [sys.executable, "-m", MODULE, "--state-dir", str(state_dir), "--timeout", str(timeout)]
+    if podrunner is False:
+        argv.append("--no-podrunner")
+    with open(log_dir / "supervisor.log", "ab") as log:
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # outlives the CLI and its terminal
+        )  # fmt: skip
+
+
+def wait_ready(state_dir: Path, proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (state_dir / READY_FILE).exists():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.25)
+    return False
+
+
+def wait_serving(state_dir: Path, timeout: float) -> bool:
+    """For a supervisor that already runs: True once its API answers /readyz."""
+    deadline = time.monotonic() + timeout
+    while running_pid(state_dir) is not None and time.monotonic() < deadline:
+        kc = state_dir / "kubeconfig"
+        if (state_dir / READY_FILE).exists() and kc.exists():
+            return kubeconfig.Api.from_kubeconfig(kc).ready()
+        time.sleep(0.25)
+    return False
+
+
+def stop(state_dir: Path, timeout: float = 60.0) -> bool:
+    """SIGTERM the supervisor and wait; SIGKILL its group if it hangs. False if none ran."""
+    pid = running_pid(state_dir)
+    if pid is None:
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if Path(f"/proc/{pid}").exists():
+        os.killpg(pid, signal.SIGKILL)
+    pid_path(state_dir).unlink(missing_ok=True)
+    (state_dir / READY_FILE).unlink(missing_ok=True)
+    return True
+
+
+def supervise(state_dir: Path, podrunner: bool | None, timeout: float) -> int:
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    other = running_pid(state_dir)
+    if other is not None and other != os.getpid():
+        print(f"another supervisor ({other}) owns {state_dir}", flush=True)
+        return 1
+    pid_path(state_dir).write_text(f"{os.getpid()}\n")
+    cluster = Cluster(state_dir, podrunner=podrunner)
+    try:
+        cluster.start(timeout=timeout)
+        (state_dir / READY_FILE).write_text(cluster.server + "\n")
+        print(f"cluster up at {cluster.server}", flush=True)
+        while not stopping:
+            dead = cluster.dead()
+            if dead:
+                print(f"{dead.name} exited ({dead.popen.returncode}): stopping", flush=True)
+                return 1
+            time.sleep(1)
+        return 0
+    finally:
+        cluster.stop()
+        (state_dir / READY_FILE).unlink(missing_ok=True)
+        pid_path(state_dir).unlink(missing_ok=True)
+        print("cluster stopped", flush=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description="internal: run by `genpool-devcluster up`")
+    p.add_argument("--state-dir", type=Path, required=True)
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--no-podrunner", action="store_true")
+    args = p.parse_args()
+    args.state_dir.mkdir(parents=True, exist_ok=True)
+    return supervise(args.state_dir, False if args.no_podrunner else None, args.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
