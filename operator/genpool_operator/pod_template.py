@@ -115,7 +115,14 @@ def _env(spec: GenPoolSpec, refs: PodRefs) -> list[dict[str, Any]]:
         },
         {
             "name": "GENPOOL_ADMIN_TOKEN",
-            "valueFrom": {"secretKeyRef": {"name": refs.admin_secret_name, "key": ADMIN_TOKEN_KEY}},
+            "valueFrom": {
+                # optional: an operator without a token makes no Secret (see build_children).
+                "secretKeyRef": {
+                    "name": refs.admin_secret_name,
+                    "key": ADMIN_TOKEN_KEY,
+                    "optional": True,
+                }
+            },
         },
         {"name": "GENPOOL_DRAIN_TIMEOUT_S", "value": str(spec.drain.timeout_seconds)},
     ]
