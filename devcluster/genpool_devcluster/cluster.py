@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from . import build, certs, kubeconfig, procs
+from . import build, certs, procs
+from . import kubeconfig as kcfg
 
 SERVICE_CIDR = "10.96.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -65,7 +66,7 @@ class Cluster:
         deadline = time.monotonic() + timeout
         try:
             self._launch("etcd", self._etcd_argv())
-            kubeconfig.wait_etcd(self.ports["etcd_client"], self._watchdog(deadline))
+            kcfg.wait_etcd(self.ports["etcd_client"], self._watchdog(deadline))
             self._launch("kube-apiserver", self._apiserver_argv())
             self._api().wait_ready(self._watchdog(deadline))
             self._launch("kube-controller-manager", self._kcm_argv())
@@ -108,8 +109,8 @@ class Cluster:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         certs.ensure_pki(self.pki.dir)
         self.ports = self._choose_ports()
-        kubeconfig.write(self.kubeconfig, self.server, self.pki.ca_crt, self.pki.admin_token)
-        kubeconfig.write(
+        kcfg.write(self.kubeconfig, self.server, self.pki.ca_crt, self.pki.admin_token)
+        kcfg.write(
             self.state_dir / "controller-manager.kubeconfig",
             self.server,
             self.pki.ca_crt,
@@ -136,7 +137,7 @@ class Cluster:
         pids = {p.name: p.pid for p in self.procs}
         (self.state_dir / "pids.json").write_text(json.dumps(pids, indent=2) + "\n")
 
-    def _watchdog(self, deadline: float) -> kubeconfig.Watchdog:
+    def _watchdog(self, deadline: float) -> kcfg.Watchdog:
         def check() -> None:
             dead = self.dead()
             if dead:
@@ -150,8 +151,8 @@ class Cluster:
 
         return check
 
-    def _api(self) -> kubeconfig.Api:
-        return kubeconfig.Api(self.server, self.pki.ca_crt, self.pki.admin_token)
+    def _api(self) -> kcfg.Api:
+        return kcfg.Api(self.server, self.pki.ca_crt, self.pki.admin_token)
 
     # ---- command lines -----------------------------------------------------------------
 
