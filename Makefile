@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.genpool-dev-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit lint format bench clean
+.PHONY: setup test unit lint format bench clean devcluster
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -36,6 +36,12 @@ format: setup
 
 bench: setup
 	$(PY) -m bench.run
+
+# Local control plane (docs/devcluster.md): builds the binaries once (tens of minutes), then
+# starts etcd, kube-apiserver, kube-controller-manager and the pod runner in the background.
+devcluster: setup
+	$(PY) -m genpool_devcluster up
+	@$(PY) -m genpool_devcluster env
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
