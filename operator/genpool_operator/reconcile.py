@@ -1,0 +1,157 @@
+"""Reconcile one GenPool into its children, and mirror the workers' readiness.
+
+Children are rendered by the pure builders and written with server-side apply, so
+running this twice (kopf replays every object on start, or an operator restarts
+mid-reconcile) converges on the same objects instead of creating duplicates.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from genpool_operator.builders import PoolRef, build_children
+from genpool_operator.conditions import (
+    Condition,
+    merge_conditions,
+    phase,
+    readiness_conditions,
+    ready_text,
+)
+from genpool_operator.kube import Kube, object_path, resource_path, with_retries
+from genpool_operator.spec import GenPoolSpec
+from genpool_operator.status import now_iso, update_status
+
+log = logging.getLogger("genpool.operator.reconcile")
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    worker_image: str
+    admin_token: str | None
+
+
+@dataclass(frozen=True)
+class ChildChange:
+    kind: str
+    name: str
+    action: str  # created | updated | unchanged
+
+
+def pool_ref(body: dict[str, Any]) -> PoolRef:
+    meta = body["metadata"]
+    return PoolRef(meta["name"], meta["namespace"], meta["uid"], meta.get("generation", 1))
+
+
+async def apply_children(
+    kube: Kube, body: dict[str, Any], spec: GenPoolSpec, options: OperatorOptions
+) -> list[ChildChange]:
+    children = build_children(
+        pool_ref(body), spec, image_default=options.worker_image, admin_token=options.admin_token
+    )
+    changes = []
+    for child in children:
+        changes.append(await _apply_one(kube, child))
+    return changes
+
+
+async def _apply_one(kube: Kube, child: dict[str, Any]) -> ChildChange:
+    kind, name = child["kind"], child["metadata"]["name"]
+    if kind == "Secret":
+        # The operator may create and patch Secrets but never read them (RBAC).
+        await with_retries(lambda: kube.apply(child), what=f"apply {kind} {name}")
+        return ChildChange(kind, name, "applied")
+    before = await kube.get(object_path(child))
+    before_version = before["metadata"]["resourceVersion"] if before else None
+    applied = await with_retries(lambda: kube.apply(child), what=f"apply {kind} {name}")
+    if before_version is None:
+        action = "created"
+    elif applied["metadata"]["resourceVersion"] != before_version:
+        action = "updated"
+    else:
+        action = "unchanged"
+    return ChildChange(kind, name, action)
+
+
+async def record_spec_status(
+    kube: Kube, body: dict[str, Any], spec: GenPoolSpec | None, error: str | None
+) -> None:
+    """observedGeneration, selector and the Degraded condition after a reconcile."""
+    meta = body["metadata"]
+    generation = meta.get("generation")
+    stamp = now_iso()
+
+    def mutate(status: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
+        degraded = Condition(
+            "Degraded",
+            error is not None,
+            "InvalidSpec" if error else "SpecApplied",
+            error or "children applied",
+        )
+        desired = spec.replicas if spec else 0
+        patch: dict[str, Any] = {
+            "observedGeneration": generation,
+            "selector": f"genpool.dev/pool={meta['name']}",
+            "conditions": merge_conditions(
+                status.get("conditions"), [degraded], now_iso=stamp, observed_generation=generation
+            ),
+            "phase": phase(desired, int(status.get("readyReplicas") or 0), error is not None),
+        }
+        if "ready" not in status:
+            patch["ready"] = ready_text(desired, 0)
+            patch["replicas"] = 0
+            patch["readyReplicas"] = 0
+        return patch
+
+    await update_status(kube, meta["namespace"], meta["name"], mutate)
+
+
+async def mirror_statefulset(kube: Kube, statefulset: dict[str, Any]) -> None:
+    """Copy the StatefulSet's replica counts into its GenPool's status."""
+    meta = statefulset["metadata"]
+    pool = (meta.get("labels") or {}).get("genpool.dev/pool")
+    if not pool:
+        return
+    desired = int((statefulset.get("spec") or {}).get("replicas") or 0)
+    counts = statefulset.get("status") or {}
+    replicas = int(counts.get("replicas") or 0)
+    ready = int(counts.get("readyReplicas") or 0)
+    updated = int(counts.get("updatedReplicas") or 0)
+    stamp = now_iso()
+
+    def mutate(status: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any] | None:
+        degraded = any(
+            c.get("type") == "Degraded" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        patch: dict[str, Any] = {
+            "replicas": replicas,
+            "readyReplicas": ready,
+            "ready": ready_text(desired, ready),
+            "phase": phase(desired, ready, degraded),
+            "conditions": merge_conditions(
+                status.get("conditions"),
+                readiness_conditions(desired, ready, updated),
+                now_iso=stamp,
+                observed_generation=fresh["metadata"].get("generation"),
+            ),
+        }
+        unchanged = all(status.get(k) == v for k, v in patch.items() if k != "conditions")
+        same_conditions = _strip_times(status.get("conditions")) == _strip_times(
+            patch["conditions"]
+        )
+        return None if unchanged and same_conditions else patch
+
+    await update_status(kube, meta["namespace"], pool, mutate)
+
+
+def _strip_times(conditions: Any) -> list[tuple[Any, ...]]:
+    return [
+        (c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
+        for c in conditions or []
+    ]
+
+
+def statefulset_path(namespace: str, pool: str) -> str:
+    return resource_path("apps/v1", "StatefulSet", namespace, f"{pool}-worker")

@@ -1,0 +1,139 @@
+"""Talking to worker pods: stat lines (HTTP or pod logs), ``GET``/``PUT /config``.
+
+Every call has a timeout and the operator-wide semaphore bounds how many run at once,
+so one slow or dead pod delays nobody else's scrape. Failures come back as values
+(``None`` / a reason), never as exceptions, because a pod that cannot be read is an
+ordinary event here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx
+
+from genpool_operator.kube import Kube, KubeError
+from genpool_worker.statline import StatLine, parse_statline
+
+log = logging.getLogger("genpool.operator.scrape")
+WORKER_PORT = 8000
+LOG_TAIL_LINES = 200
+T = TypeVar("T")
+U = TypeVar("U")
+
+
+@dataclass(frozen=True, slots=True)
+class PodTarget:
+    name: str
+    ip: str
+    uid: str
+
+
+def ready_targets(pods: Sequence[dict[str, Any]]) -> list[PodTarget]:
+    """Pods that are Running, Ready, have an IP and are not being deleted."""
+    targets = []
+    for pod in pods:
+        meta, status = pod.get("metadata", {}), pod.get("status", {})
+        conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+        if meta.get("deletionTimestamp") or status.get("phase") != "Running":
+            continue
+        if conditions.get("Ready") != "True" or not status.get("podIP"):
+            continue
+        targets.append(PodTarget(meta["name"], status["podIP"], meta.get("uid", "")))
+    return sorted(targets, key=lambda t: t.name)
+
+
+class WorkerClient:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        admin_token: str | None,
+        *,
+        port: int = WORKER_PORT,
+        timeout_s: float = 3.0,
+        concurrency: int = 64,
+    ) -> None:
+        self._http = http
+        self._token = admin_token
+        self._port = port
+        self._timeout = httpx.Timeout(timeout_s)
+        self._limit = asyncio.Semaphore(concurrency)
+
+    def _url(self, target: PodTarget, path: str) -> str:
+        return f"http://{target.ip}:{self._port}{path}"
+
+    def _admin_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
+    async def gather(
+        self, call: Callable[[PodTarget], Awaitable[T]], targets: Sequence[PodTarget]
+    ) -> list[T]:
+        async def bounded(target: PodTarget) -> T:
+            async with self._limit:
+                return await call(target)
+
+        return list(await asyncio.gather(*(bounded(t) for t in targets)))
+
+    async def statline(self, target: PodTarget) -> StatLine | None:
+        try:
+            response = await self._http.get(self._url(target, "/statline"), timeout=self._timeout)
+        except httpx.HTTPError as exc:
+            log.info("stat line from %s: %s", target.name, exc)
+            return None
+        if response.status_code != 200:
+            log.info("stat line from %s: HTTP %d", target.name, response.status_code)
+            return None
+        return parse_statline(response.text)
+
+    async def config(self, target: PodTarget) -> dict[str, Any] | None:
+        try:
+            response = await self._http.get(self._url(target, "/config"), timeout=self._timeout)
+            body = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as exc:
+            log.info("config of %s: %s", target.name, exc)
+            return None
+        return body if isinstance(body, dict) else None
+
+    async def put_config(
+        self, target: PodTarget, generation: int, live: dict[str, Any]
+    ) -> str | None:
+        """Push live knobs; ``None`` on success, else why it failed."""
+        try:
+            response = await self._http.put(
+                self._url(target, "/config"),
+                json={"generation": generation, **live},
+                headers=self._admin_headers(),
+                timeout=self._timeout,
+            )
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if response.status_code == 200:
+            return None
+        return f"HTTP {response.status_code}: {response.text[:200]}"
+
+
+async def statline_from_log(kube: Kube, namespace: str, pod: str) -> StatLine | None:
+    """The newest stat line in the worker container's log (``statsSource: Log``)."""
+    try:
+        text = await kube.pod_log(namespace, pod, "worker", LOG_TAIL_LINES)
+    except (KubeError, httpx.HTTPError) as exc:
+        log.info("log of %s/%s: %s", namespace, pod, exc)
+        return None
+    return parse_statline(text)
+
+
+def in_sync(config: dict[str, Any] | None, generation: int, live: dict[str, Any]) -> bool:
+    """A pod is in sync when it reports our generation and every live value we set."""
+    if config is None or config.get("generation") != generation:
+        return False
+    return all(_same(config.get(key), value) for key, value in live.items())
+
+
+def _same(reported: object, wanted: object) -> bool:
+    if isinstance(reported, int | float) and isinstance(wanted, int | float):
+        return abs(float(reported) - float(wanted)) < 1e-9
+    return reported == wanted

@@ -1,0 +1,55 @@
+"""Writing a GenPool's status safely from two writers (reconcile handler, stats daemon).
+
+Each write re-reads the object and sends a merge patch carrying its resourceVersion:
+a concurrent write makes the apiserver answer 409 and ``with_retries`` runs the whole
+read-compute-write again, so no writer silently drops the other's conditions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from genpool_operator.kube import Kube, KubeError, resource_path, with_retries
+
+GENPOOL_API = "genpool.dev/v1alpha1"
+StatusMutation = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None]
+
+
+def now_iso(now: datetime | None = None) -> str:
+    return (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pool_path(namespace: str, name: str, sub: str = "") -> str:
+    return resource_path(GENPOOL_API, "GenPool", namespace, name, sub)
+
+
+async def update_status(
+    kube: Kube, namespace: str, name: str, mutate: StatusMutation, *, attempts: int = 6
+) -> dict[str, Any] | None:
+    """Apply ``mutate(status, body) -> status patch`` with optimistic concurrency.
+
+    Returns the updated object, or ``None`` when the GenPool is gone or ``mutate``
+    had nothing to change.
+    """
+
+    async def once() -> dict[str, Any] | None:
+        body = await kube.get(pool_path(namespace, name))
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        patch = mutate(dict(body.get("status") or {}), body)
+        if not patch:
+            return body
+        version = body["metadata"]["resourceVersion"]
+        return await kube.merge_patch(
+            pool_path(namespace, name, "status"),
+            {"metadata": {"resourceVersion": version}, "status": patch},
+        )
+
+    try:
+        return await with_retries(once, attempts=attempts, what=f"status of {namespace}/{name}")
+    except KubeError as exc:
+        if exc.status == 404:
+            return None
+        raise
