@@ -84,6 +84,13 @@ class Cluster:
             procs.stop(self.procs.pop(), grace)
         (self.state_dir / "pids.json").unlink(missing_ok=True)
 
+    def restart(self, proc: procs.Proc) -> None:
+        """Start an exited component again in the same slot (the supervisor does it for the
+        pod runner, which is young code; control-plane deaths stop the cluster instead)."""
+        argv = [str(a) for a in proc.popen.args]  # type: ignore[union-attr]
+        self.procs[self.procs.index(proc)] = procs.spawn(proc.name, argv, self.log_dir)
+        self._write_pids()
+
     def dead(self) -> procs.Proc | None:
         """The first component that has exited, if any (the supervisor watches this)."""
         return next((p for p in self.procs if not p.alive()), None)
@@ -134,6 +141,9 @@ class Cluster:
 
     def _launch(self, name: str, argv: list[str]) -> None:
         self.procs.append(procs.spawn(name, argv, self.log_dir))
+        self._write_pids()
+
+    def _write_pids(self) -> None:
         pids = {p.name: p.pid for p in self.procs}
         (self.state_dir / "pids.json").write_text(json.dumps(pids, indent=2) + "\n")
 

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import kubeconfig
@@ -20,6 +21,7 @@ from .cluster import Cluster
 
 PID_FILE = "supervisor.pid"
 READY_FILE = "ready"
+MAX_PODRUNNER_RESTARTS = 5
 MODULE = "genpool_devcluster.supervisor"  # not __name__: that is "__main__" when run
 
 
@@ -94,6 +96,22 @@ def stop(state_dir: Path, timeout: float = 60.0) -> bool:
     return True
 
 
+def _watch(cluster: Cluster, stopping: Callable[[], bool]) -> int:
+    restarts = 0
+    while not stopping():
+        dead = cluster.dead()
+        if dead and dead.name == "podrunner" and restarts < MAX_PODRUNNER_RESTARTS:
+            restarts += 1
+            print(f"podrunner exited ({dead.popen.returncode}): restart {restarts}", flush=True)
+            time.sleep(1)
+            cluster.restart(dead)
+        elif dead:
+            print(f"{dead.name} exited ({dead.popen.returncode}): stopping", flush=True)
+            return 1
+        time.sleep(1)
+    return 0
+
+
 def supervise(state_dir: Path, podrunner: bool | None, timeout: float) -> int:
     stopping = False
 
@@ -113,13 +131,7 @@ def supervise(state_dir: Path, podrunner: bool | None, timeout: float) -> int:
         cluster.start(timeout=timeout)
         (state_dir / READY_FILE).write_text(cluster.server + "\n")
         print(f"cluster up at {cluster.server}", flush=True)
-        while not stopping:
-            dead = cluster.dead()
-            if dead:
-                print(f"{dead.name} exited ({dead.popen.returncode}): stopping", flush=True)
-                return 1
-            time.sleep(1)
-        return 0
+        return _watch(cluster, lambda: stopping)
     finally:
         cluster.stop()
         (state_dir / READY_FILE).unlink(missing_ok=True)
