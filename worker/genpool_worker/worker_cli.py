@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -28,6 +29,7 @@ from genpool_worker.scheduler import GenScheduler, SchedulerConfig
 
 log = logging.getLogger("genpool.worker")
 RANK_DEATH_GRACE_S = 1.0
+CONFIG_ENV = "GENPOOL_WORKER_CONFIG"
 Mode = Literal["off", "tpot_budget", "target_output_tps"]
 
 
@@ -97,10 +99,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_config(argv: Sequence[str] | None) -> WorkerConfig:
+class ConfigEnvError(ValueError):
+    """GENPOOL_WORKER_CONFIG is not a JSON object."""
+
+
+def config_from_env(environ: Mapping[str, str]) -> dict[str, object]:
+    """The base config from GENPOOL_WORKER_CONFIG (the operator's worker.json), or {}."""
+    raw = environ.get(CONFIG_ENV, "").strip()
+    if not raw:
+        return {}
+    try:
+        loaded = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigEnvError(f"{CONFIG_ENV} is not valid JSON: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigEnvError(f"{CONFIG_ENV} must be a JSON object, got {type(loaded).__name__}")
+    return loaded
+
+
+def parse_config(
+    argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
+) -> WorkerConfig:
+    """GENPOOL_WORKER_CONFIG first, then the flags given on the command line over it."""
+    base = config_from_env(os.environ if environ is None else environ)
     ns = build_parser().parse_args(argv)
     given = {k: v for k, v in vars(ns).items() if v is not None}
-    return WorkerConfig.model_validate(given)
+    return WorkerConfig.model_validate({**base, **given})
 
 
 def build_scheduler(config: WorkerConfig) -> GenScheduler:
@@ -157,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             where = ".".join(str(p) for p in error["loc"]) or "config"
             print(f"genpool-worker: error: {where}: {error['msg']}", file=sys.stderr)
         return 2
-    except GenPreemptionConfigError as exc:
+    except (GenPreemptionConfigError, ConfigEnvError) as exc:
         print(f"genpool-worker: error: {exc}", file=sys.stderr)
         return 2
     log.info(scheduler.policy.enabled_line())
