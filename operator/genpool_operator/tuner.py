@@ -146,6 +146,18 @@ def _shrunk(knobs: Knobs, bounds: Bounds, settings: TunerSettings) -> Knobs:
     return clamp(Knobs(max(headroom, knobs.paused_cap), knobs.paused_cap), bounds)
 
 
+def _cap_binds_with_waiters_at_risk(stats: PoolStats, settings: TunerSettings) -> bool:
+    """The cap is (nearly) full while waiters are at risk.
+
+    ``at_risk`` is a snapshot and at-risk waiters are admitted within a pass or two,
+    so a full cap with a queue and pauses in the window (the policy only pauses for
+    an at-risk waiter) counts as "at risk" too.
+    """
+    full = stats.paused >= settings.bind_fraction * stats.cap
+    at_risk = stats.at_risk > 0 or (stats.waiters > 0 and stats.pauses_window > 0)
+    return full and at_risk
+
+
 def _proposal(stats: PoolStats, settings: TunerSettings) -> str:
     """The rule that fires on this round's stats, or ``""`` (see the module doc)."""
     eps = settings.eps
@@ -155,7 +167,7 @@ def _proposal(stats: PoolStats, settings: TunerSettings) -> str:
     implicated = not settings.guarded or (
         mix_known and stats.victim_share("below_target", "sacrificed") >= settings.implicated_share
     )
-    binds = stats.at_risk > 0 and stats.paused >= settings.bind_fraction * stats.cap
+    binds = _cap_binds_with_waiters_at_risk(stats, settings)
     unspent = below is not None and below < eps - settings.dead_band
     missing = below is not None and below > eps
     credit_negative = stats.credit_sum is not None and stats.credit_sum < 0

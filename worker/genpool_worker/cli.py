@@ -16,10 +16,12 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from genpool_operator.tuner import Bounds, TunerSettings
 from genpool_worker.datafiles import AZURE_CONV, data_file
 from genpool_worker.sim.cluster import MODES, ClusterConfig
 from genpool_worker.sim.experiment import RunResult, Workload, run_seed
 from genpool_worker.sim.report import format_table, summarize
+from genpool_worker.sim.tuning import Phase, TuneConfig, parse_phases
 from genpool_worker.sim.workload import (
     TraceError,
     TraceRequest,
@@ -62,6 +64,23 @@ def _modes(text: str) -> list[str]:
     return modes
 
 
+def _phases(text: str) -> list[Phase]:
+    try:
+        return parse_phases(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
+    return value
+
+
 def _target(text: str) -> float | None:
     return None if text == "auto" else float(_positive(float)(text))
 
@@ -85,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     load.add_argument("--rate", type=_positive(float), help="open loop: Gamma arrivals, req/s")
     load.add_argument("--replay", action="store_true", help="open loop: the trace's own times")
+    load.add_argument(
+        "--phases",
+        type=_phases,
+        help="closed loop whose clients change: SECONDS:CLIENTS,... (sets the duration)",
+    )
     sim.add_argument("--cv", type=_positive(float), default=1.0, help="Gamma arrivals' CV")
     sim.add_argument(
         "--time-scale",
@@ -92,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="multiply replayed arrival times (below 1: more load)",
     )
-    sim.add_argument("--duration", type=_positive(float), default=600.0, help="simulated s")
+    sim.add_argument("--duration", type=_positive(float), help="simulated s (default 600)")
     sim.add_argument("--warmup", type=float, default=60.0, help="s excluded from metrics")
     sim.add_argument("--workers", type=_positive(int), default=8)
     sim.add_argument("--max-batch", type=_positive(int), default=16)
@@ -111,7 +135,43 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", type=Path, help="write all results as JSON here")
     sim.add_argument("--plot", type=Path, help="write PNG plots into this folder")
     sim.add_argument("--stat-lines", action="store_true", help="print seed 0's stat lines")
+    _add_tune_options(sim)
     return parser
+
+
+def _add_tune_options(sim: argparse.ArgumentParser) -> None:
+    tune = sim.add_argument_group("tuner in the loop (target_output_tps runs)")
+    tune.add_argument("--tune", action="store_true", help="run the operator's tuner (§12)")
+    tune.add_argument("--tune-interval", type=_positive(float), default=30.0, help="s")
+    tune.add_argument("--headroom-min", type=_count, default=0)
+    tune.add_argument("--headroom-max", type=_count, help="default A (= --max-batch)")
+    tune.add_argument("--cap-min", type=_count, default=0)
+    tune.add_argument("--cap-max", type=_count, help="default A (= --max-batch)")
+    tune.add_argument("--tune-cooldown", type=_count, default=2, help="rounds after a change")
+    tune.add_argument(
+        "--tune-rule",
+        choices=("guarded", "literal"),
+        default="guarded",
+        help="literal: lower the cap on any miss above eps (DESIGN §12 as written)",
+    )
+
+
+def tune_config(ns: argparse.Namespace) -> TuneConfig | None:
+    if not ns.tune:
+        return None
+    a = ns.max_batch
+    try:
+        bounds = Bounds(ns.headroom_min, _or(ns.headroom_max, a), ns.cap_min, _or(ns.cap_max, a))
+        settings = TunerSettings(
+            cooldown_intervals=ns.tune_cooldown, guarded=ns.tune_rule == "guarded"
+        )
+    except ValueError as exc:
+        raise UsageError(f"tuner bounds: {exc}") from None
+    return TuneConfig(bounds, ns.tune_interval, settings)
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def load_trace(path: Path) -> list[TraceRequest]:
@@ -127,14 +187,20 @@ def load_trace(path: Path) -> list[TraceRequest]:
 
 
 def _job(
-    args: tuple[ClusterConfig, Workload, list[str], int, float | None, bool],
+    args: tuple[ClusterConfig, Workload, list[str], int, float | None, bool, TuneConfig | None],
 ) -> list[RunResult]:
-    config, workload, modes, seed, target, keep = args
-    return run_seed(config, workload, modes, seed, target, keep_records=keep)
+    config, workload, modes, seed, target, keep, tune = args
+    return run_seed(config, workload, modes, seed, target, keep_records=keep, tune=tune)
 
 
 def run_sim(ns: argparse.Namespace) -> int:
     trace = load_trace(ns.trace)
+    if ns.phases is not None and ns.duration is not None:
+        raise UsageError("--phases sets the duration; drop --duration")
+    if ns.phases is not None:
+        ns.duration = sum(phase.duration_s for phase in ns.phases)
+    ns.duration = 600.0 if ns.duration is None else ns.duration
+    tune = tune_config(ns)
     if not 0 <= ns.warmup < ns.duration:
         raise UsageError("need 0 <= --warmup < --duration")
     scenarios: list[tuple[str, Workload]] = []
@@ -146,6 +212,10 @@ def run_sim(ns: argparse.Namespace) -> int:
         arrivals = [r for r in scale_time(trace, ns.time_scale) if r.arrival_s < ns.duration]
         scenarios.append((f"replay x{ns.time_scale}", Workload(trace, arrivals=arrivals,
                           duration_s=ns.duration, warmup_s=ns.warmup)))  # fmt: skip
+    elif ns.phases is not None:
+        text = ",".join(f"{p.duration_s:g}:{p.clients}" for p in ns.phases)
+        scenarios.append((f"phases {text}", Workload(trace, phases=ns.phases,
+                          warmup_s=ns.warmup)))  # fmt: skip
     else:
         for c in ns.concurrency or [220, 250]:
             scenarios.append((f"c={c}", Workload(trace, concurrency=c, duration_s=ns.duration,
@@ -162,7 +232,7 @@ def run_sim(ns: argparse.Namespace) -> int:
             for seed in range(ns.seeds):
                 keep = seed == 0 and ns.plot is not None
                 jobs.append(((name, fraction), (config, workload, modes, seed,
-                             ns.target_output_tps, keep)))  # fmt: skip
+                             ns.target_output_tps, keep, tune)))  # fmt: skip
     results: dict[tuple[str, float], list[RunResult]] = {key: [] for key, _ in jobs}
     with ProcessPoolExecutor(max_workers=ns.jobs) as pool:
         futures = [(key, pool.submit(_job, args)) for key, args in jobs]
@@ -191,10 +261,13 @@ def report(ns: argparse.Namespace, results: dict[tuple[str, float], list[RunResu
                 if run.seed == 0:
                     for worker, line in run.stat_lines[:16]:
                         print(f"[{run.mode} worker {worker}] {line}")
+        if ns.tune:
+            _print_tuning(runs)
         document["runs"].append({  # type: ignore[attr-defined]
             "scenario": name, "paused_cap_fraction": fraction, "summary": summary,
             "per_seed": [{"mode": r.mode, "seed": r.seed, "target_output_tps":
-                          r.target_output_tps, "metrics": r.metrics} for r in runs],
+                          r.target_output_tps, "metrics": r.metrics}
+                         | ({"tuning": r.tuning} if r.tuning else {}) for r in runs],
         })  # fmt: skip
     if ns.json:
         ns.json.parent.mkdir(parents=True, exist_ok=True)
@@ -204,6 +277,16 @@ def report(ns: argparse.Namespace, results: dict[tuple[str, float], list[RunResu
 
         write_plots(results, ns.plot)
     return 0
+
+
+def _print_tuning(runs: list[RunResult]) -> None:
+    for run in runs:
+        changes = [d for d in run.tuning if d["changed"]]
+        if not run.tuning:
+            continue
+        steps = " ".join(f"t={d['t']:g}:{d['reason']}->H{d['headroom']}/P{d['cap']}"
+                         for d in changes)  # fmt: skip
+        print(f"tuner seed {run.seed}: {len(changes)} change(s) {steps or '(none)'}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

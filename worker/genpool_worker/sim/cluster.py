@@ -35,6 +35,7 @@ class ClusterConfig:
     stat_interval_s: float = 30.0
     step_model: StepModel = DEFAULT_STEP_MODEL
     max_evictions_per_request: int = 1
+    max_resident_headroom: int | None = None  # the ceiling a tuner may raise H to
 
     def settings(self) -> dict[str, object]:
         if self.mode == "target_output_tps":
@@ -46,7 +47,10 @@ class ClusterConfig:
         else:
             raise ValueError(f"unknown mode {self.mode!r}; choose from {', '.join(MODES)}")
         cap = int(self.paused_cap_fraction * self.max_batch)
-        return knobs | {"paused_cap": cap, "resident_headroom": cap}
+        knobs |= {"paused_cap": cap, "resident_headroom": cap}
+        if self.max_resident_headroom is not None:
+            knobs["max_resident_headroom"] = max(self.max_resident_headroom, cap)
+        return knobs
 
 
 @dataclass(eq=False)

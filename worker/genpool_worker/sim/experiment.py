@@ -9,11 +9,19 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from genpool_worker.sim.cluster import Cluster, ClusterConfig
 from genpool_worker.sim.records import SimRequest
+from genpool_worker.sim.tuning import (
+    Phase,
+    SimTuner,
+    TuneConfig,
+    clients_at,
+    phase_starts,
+    run_with_checkpoints,
+)
 from genpool_worker.sim.workload import LengthSampler, TraceRequest
 
 AUTO_T_DIVISOR = 1.10
@@ -21,17 +29,22 @@ AUTO_T_DIVISOR = 1.10
 
 @dataclass(frozen=True)
 class Workload:
-    """Closed loop (``concurrency`` clients) or open loop (``arrivals`` replayed)."""
+    """Closed loop (``concurrency`` clients, or ``phases`` of client counts; the phases
+    set the duration) or open loop (``arrivals`` replayed)."""
 
     lengths: Sequence[TraceRequest]
     concurrency: int | None = None
     arrivals: Sequence[TraceRequest] | None = None
     duration_s: float = 600.0
     warmup_s: float = 60.0
+    phases: Sequence[Phase] | None = None
 
     def __post_init__(self) -> None:
-        if (self.concurrency is None) == (self.arrivals is None):
-            raise ValueError("a workload is either closed-loop (concurrency) or open-loop")
+        kinds = (self.concurrency, self.arrivals, self.phases)
+        if sum(kind is not None for kind in kinds) != 1:
+            raise ValueError("a workload is closed-loop (concurrency or phases) or open-loop")
+        if self.phases is not None:
+            object.__setattr__(self, "duration_s", sum(p.duration_s for p in self.phases))
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if not 0 <= self.warmup_s < self.duration_s:
@@ -46,6 +59,7 @@ class RunResult:
     metrics: dict[str, float]
     stat_lines: list[tuple[int, str]] = field(default_factory=list)
     records: list[SimRequest] = field(default_factory=list)
+    tuning: list[dict[str, object]] = field(default_factory=list)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -59,10 +73,19 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def simulate(config: ClusterConfig, workload: Workload, seed: int) -> Cluster:
+def simulate(
+    config: ClusterConfig, workload: Workload, seed: int, tuner: SimTuner | None = None
+) -> Cluster:
     rng = random.Random(seed)
     cluster = Cluster(config)
     ids = itertools.count()
+    checkpoints: list[tuple[float, int, Callable[[float], None]]] = []
+    if tuner is not None:
+        tuner.attach(cluster)
+        ticks = int(workload.duration_s // tuner.config.interval_s)
+        for k in range(1, ticks + 1):
+            at = k * tuner.config.interval_s
+            checkpoints.append((at, 1, lambda now: tuner.tick(cluster, now)))
     if workload.arrivals is not None:
         for request in workload.arrivals:
             cluster.submit(
@@ -73,20 +96,30 @@ def simulate(config: ClusterConfig, workload: Workload, seed: int) -> Cluster:
                     request.output_tokens,
                 )
             )
-        cluster.run()
+        run_with_checkpoints(cluster, checkpoints)
         return cluster
     sampler = LengthSampler(workload.lengths, rng)
+    phases = workload.phases or [Phase(workload.duration_s, workload.concurrency or 0)]
+    active: set[int] = set()
 
     def send(client: int, at: float) -> None:
-        if at < workload.duration_s:
+        if at < workload.duration_s and client < clients_at(phases, at):
             prompt, output = sampler.sample()
             cluster.submit(SimRequest(f"c{client}-{next(ids)}", at, prompt, output, client))
+        else:  # retired: the phase's client count fell below it (or the run ended)
+            active.discard(client)
+
+    def start_phase(at: float) -> None:
+        for client in range(clients_at(phases, at)):
+            if client not in active:  # staggered over the phase's first second
+                active.add(client)
+                send(client, at + rng.random())
 
     cluster.on_done = lambda request, now: send(request.client or 0, now)
-    assert workload.concurrency is not None
-    for client in range(workload.concurrency):  # staggered over the first second
-        send(client, rng.random())
-    cluster.run()
+    start_phase(0.0)
+    for start in phase_starts(phases)[1:]:
+        checkpoints.append((start, 0, start_phase))
+    run_with_checkpoints(cluster, checkpoints)
     return cluster
 
 
@@ -134,6 +167,7 @@ def run_seed(
     seed: int,
     target_output_tps: float | None = None,
     keep_records: bool = False,
+    tune: TuneConfig | None = None,
 ) -> list[RunResult]:
     """All modes on one seed. ``target_output_tps=None`` means auto (needs ``off``)."""
     ordered = sorted(modes, key=lambda m: m != "off")
@@ -143,15 +177,21 @@ def run_seed(
         if mode == "target_output_tps" and target is None:
             raise ValueError("T = auto needs the off mode in the same run")
         config = replace(base, mode=mode, target_output_tps=target)
-        cluster = simulate(config, workload, seed)
+        tuner = None
+        if tune is not None and mode == "target_output_tps":
+            config = replace(config, max_resident_headroom=tune.bounds.headroom_max)
+            tuner = SimTuner(tune)
+        cluster = simulate(config, workload, seed, tuner)
         metrics, done = measure(cluster, workload, target)
         if mode == "off" and target is None:
             target = metrics["output_rate_p50"] / AUTO_T_DIVISOR
             metrics["below_target"] = sum(
                 1 for r in done if (rate := r.output_rate) is not None and rate < target
             ) / max(1, sum(1 for r in done if r.output_rate is not None))
+        records = done if keep_records else []
+        decisions = tuner.records if tuner is not None else []
         results.append(
-            RunResult(mode, seed, target, metrics, cluster.stat_lines, done if keep_records else [])
+            RunResult(mode, seed, target, metrics, cluster.stat_lines, records, decisions)
         )
     for result in results:
         result.target_output_tps = target
