@@ -140,11 +140,10 @@ def _staging_replaces(kk_gomod: str) -> list[str]:
     return [f"replace {m} => {m} {tagged}" for m in sorted(mods)]
 
 
-def _go_directive(gomod: str) -> str:
-    for line in gomod.splitlines():
-        if line.startswith("go "):
-            return line
-    return "go 1.25.0"
+def _go_and_godebug(gomod: str) -> list[str]:
+    """k/k's `go` and `godebug` lines: upstream's runtime defaults (1.35: default=go1.25)."""
+    lines = [ln for ln in gomod.splitlines() if ln.startswith(("go ", "godebug "))]
+    return [ln for ln in lines if "(" not in ln] or ["go 1.25.0"]
 
 
 def _write_wrapper(src: Path, lines: list[str]) -> None:
@@ -180,9 +179,7 @@ def _build_kubernetes(dest: Path) -> None:
         src,
         [
             "module genpool.dev/devcluster/kubernetes",
-            _go_directive(kk_gomod),
-            # Upstream 1.35 builds with these runtime defaults (k/k's go.mod says the same).
-            "godebug default=go1.25",
+            *_go_and_godebug(kk_gomod),
             f"require k8s.io/kubernetes {K8S_VERSION}",
             *_staging_replaces(kk_gomod),
         ],
