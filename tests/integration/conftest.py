@@ -51,8 +51,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
         return
     bin_dir = build.ensure_binaries()
     state_dir = tmp_path_factory.mktemp("devcluster")
-    with Cluster(state_dir, bin_dir=bin_dir).start(timeout=START_TIMEOUT_S) as c:
+    c = Cluster(state_dir, bin_dir=bin_dir).start(timeout=START_TIMEOUT_S)
+    try:
         yield DevCluster(c.kubeconfig, bin_dir, state_dir)
+    finally:
+        c.stop()
 
 
 @pytest.fixture(scope="session")
