@@ -1,0 +1,180 @@
+"""The CRD and the spec model agree: fields, defaults, bounds, enums; every field described."""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import annotated_types
+import kubernetes_validate
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from genpool_operator.spec import GenPoolSpec
+
+CRD_PATH = Path(__file__).parents[3] / "crds" / "genpool.dev_genpools.yaml"
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(CRD_PATH.read_text())
+    return loaded
+
+
+def root_schema(crd: dict[str, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def spec_schema(crd: dict[str, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = root_schema(crd)["properties"]["spec"]
+    return schema
+
+
+def walk_properties(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    for name, prop in schema.get("properties", {}).items():
+        yield f"{path}.{name}", prop
+        yield from walk_properties(prop, f"{path}.{name}")
+    items = schema.get("items")
+    if items:
+        yield f"{path}[]", items
+        yield from walk_properties(items, f"{path}[]")
+
+
+def model_of(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside ``X``, ``X | None`` or ``list[X]``, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = model_of(arg)
+        if found:
+            return found
+    return None
+
+
+def walk_fields(model: type[BaseModel], path: str = "") -> Iterator[tuple[str, Any]]:
+    for name, field in model.model_fields.items():
+        alias = field.alias or name
+        yield f"{path}.{alias}", field
+        nested = model_of(field.annotation)
+        if nested:
+            suffix = "[]" if typing.get_origin(field.annotation) is list else ""
+            yield from walk_fields(nested, f"{path}.{alias}{suffix}")
+
+
+def test_the_crd_is_a_valid_customresourcedefinition(crd: dict[str, Any]) -> None:
+    kubernetes_validate.validate(crd, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_every_crd_property_has_a_description(crd: dict[str, Any]) -> None:
+    missing = [
+        path
+        for path, prop in walk_properties(root_schema(crd))
+        if not str(prop.get("description", "")).strip()
+    ]
+    assert missing == []
+
+
+def test_the_crd_and_the_model_have_the_same_fields(crd: dict[str, Any]) -> None:
+    crd_paths = {path for path, _ in walk_properties(spec_schema(crd)) if not path.endswith("[]")}
+    model_paths = {path for path, _ in walk_fields(GenPoolSpec)}
+    assert crd_paths == model_paths
+
+
+def test_the_crd_defaults_are_the_model_defaults(crd: dict[str, Any]) -> None:
+    fields = dict(walk_fields(GenPoolSpec))
+    crd_defaults = {
+        path: prop["default"]
+        for path, prop in walk_properties(spec_schema(crd))
+        if "default" in prop and prop["default"] != {}
+    }
+    model_defaults = {
+        path: field.get_default(call_default_factory=True)
+        for path, field in fields.items()
+        if not field.is_required()
+        and field.get_default(call_default_factory=True) not in (None, {}, [])
+        and not isinstance(field.get_default(call_default_factory=True), BaseModel)
+    }
+    assert crd_defaults == model_defaults
+    # An object the CRD defaults to {} is one the model builds from its own defaults.
+    for path, prop in walk_properties(spec_schema(crd)):
+        if prop.get("default") == {} and path in fields:
+            assert not fields[path].is_required(), path
+
+
+BOUND_KEYS = {annotated_types.Ge: "ge", annotated_types.Le: "le", annotated_types.Gt: "gt"}
+
+
+def model_bounds(field: Any) -> dict[str, float]:
+    bounds: dict[str, float] = {}
+    for item in field.metadata:
+        for kind, key in BOUND_KEYS.items():
+            if isinstance(item, kind):
+                bounds[key] = getattr(item, key)
+        if isinstance(item, annotated_types.MinLen):
+            bounds["min_length"] = item.min_length
+        if isinstance(item, annotated_types.MaxLen):
+            bounds["max_length"] = item.max_length
+    return bounds
+
+
+def crd_bounds(prop: dict[str, Any]) -> dict[str, float]:
+    bounds: dict[str, float] = {}
+    if "minimum" in prop:
+        bounds["gt" if prop.get("exclusiveMinimum") else "ge"] = prop["minimum"]
+    if "maximum" in prop:
+        bounds["le"] = prop["maximum"]
+    for crd_key, key in (("minLength", "min_length"), ("maxLength", "max_length")):
+        if crd_key in prop:
+            bounds[key] = prop[crd_key]
+    if "maxItems" in prop:
+        bounds["max_length"] = prop["maxItems"]
+    return bounds
+
+
+def test_the_crd_bounds_are_the_model_bounds(crd: dict[str, Any]) -> None:
+    fields = dict(walk_fields(GenPoolSpec))
+    for path, prop in walk_properties(spec_schema(crd)):
+        if path in fields:
+            assert crd_bounds(prop) == model_bounds(fields[path]), path
+
+
+def literal_values(annotation: Any) -> set[Any]:
+    if typing.get_origin(annotation) is typing.Literal:
+        return set(typing.get_args(annotation))
+    return {value for arg in typing.get_args(annotation) for value in literal_values(arg)}
+
+
+def test_the_crd_enums_are_the_model_literals(crd: dict[str, Any]) -> None:
+    fields = dict(walk_fields(GenPoolSpec))
+    enums = {
+        p: set(prop["enum"]) for p, prop in walk_properties(spec_schema(crd)) if "enum" in prop
+    }
+    assert enums
+    for path, values in enums.items():
+        assert literal_values(fields[path].annotation) == values, path
+
+
+def test_scale_and_status_subresources(crd: dict[str, Any]) -> None:
+    version = crd["spec"]["versions"][0]
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    columns = {c["name"]: c.get("priority", 0) for c in version["additionalPrinterColumns"]}
+    assert columns == {
+        "Mode": 0, "Ready": 0, "Below-T": 0, "Credit": 0, "Headroom": 0, "Cap": 0,
+        "Paused": 0, "Age": 0, "Victims": 1, "InSync": 1, "Last-Tune": 1,
+    }  # fmt: skip
+    status = root_schema(crd)["properties"]["status"]
+    for column in version["additionalPrinterColumns"]:
+        path = column["jsonPath"].lstrip(".").split(".")
+        if path[0] == "status":
+            node = status
+            for part in path[1:]:
+                node = node["properties"][part]
+            assert node["type"] == column["type"] or column["type"] == "date", column
