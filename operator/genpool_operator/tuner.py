@@ -158,7 +158,7 @@ def _cap_binds_with_waiters_at_risk(stats: PoolStats, settings: TunerSettings) -
     return full and at_risk
 
 
-def _proposal(stats: PoolStats, settings: TunerSettings) -> str:
+def _proposal(knobs: Knobs, stats: PoolStats, settings: TunerSettings) -> str:
     """The rule that fires on this round's stats, or ``""`` (see the module doc)."""
     eps = settings.eps
     enough = stats.completed_window >= settings.min_completions
@@ -181,7 +181,7 @@ def _proposal(stats: PoolStats, settings: TunerSettings) -> str:
         return "raise-cap-budget-unspent"
     if binds and missing and settings.guarded:
         return "raise-cap-queueing-misses"
-    if stats.headroom > stats.cap:
+    if knobs.resident_headroom > knobs.paused_cap:  # pauses never use headroom above P
         return "shrink-headroom-unused"
     return ""
 
@@ -218,7 +218,7 @@ def tune(
         return Decision(knobs, "hold-cooldown", False, cooling)
     if stats.mode != SLO_MODE:
         return Decision(knobs, "hold-not-slo-mode", False, fresh)
-    reason = _proposal(stats, settings)
+    reason = _proposal(knobs, stats, settings)
     target = _apply(reason, knobs, bounds, settings)
     if not reason or target == knobs:  # nothing to do, or already at the bound
         return Decision(knobs, "hold", False, fresh)
