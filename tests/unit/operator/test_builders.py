@@ -1,0 +1,253 @@
+"""Child builders: golden files, schema validity, idempotence, what rolls the pods.
+
+Regenerate the goldens after an intended change: GENPOOL_UPDATE_GOLDEN=1 pytest this file.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from genpool_operator.builders import (
+    PoolRef,
+    build_children,
+    config_hash,
+    resolve_image,
+    selector_text,
+)
+from genpool_operator.pod_template import CONFIG_HASH_ANNOTATION
+from genpool_operator.spec import EnvVar, GenPoolSpec, PodTemplate
+
+GOLDEN = Path(__file__).parent / "golden"
+EXAMPLES = Path(__file__).parents[3] / "examples"
+KUBE_VERSION = kubernetes_validate.latest_version()
+IMAGE = "registry.example/genpool-worker:0.1.0"
+TOKEN = "pool-admin-token"
+
+POOLS: dict[str, dict[str, Any]] = {
+    "gpu-tp2": {
+        "replicas": 3,
+        "model": "smollm2-135m",
+        "accelerator": "nvidia",
+        "tensorParallelSize": 2,
+        "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"memory": "16Gi"}},
+        "engine": {"maxBatchSize": 32, "maxNumActiveRequests": 48},
+        "preemption": {"mode": "TargetOutputTps", "targetOutputTps": 18.5},
+        "tuning": {"residentHeadroom": {"max": 24}, "pausedCap": {"min": 2, "max": 20}},
+    },
+    "cpu-off": {
+        "replicas": 2,
+        "image": "genpool-worker:dev",
+        "model": "synthetic:demo",
+        "accelerator": "none",
+        "resources": {"requests": {"cpu": 1, "memory": "1Gi"}},
+        "drain": {"timeoutSeconds": 30},
+    },
+    "pod-template": {
+        "accelerator": "none",
+        "preemption": {"mode": "TpotBudget", "tpotBudget": 0.2},
+        "podTemplate": {
+            "labels": {"team": "search", "genpool.dev/pool": "not-mine"},
+            "annotations": {"prometheus.io/scrape": "true", CONFIG_HASH_ANNOTATION: "forged"},
+            "nodeSelector": {"pool": "decode"},
+            "tolerations": [{"key": "decode", "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": {
+                "podAntiAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 100,
+                            "podAffinityTerm": {
+                                "topologyKey": "kubernetes.io/hostname",
+                                "labelSelector": {"matchLabels": {"genpool.dev/pool": "tmpl"}},
+                            },
+                        }
+                    ]
+                }
+            },
+            "priorityClassName": "decode-high",
+            "env": [
+                {"name": "HF_HUB_OFFLINE", "value": "1"},
+                {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            ],
+        },
+    },
+}
+
+
+def pool_ref(name: str) -> PoolRef:
+    return PoolRef(name=name, namespace="decode", uid=f"uid-{name}", generation=4)
+
+
+def children_of(name: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return build_children(
+        pool_ref(name), GenPoolSpec.from_body(spec), image_default=IMAGE, admin_token=TOKEN
+    )
+
+
+def by_kind(children: list[dict[str, Any]], kind: str, name: str = "") -> dict[str, Any]:
+    return next(c for c in children if c["kind"] == kind and c["metadata"]["name"].endswith(name))
+
+
+@pytest.mark.parametrize("name", sorted(POOLS))
+def test_children_match_the_golden_file(name: str) -> None:
+    children = children_of(name, POOLS[name])
+    path = GOLDEN / f"{name}.yaml"
+    if os.environ.get("GENPOOL_UPDATE_GOLDEN") == "1":
+        path.write_text(yaml.safe_dump_all(children, sort_keys=False, width=100))
+    assert list(yaml.safe_load_all(path.read_text())) == children
+
+
+@pytest.mark.parametrize("name", sorted(POOLS))
+def test_every_child_is_a_valid_kubernetes_object(name: str) -> None:
+    for child in children_of(name, POOLS[name]):
+        kubernetes_validate.validate(child, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("genpool-*.yaml")), ids=lambda p: p.name)
+def test_examples_build_valid_children(path: Path) -> None:
+    body = yaml.safe_load(path.read_text())
+    assert body["apiVersion"] == "genpool.dev/v1alpha1" and body["kind"] == "GenPool"
+    for child in children_of(body["metadata"]["name"], body["spec"]):
+        kubernetes_validate.validate(child, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("name", sorted(POOLS))
+def test_same_input_same_children(name: str) -> None:
+    assert children_of(name, POOLS[name]) == children_of(name, POOLS[name])
+    spec = GenPoolSpec.from_body(POOLS[name])
+    again = GenPoolSpec.from_body(spec.model_dump(by_alias=True, exclude_none=True))
+    assert config_hash(again) == config_hash(spec)
+
+
+def test_labels_owner_and_selector_on_every_child() -> None:
+    children = children_of("pool-a", POOLS["cpu-off"])
+    assert [c["kind"] for c in children] == [
+        "Secret", "ConfigMap", "Service", "Service", "PodDisruptionBudget", "StatefulSet",
+    ]  # fmt: skip
+    for child in children:
+        meta = child["metadata"]
+        assert meta["namespace"] == "decode"
+        assert meta["labels"]["genpool.dev/pool"] == "pool-a"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "genpool-operator"
+        (owner,) = meta["ownerReferences"]
+        assert owner == {
+            "apiVersion": "genpool.dev/v1alpha1", "kind": "GenPool", "name": "pool-a",
+            "uid": "uid-pool-a", "controller": True, "blockOwnerDeletion": True,
+        }  # fmt: skip
+    sts = by_kind(children, "StatefulSet")
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert sts["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert selector_text("pool-a") == "genpool.dev/pool=pool-a"
+    secret = by_kind(children, "Secret")
+    assert base64.b64decode(secret["data"]["token"]).decode() == TOKEN
+
+
+def test_no_admin_token_no_secret() -> None:
+    spec = GenPoolSpec.from_body(POOLS["cpu-off"])
+    children = build_children(pool_ref("p"), spec, image_default=IMAGE, admin_token=None)
+    assert "Secret" not in {c["kind"] for c in children}
+
+
+def test_gpu_pool_asks_for_one_gpu_per_rank() -> None:
+    sts = by_kind(children_of("g", POOLS["gpu-tp2"]), "StatefulSet")
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == 2
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+
+
+def test_cpu_pool_has_no_gpu_and_runs_on_cpu() -> None:
+    children = children_of("c", POOLS["cpu-off"])
+    (container,) = by_kind(children, "StatefulSet")["spec"]["template"]["spec"]["containers"]
+    assert "nvidia.com/gpu" not in json.dumps(container)
+    worker = json.loads(by_kind(children, "ConfigMap")["data"]["worker.json"])
+    assert worker["device"] == "cpu" and worker["preemption_mode"] == "off"
+    assert container["image"] == "genpool-worker:dev"
+
+
+def test_pod_template_merge_keeps_ours() -> None:
+    sts = by_kind(children_of("tmpl", POOLS["pod-template"]), "StatefulSet")
+    meta, pod = sts["spec"]["template"]["metadata"], sts["spec"]["template"]["spec"]
+    assert meta["labels"]["genpool.dev/pool"] == "tmpl" and meta["labels"]["team"] == "search"
+    assert meta["annotations"][CONFIG_HASH_ANNOTATION] != "forged"
+    assert meta["annotations"]["prometheus.io/scrape"] == "true"
+    assert pod["nodeSelector"] == {"pool": "decode"} and pod["priorityClassName"] == "decode-high"
+    env = [var["name"] for var in pod["containers"][0]["env"]]
+    assert env[-2:] == ["HF_HUB_OFFLINE", "NODE"] and env[0] == "POD_IP"
+
+
+def test_user_env_never_replaces_ours() -> None:
+    # The spec model refuses such env; the builder still drops it if one gets through.
+    spec = GenPoolSpec.from_body(POOLS["cpu-off"])
+    forged = PodTemplate.model_construct(env=[EnvVar.model_construct(name="POD_IP", value="x")])
+    spec = spec.model_copy(update={"pod_template": forged})
+    (container,) = by_kind(
+        build_children(pool_ref("p"), spec, image_default=IMAGE, admin_token=TOKEN), "StatefulSet"
+    )["spec"]["template"]["spec"]["containers"]
+    assert [v for v in container["env"] if v["name"] == "POD_IP"] == [
+        {
+            "name": "POD_IP",
+            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}},
+        }
+    ]
+
+
+def test_drain_timeout_sets_the_grace_period() -> None:
+    sts = by_kind(children_of("c", POOLS["cpu-off"]), "StatefulSet")
+    pod = sts["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 35
+    (container,) = pod["containers"]
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["genpool-worker-drain"]
+    assert {"name": "GENPOOL_DRAIN_TIMEOUT_S", "value": "30"} in container["env"]
+
+
+def with_change(base: dict[str, Any], section: str, **fields: Any) -> dict[str, Any]:
+    changed = json.loads(json.dumps(base))
+    target = changed.setdefault(section, {}) if section else changed
+    target.update(fields)
+    return changed
+
+
+TEMPLATE_CHANGES = [
+    ("", {"model": "synthetic:other"}),
+    ("", {"tensorParallelSize": 4}),
+    ("engine", {"maxBatchSize": 64}),
+    ("engine", {"maxSeqLen": 4096}),
+    ("preemption", {"targetOutputTps": 30}),
+    ("tuning", {"intervalSeconds": 10}),
+    ("tuning", {"residentHeadroom": {"max": 30}}),
+]
+LIVE_CHANGES = [
+    ("", {"replicas": 7}),
+    ("preemption", {"slackSeconds": 2.0}),
+    ("preemption", {"admissionTargetSeconds": {"min": 1, "max": 5}}),
+    ("tuning", {"pausedCap": {"min": 4, "max": 12}}),
+    ("tuning", {"cooldownIntervals": 5, "enabled": False}),
+]
+
+
+@pytest.mark.parametrize(("section", "fields"), TEMPLATE_CHANGES)
+def test_template_fields_change_the_config_hash(section: str, fields: dict[str, Any]) -> None:
+    base = POOLS["gpu-tp2"]
+    before = config_hash(GenPoolSpec.from_body(base))
+    assert config_hash(GenPoolSpec.from_body(with_change(base, section, **fields))) != before
+
+
+@pytest.mark.parametrize(("section", "fields"), LIVE_CHANGES)
+def test_live_fields_keep_the_config_hash(section: str, fields: dict[str, Any]) -> None:
+    base = POOLS["gpu-tp2"]
+    changed = GenPoolSpec.from_body(with_change(base, section, **fields))
+    assert config_hash(changed) == config_hash(GenPoolSpec.from_body(base))
+
+
+def test_an_image_is_required() -> None:
+    with pytest.raises(ValueError, match="no worker image"):
+        resolve_image(GenPoolSpec.from_body({}), "")
+    assert resolve_image(GenPoolSpec.from_body({"image": "mine:1"}), IMAGE) == "mine:1"
