@@ -49,8 +49,8 @@ async def _handle(worker: FakeWorker, reader: asyncio.StreamReader, writer: asyn
                 + payload
             )
             await writer.drain()
-    except (asyncio.IncompleteReadError, ConnectionError, ValueError):
-        pass
+    except (asyncio.IncompleteReadError, ConnectionError, ValueError, asyncio.CancelledError):
+        pass  # client went away, or the fleet is stopping
     finally:
         writer.close()
 

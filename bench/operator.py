@@ -1,0 +1,104 @@
+"""Operator benchmarks (``python -m bench.run operator``).
+
+- ``scrape``: one stats round over 50 pools x 4 pods against fake workers on
+  loopback addresses: each pool reads its pods' stat lines and checks/pushes the live
+  config, all pools concurrently, as the daemons do. Steady state (pods already in
+  sync) and the first round (every pod gets a ``PUT /config``) are reported apart.
+- ``reconcile``: against the local control plane (``genpool_devcluster``) with the
+  operator running as a process: time from creating a GenPool to all of its children
+  existing. Runs only when the control-plane binaries are built; otherwise the
+  result says why it was not measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from typing import Any
+
+import httpx
+
+from bench.fake_workers import FakeWorkerFleet
+from genpool_operator.scrape import PodTarget, WorkerClient
+from genpool_operator.statsloop import push_live
+
+POOLS, PODS_PER_POOL = 50, 4
+PORT = 18777
+LIVE = {"resident_headroom": 8, "paused_cap": 6, "slack_s": 0.5}
+
+
+async def _one_round(client: WorkerClient, pools: list[list[PodTarget]], generation: int) -> None:
+    async def pool_round(targets: list[PodTarget]) -> None:
+        lines = await client.gather(client.statline, targets)
+        assert all(line is not None for line in lines)
+        synced, errors = await push_live(client, targets, generation, LIVE)
+        assert not errors and synced == len(targets), errors
+
+    await asyncio.gather(*(pool_round(targets) for targets in pools))
+
+
+async def _scrape(rounds: int) -> dict[str, Any]:
+    fleet = FakeWorkerFleet(port=PORT)
+    workers = await fleet.start(POOLS * PODS_PER_POOL)
+    targets = [PodTarget(f"pod-{i}", w.host, "") for i, w in enumerate(workers)]
+    pools = [targets[i : i + PODS_PER_POOL] for i in range(0, len(targets), PODS_PER_POOL)]
+    try:
+        async with httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+        ) as http:
+            client = WorkerClient(http, None, port=PORT)
+            start = time.perf_counter()
+            await _one_round(client, pools, generation=1)
+            first_s = time.perf_counter() - start
+            walls, cpus = [], []
+            for _ in range(rounds):
+                fleet.advance()
+                wall0, cpu0 = time.perf_counter(), time.process_time()
+                await _one_round(client, pools, generation=1)
+                walls.append(time.perf_counter() - wall0)
+                cpus.append(time.process_time() - cpu0)
+    finally:
+        await fleet.stop()
+    return {
+        "pools": POOLS,
+        "pods_per_pool": PODS_PER_POOL,
+        "rounds": rounds,
+        "first_round_with_puts_s": round(first_s, 4),
+        "steady_round_wall_s": {
+            "median": round(statistics.median(walls), 4),
+            "p90": round(sorted(walls)[int(0.9 * (len(walls) - 1))], 4),
+        },
+        "steady_round_cpu_s_median": round(statistics.median(cpus), 4),
+        "requests_per_steady_round": POOLS * PODS_PER_POOL * 2,
+        "note": "fake workers share the benchmark's process and event loop, so wall time "
+        "includes serving the requests; CPU time is the operator side plus the fakes",
+    }
+
+
+def run(*, quick: bool) -> dict[str, Any]:
+    result: dict[str, Any] = {"scrape": asyncio.run(_scrape(3 if quick else 20))}
+    from bench.operator_reconcile import measure_reconcile
+
+    result["reconcile"] = measure_reconcile(repeats=2 if quick else 8)
+    return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    scrape = result["scrape"]
+    lines = [
+        f"scrape round, {scrape['pools']} pools x {scrape['pods_per_pool']} pods: "
+        f"median {scrape['steady_round_wall_s']['median'] * 1000:.0f} ms wall "
+        f"(p90 {scrape['steady_round_wall_s']['p90'] * 1000:.0f} ms), "
+        f"cpu {scrape['steady_round_cpu_s_median'] * 1000:.0f} ms; "
+        f"first round with PUTs {scrape['first_round_with_puts_s'] * 1000:.0f} ms",
+    ]
+    rec = result.get("reconcile") or {}
+    if "median_s" in rec:
+        lines.append(
+            f"reconcile apply -> children exist: median {rec['median_s'] * 1000:.0f} ms, "
+            f"max {rec['max_s'] * 1000:.0f} ms over {rec['repeats']}"
+        )
+    else:
+        lines.append(f"reconcile: not measured ({rec.get('skipped', 'unknown')})")
+    return "\n".join(lines)

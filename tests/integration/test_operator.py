@@ -1,0 +1,236 @@
+"""The operator against a real kube-apiserver + controller-manager + pod runner.
+
+Worker pods run the real ``genpool-worker`` with a synthetic model, so the HTTP,
+``PUT /config`` and stat-line paths are the production ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from genpool_operator.kube import Kube, load_config
+from genpool_operator.status import update_status
+from tests.integration.conftest import DevCluster, Kubectl
+from tests.integration.operator_harness import (
+    CRD_PATH,
+    GROUP,
+    PLURAL,
+    VERSION,
+    OperatorProcess,
+    create_pool,
+    genpool,
+    get_pool,
+    ready_pods,
+    synthetic_spec,
+    wait_for,
+)
+from tests.invalid_genpools import INVALID_GENPOOLS
+
+CHILD_KINDS = ("statefulsets", "services", "configmaps", "poddisruptionbudgets", "secrets")
+
+
+@pytest.fixture(scope="module")
+def crd(kubectl: Kubectl) -> None:
+    kubectl("apply", "--server-side", "-f", str(CRD_PATH))
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/genpools.genpool.dev")
+
+
+@pytest.fixture
+def operator(
+    cluster: DevCluster, crd: None, namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log").start()
+    yield proc
+    proc.stop()
+    print(proc.log_tail())
+
+
+def _children(kubectl: Kubectl, namespace: str, pool: str) -> dict[str, list[dict[str, Any]]]:
+    found = {}
+    for kind in CHILD_KINDS:
+        out = kubectl("get", kind, "-n", namespace, "-l", f"genpool.dev/pool={pool}", "-o", "json")
+        found[kind] = json.loads(out.stdout)["items"]
+    return found
+
+
+def test_crd_installs_with_useful_explain(kubectl: Kubectl, crd: None) -> None:
+    out = kubectl("explain", "genpools.spec.preemption.mode").stdout
+    assert "TargetOutputTps" in out or "target" in out.lower()
+    out = kubectl("explain", "gp.spec.tuning.pausedCap").stdout
+    assert "FIELDS" in out or "DESCRIPTION" in out
+
+
+@pytest.mark.parametrize("case", INVALID_GENPOOLS, ids=lambda c: c.name)
+def test_invalid_genpool_is_rejected_with_a_clear_message(
+    kube_api: client.ApiClient, crd: None, namespace: str, case: Any
+) -> None:
+    objs = client.CustomObjectsApi(kube_api)
+    body = genpool(f"bad-{case.name}"[:60], case.spec)
+    with pytest.raises(ApiException) as info:
+        objs.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, body, field_validation="Strict"
+        )
+    assert info.value.status == 422, info.value.body
+    assert case.api_error in info.value.body
+
+
+def test_children_are_owned_and_garbage_collected(
+    kube_api: client.ApiClient, kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    created = create_pool(kube_api, namespace, genpool("gc", synthetic_spec()))
+    uid = created["metadata"]["uid"]
+    children = wait_for(
+        lambda: (c := _children(kubectl, namespace, "gc")) and all(c.values()) and c,
+        timeout=60,
+        what="all children of gc",
+    )
+    assert len(children["services"]) == 2
+    for items in children.values():
+        for child in items:
+            owners = child["metadata"]["ownerReferences"]
+            assert [(o["kind"], o["uid"], o.get("controller")) for o in owners] == [
+                ("GenPool", uid, True)
+            ]
+    pool = wait_for(
+        lambda: get_pool(kube_api, namespace, "gc").get("status", {}).get("observedGeneration"),
+        timeout=30,
+        what="observedGeneration",
+    )
+    assert pool == 1
+    client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "gc"
+    )
+    wait_for(
+        lambda: not any(_children(kubectl, namespace, "gc").values()),
+        timeout=90,
+        what="garbage collection of gc's children",
+    )
+
+
+def _pod_config(pod: client.V1Pod) -> dict[str, Any]:
+    response = httpx.get(f"http://{pod.status.pod_ip}:8000/config", timeout=5)
+    response.raise_for_status()
+    config: dict[str, Any] = response.json()
+    return config
+
+
+def test_live_field_reaches_pods_without_a_rollout(
+    kube_api: client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    create_pool(kube_api, namespace, genpool("live", synthetic_spec(replicas=2)))
+    pods = wait_for(
+        lambda: len(p := ready_pods(kube_api, namespace, "live")) == 2 and p,
+        timeout=120,
+        what="2 ready worker pods",
+    )
+    apps = client.AppsV1Api(kube_api)
+    sts_before = apps.read_namespaced_stateful_set("live-worker", namespace)
+    uids = sorted(p.metadata.uid for p in pods)
+    wait_for(
+        lambda: all(_pod_config(p)["generation"] >= 1 for p in pods),
+        timeout=30,
+        what="first config push",
+    )
+    patch = {"spec": {"preemption": {"slackSeconds": 0.9}}}
+    client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "live", patch
+    )
+    wait_for(
+        lambda: all(abs(_pod_config(p)["slack_s"] - 0.9) < 1e-9 for p in pods),
+        timeout=30,
+        what="slack_s 0.9 on every pod",
+    )
+    sts_after = apps.read_namespaced_stateful_set("live-worker", namespace)
+    assert sts_after.metadata.generation == sts_before.metadata.generation
+    assert sorted(p.metadata.uid for p in ready_pods(kube_api, namespace, "live")) == uids
+    status = wait_for(
+        lambda: (
+            (s := get_pool(kube_api, namespace, "live").get("status", {}))
+            and s.get("tuning", {}).get("podsInSync") == "2/2"
+            and s.get("workersReporting") == 2
+            and s
+        ),
+        timeout=30,
+        what="podsInSync 2/2 and 2 workers reporting",
+    )
+    assert status["ready"] == "2/2"
+    assert "preemption" in status and status["preemption"]["cap"] >= 0
+
+
+def test_status_write_retries_a_real_conflict(
+    cluster: DevCluster,
+    kube_api: client.ApiClient,
+    crd: None,
+    namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    create_pool(kube_api, namespace, genpool("conflict", synthetic_spec(replicas=0)))
+    objs = client.CustomObjectsApi(kube_api)
+    calls: list[int] = []
+
+    def mutate(status: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        calls.append(1)
+        if len(calls) == 1:  # someone else writes between our read and our write
+            objs.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                "conflict",
+                {"metadata": {"annotations": {"touched": "yes"}}},
+            )
+        return {"phase": "Idle"}
+
+    async def scenario() -> None:
+        kube = Kube(load_config())
+        try:
+            await update_status(kube, namespace, "conflict", mutate)
+        finally:
+            await kube.aclose()
+
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    asyncio.run(scenario())
+    assert len(calls) == 2  # the first write got 409 and was retried from a fresh read
+    assert get_pool(kube_api, namespace, "conflict")["status"]["phase"] == "Idle"
+
+
+def test_restart_mid_reconcile_creates_no_duplicates(
+    kube_api: client.ApiClient, kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    create_pool(kube_api, namespace, genpool("restart", synthetic_spec(replicas=2)))
+    wait_for(
+        lambda: any(_children(kubectl, namespace, "restart").values()),
+        timeout=60,
+        what="the first child",
+        interval=0.05,
+    )
+    operator.kill()
+    operator.start()
+    children = wait_for(
+        lambda: (c := _children(kubectl, namespace, "restart")) and all(c.values()) and c,
+        timeout=60,
+        what="all children after the restart",
+    )
+    counts = {kind: len(items) for kind, items in children.items()}
+    assert counts == {
+        "statefulsets": 1,
+        "services": 2,
+        "configmaps": 1,
+        "poddisruptionbudgets": 1,
+        "secrets": 1,
+    }
+    pods = wait_for(
+        lambda: len(p := ready_pods(kube_api, namespace, "restart")) == 2 and p,
+        timeout=120,
+        what="2 ready pods",
+    )
+    assert sorted(p.metadata.name for p in pods) == ["restart-worker-0", "restart-worker-1"]
