@@ -61,7 +61,7 @@ def measure_reconcile(*, repeats: int) -> dict[str, Any]:
     needed = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
     if not all((bin_dir / name).exists() for name in needed):
         return {"skipped": "control-plane binaries not built (make devcluster builds them)"}
-    from kubernetes import client, config
+    from kubernetes import config
 
     with tempfile.TemporaryDirectory() as state, Cluster(Path(state), bin_dir=bin_dir) as cluster:
         kubectl = [str(bin_dir / "kubectl"), "--kubeconfig", str(cluster.kubeconfig)]
