@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, str] = {
     "scheduler": "bench.scheduler",
     "sim": "bench.sim",
     "worker": "bench.worker",
+    "operator": "bench.operator",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
