@@ -1,0 +1,188 @@
+"""A closed-loop load generator for a GenPool's ready worker pods (e2e and demo).
+
+It plays the router: it sends OpenAI streaming completions to the pool's ready pods
+(discovered through the API, refreshed every second), stamps ``genpool.arrival_time``
+so requests are keyed for admission, and retries elsewhere only when a pod refused a
+request before accepting it (503 while draining, 429, connection refused) — exactly
+what a Service endpoint update does for a terminating pod. A request that was
+accepted and then broke counts as failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from genpool_operator.kube import Kube, resource_path
+from genpool_operator.scrape import PodTarget, ready_targets
+
+PROMPTS = (
+    "The capital of France is",
+    "Write a short note about the ocean:",
+    "List three prime numbers and explain why they are prime.",
+    "Once upon a time, in a small village,",
+    "The best way to learn a new language is",
+    "Kubernetes schedules pods onto nodes by",
+)
+RETRYABLE = {429, 503}
+MAX_REFUSALS = 200
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    ok: bool
+    pod: str
+    ttft_s: float | None
+    e2e_s: float
+    tokens: int
+    refusals: int
+    error: str | None = None
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.ttft_s is None or self.tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.tokens - 1)
+
+
+class PodPicker:
+    """Ready pods of one pool, refreshed in the background; round-robin."""
+
+    def __init__(self, kube: Kube, namespace: str, pool: str) -> None:
+        self._kube, self._namespace, self._pool = kube, namespace, pool
+        self.targets: list[PodTarget] = []
+        self._turn = itertools.count()
+
+    async def refresh(self) -> None:
+        pods = await self._kube.list(
+            resource_path("v1", "Pod", self._namespace), f"genpool.dev/pool={self._pool}"
+        )
+        self.targets = ready_targets(pods)
+
+    async def keep_fresh(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            # Keep the last known list when the API blips.
+            with contextlib.suppress(httpx.HTTPError, OSError):
+                await self.refresh()
+            await asyncio.sleep(1.0)
+
+    def pick(self) -> PodTarget | None:
+        if not self.targets:
+            return None
+        return self.targets[next(self._turn) % len(self.targets)]
+
+
+async def one_request(
+    http: httpx.AsyncClient, picker: PodPicker, prompt: str, max_tokens: int
+) -> RequestResult:
+    start = time.time()
+    refusals = 0
+    while refusals < MAX_REFUSALS:
+        target = picker.pick()
+        if target is None:
+            refusals += 1
+            await asyncio.sleep(0.2)
+            continue
+        body = {
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "genpool": {"arrival_time": time.time()},
+        }
+        try:
+            return await _stream(http, target, body, start, refusals)
+        except _Refused:
+            refusals += 1
+            await asyncio.sleep(0.1)
+    return RequestResult(False, "", None, time.time() - start, 0, refusals, "no pod accepted")
+
+
+class _Refused(Exception):
+    pass
+
+
+async def _stream(
+    http: httpx.AsyncClient, target: PodTarget, body: dict[str, Any], start: float, refusals: int
+) -> RequestResult:
+    url = f"http://{target.ip}:8000/v1/completions"
+    first: float | None = None
+    tokens = 0
+    try:
+        async with http.stream("POST", url, json=body, timeout=120) as response:
+            if response.status_code in RETRYABLE:
+                raise _Refused
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")[:200]
+                return RequestResult(
+                    False, target.name, None, time.time() - start, 0, refusals, text
+                )
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    raise httpx.ReadError(str(chunk["error"]))
+                tokens += 1
+                first = first or time.time()
+    except (httpx.ConnectError, httpx.ConnectTimeout):
+        if first is None:
+            raise _Refused from None
+        raise
+    except httpx.HTTPError as exc:
+        return RequestResult(
+            False, target.name, None, time.time() - start, tokens, refusals, str(exc)
+        )
+    ttft = None if first is None else first - start
+    return RequestResult(True, target.name, ttft, time.time() - start, tokens, refusals)
+
+
+async def closed_loop(
+    picker: PodPicker, *, clients: int, duration_s: float, max_tokens: int
+) -> list[RequestResult]:
+    """``clients`` users, each sending its next request when the last one ends."""
+    results: list[RequestResult] = []
+    deadline = time.monotonic() + duration_s
+    limits = httpx.Limits(max_connections=clients * 2, max_keepalive_connections=clients * 2)
+    async with httpx.AsyncClient(limits=limits) as http:
+
+        async def user(index: int) -> None:
+            for n in itertools.count():
+                if time.monotonic() >= deadline:
+                    return
+                prompt = PROMPTS[(index + n) % len(PROMPTS)]
+                results.append(await one_request(http, picker, prompt, max_tokens))
+
+        await asyncio.gather(*(user(i) for i in range(clients)))
+    return results
+
+
+def summarize(results: list[RequestResult], duration_s: float) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    ttfts = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
+    tpots = [t for r in ok if (t := r.tpot_s) is not None]
+    e2es = sorted(r.e2e_s for r in ok)
+    return {
+        "requests": len(results),
+        "failed": len(results) - len(ok),
+        "refusals_retried": sum(r.refusals for r in results),
+        "ttft_p50_s": _quantile(ttfts, 0.5),
+        "ttft_p90_s": _quantile(ttfts, 0.9),
+        "tpot_mean_s": round(statistics.fmean(tpots), 4) if tpots else None,
+        "e2e_p90_s": _quantile(e2es, 0.9),
+        "tokens_per_s": round(sum(r.tokens for r in ok) / duration_s, 2),
+        "errors": sorted({r.error for r in results if r.error})[:5],
+    }
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return round(values[min(len(values) - 1, int(q * len(values)))], 4)
