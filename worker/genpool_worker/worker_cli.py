@@ -138,6 +138,16 @@ def build_scheduler(config: WorkerConfig) -> GenScheduler:
     )
 
 
+def torch_threads(tensor_parallel_size: int) -> int:
+    """Threads per rank: ``GENPOOL_TORCH_THREADS`` when set (several pods sharing a host
+    without CPU limits, as on the devcluster), else the cores split among the ranks,
+    because oversubscribed torch threads collapse throughput."""
+    given = os.environ.get("GENPOOL_TORCH_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    return max(1, (os.cpu_count() or 1) // tensor_parallel_size)
+
+
 def build_model(
     config: WorkerConfig, num_slots: int, tp_rank: int = 0
 ) -> tuple[DecodeModel, Tokenizer]:
@@ -157,8 +167,7 @@ def build_model(
     from genpool_worker.model.llama import LlamaModel
     from genpool_worker.model.tokenizer import load_tokenizer
 
-    # Ranks share the pod's cores; oversubscribed torch threads collapse throughput.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
+    torch.set_num_threads(torch_threads(config.tensor_parallel_size))
     path = find_smollm2_gguf() if config.model == "smollm2-135m" else config.model
     llama = LlamaModel.from_gguf(
         path,
