@@ -46,7 +46,9 @@ def merge_conditions(
             "status": status,
             "reason": update.reason,
             "message": update.message,
-            "lastTransitionTime": now_iso if flipped else previous.get("lastTransitionTime"),
+            "lastTransitionTime": (
+                now_iso if flipped or previous is None else previous.get("lastTransitionTime")
+            ),
         }
         if observed_generation is not None:
             entry["observedGeneration"] = observed_generation
