@@ -50,15 +50,19 @@ class KubeConfig:
     verify: bool = True
 
 
-def load_config() -> KubeConfig:
-    """In-cluster credentials when present, else the kubeconfig (``$KUBECONFIG``)."""
+def load_config(kubeconfig: str | None = None) -> KubeConfig:
+    """``kubeconfig`` when given; else in-cluster credentials when present, else the
+    kubeconfig (``$KUBECONFIG``)."""
     from kubernetes import client, config
 
     cfg = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=cfg)
-    except config.ConfigException:
-        config.load_kube_config(client_configuration=cfg)
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=cfg)
     auth = cfg.get_api_key_with_prefix("authorization") or cfg.get_api_key_with_prefix(
         "BearerToken"
     )

@@ -171,7 +171,6 @@ def test_status_write_retries_a_real_conflict(
     kube_api: client.ApiClient,
     crd: None,
     namespace: str,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     create_pool(kube_api, namespace, genpool("conflict", synthetic_spec(replicas=0)))
     objs = client.CustomObjectsApi(kube_api)
@@ -191,13 +190,12 @@ def test_status_write_retries_a_real_conflict(
         return {"phase": "Idle"}
 
     async def scenario() -> None:
-        kube = Kube(load_config())
+        kube = Kube(load_config(str(cluster.kubeconfig)))
         try:
             await update_status(kube, namespace, "conflict", mutate)
         finally:
             await kube.aclose()
 
-    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     asyncio.run(scenario())
     assert len(calls) == 2  # the first write got 409 and was retried from a fresh read
     assert get_pool(kube_api, namespace, "conflict")["status"]["phase"] == "Idle"

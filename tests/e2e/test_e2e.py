@@ -1,0 +1,193 @@
+"""End to end on the local control plane (issue #6): helm-install the chart (the
+operator pod runs under the pod runner), apply a GenPool of two SmolLM2 CPU workers in
+target_output_tps mode, load it, watch status/printer columns/tuning/Events, scale to
+one under load without a failed request, delete it and see the children go."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from genpool_devcluster.loadgen import PodPicker, RequestResult, closed_loop, summarize
+from genpool_operator.kube import Kube, load_config
+from tests.integration.conftest import DevCluster, Kubectl
+from tests.integration.operator_harness import get_pool, ready_pods, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+RELEASE, OPERATOR_NS = "genpool", "genpool-system"
+POOL = "smollm2"
+POOL_SPEC: dict[str, Any] = {
+    "replicas": 2,
+    "model": "smollm2-135m",
+    "accelerator": "none",
+    "engine": {"maxBatchSize": 4, "maxSeqLen": 512},
+    "preemption": {"mode": "TargetOutputTps", "targetOutputTps": 4},
+    "tuning": {"intervalSeconds": 4, "cooldownIntervals": 1},
+    "drain": {"timeoutSeconds": 60},
+    # Two workers share this host's cores with no CPU limits: one torch thread each.
+    "podTemplate": {"env": [{"name": "GENPOOL_TORCH_THREADS", "value": "1"}]},
+}
+
+
+def _helm(cluster: DevCluster, *args: str) -> str:
+    cmd = [str(cluster.bin_dir / "helm"), "--kubeconfig", str(cluster.kubeconfig), *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"helm {' '.join(args)}: {res.stderr}"
+    return res.stdout
+
+
+class BackgroundLoad:
+    """The load generator on its own event loop thread, stoppable from the test."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, clients: int, duration_s: float):
+        self.results: list[RequestResult] = []
+        self._args = (kubeconfig, namespace, clients, duration_s)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        kubeconfig, namespace, clients, duration_s = self._args
+        kube = Kube(load_config(str(kubeconfig)))
+        picker = PodPicker(kube, namespace, POOL)
+        await picker.refresh()
+        stop = asyncio.Event()
+        refresher = asyncio.create_task(picker.keep_fresh(stop))
+        try:
+            self.results = await closed_loop(
+                picker, clients=clients, duration_s=duration_s, max_tokens=24
+            )
+        finally:
+            stop.set()
+            await refresher
+            await kube.aclose()
+
+    def start(self) -> BackgroundLoad:
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "load generator did not finish"
+
+
+def _printer_columns(kubectl: Kubectl, namespace: str) -> dict[str, str]:
+    out = kubectl("get", "gp", POOL, "-n", namespace, "-o", "wide").stdout.splitlines()
+    header, row = out[0].split(), out[1].split()
+    return dict(zip(header, row, strict=False))
+
+
+def test_helm_install_genpool_load_scale_delete(
+    cluster: DevCluster, kubectl: Kubectl, kube_api: client.ApiClient, namespace: str
+) -> None:
+    _helm(
+        cluster,
+        "upgrade",
+        "--install",
+        RELEASE,
+        str(ROOT / "charts" / "genpool"),
+        "-n",
+        OPERATOR_NS,
+        "--create-namespace",
+        "--set",
+        "operator.verbose=true",
+    )
+    wait_for(
+        lambda: (
+            kubectl(
+                "get",
+                "deploy",
+                "-n",
+                OPERATOR_NS,
+                "-o",
+                "jsonpath={.items[0].status.readyReplicas}",
+            ).stdout
+            == "1"
+        ),
+        timeout=120,
+        what="operator Deployment ready under the pod runner",
+    )
+    pool = {
+        "apiVersion": "genpool.dev/v1alpha1",
+        "kind": "GenPool",
+        "metadata": {"name": POOL},
+        "spec": POOL_SPEC,
+    }
+    kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(pool))
+    wait_for(
+        lambda: get_pool(kube_api, namespace, POOL).get("status", {}).get("readyReplicas") == 2,
+        timeout=240,
+        what="readyReplicas 2",
+    )
+    load = BackgroundLoad(cluster.kubeconfig, namespace, clients=12, duration_s=75).start()
+    status = wait_for(
+        lambda: (
+            (s := get_pool(kube_api, namespace, POOL).get("status", {}))
+            and s.get("statsUpdatedAt")
+            and s.get("workersReporting") == 2
+            and s.get("preemption", {}).get("waiters") is not None
+            and s.get("tuning", {}).get("lastReason")
+            and s
+        ),
+        timeout=60,
+        what="stat lines in status.preemption and a tuner decision",
+    )
+    columns = _printer_columns(kubectl, namespace)
+    assert columns["READY"] == "2/2" and columns["MODE"] == "TargetOutputTps"
+    assert columns["HEADROOM"].isdigit() and columns["CAP"].isdigit(), columns
+    assert columns["INSYNC"] == "2/2", columns
+    events = json.loads(
+        kubectl(
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "-o",
+            "json",
+            "--field-selector",
+            f"involvedObject.name={POOL}",
+        ).stdout
+    )["items"]
+    assert {e["reason"] for e in events} & {"ChildrenApplied", "Tuned"}, events
+    kubectl("scale", "gp", POOL, "-n", namespace, "--replicas=1")
+    wait_for(
+        lambda: (
+            len(ready_pods(kube_api, namespace, POOL)) == 1
+            and get_pool(kube_api, namespace, POOL)["status"].get("readyReplicas") == 1
+        ),
+        timeout=120,
+        what="scale to 1",
+    )
+    load.join(timeout=180)
+    summary = summarize(load.results, 75)
+    print("e2e load:", json.dumps(summary), "tuning:", json.dumps(status.get("tuning")))
+    assert summary["requests"] > 20, summary
+    assert summary["failed"] == 0, summary
+    client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(
+        "genpool.dev", "v1alpha1", namespace, "genpools", POOL
+    )
+    wait_for(
+        lambda: (
+            not kubectl(
+                "get",
+                "statefulsets,services,configmaps,pdb,pods",
+                "-n",
+                namespace,
+                "-l",
+                f"genpool.dev/pool={POOL}",
+                "-o",
+                "name",
+            ).stdout.strip()
+        ),
+        timeout=120,
+        what="children gone after delete",
+    )
+    _helm(cluster, "uninstall", RELEASE, "-n", OPERATOR_NS)
