@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.genpool-dev-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit lint format bench clean devcluster
+.PHONY: setup test unit lint format bench clean devcluster demo
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -45,3 +45,8 @@ devcluster: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# The whole product on this machine: control plane, chart, a SmolLM2 GenPool, load with
+# preemption on and off, and a summary (docs/demo.md). The cluster stays up afterwards.
+demo: setup
+	$(PY) -m genpool_devcluster.demo
