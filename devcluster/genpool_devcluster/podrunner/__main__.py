@@ -1,0 +1,62 @@
+"""`python -m genpool_devcluster.podrunner`: scheduler + kubelet for one node, as local processes.
+
+Started by `genpool-devcluster up` with the admin kubeconfig; SIGTERM (or SIGINT) stops every pod
+process and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from .containers import Backoff
+from .runner import Runner
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m genpool_devcluster.podrunner", description=__doc__)
+    p.add_argument("--kubeconfig", type=Path, required=True, help="admin kubeconfig")
+    p.add_argument("--state-dir", type=Path, required=True, help="pod dirs, logs, certificates")
+    p.add_argument("--node-name", default="genpool-dev")
+    p.add_argument("--kubelet-port", type=int, default=0, help="log server port (0: any free)")
+    p.add_argument("--backoff-initial", type=float, default=1.0, help="crash back-off start, s")
+    p.add_argument("--backoff-max", type=float, default=60.0, help="crash back-off cap, s")
+    p.add_argument(
+        "--pass-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also pass this variable of the runner's environment to pods",
+    )
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s podrunner %(levelname)s %(threadName)s: %(message)s",
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpcore").setLevel(logging.WARNING)
+    runner = Runner(
+        args.kubeconfig,
+        args.state_dir,
+        args.node_name,
+        args.kubelet_port,
+        Backoff(args.backoff_initial, args.backoff_max),
+        args.pass_env,
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: runner.stop.set())
+    runner.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
