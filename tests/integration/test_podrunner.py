@@ -297,7 +297,7 @@ def test_deployment_gets_two_running_pods_with_distinct_ips(
     labels = {"app": "web2"}
     ready = {"tcpSocket": {"port": 8080}, "periodSeconds": 1}
     template = pod("x", HTTP_SERVER, container={"env": [POD_IP_ENV], "readinessProbe": ready})
-    template["metadata"] = {"labels": labels}
+    template = {"metadata": {"labels": labels}, "spec": template["spec"]}
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

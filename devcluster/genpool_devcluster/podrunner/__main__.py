@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         stream=sys.stderr,
-        format="%(asctime)s podrunner %(levelname)s %(threadName)s: %(message)s",
+        format="%(asctime)s podrunner %(levelname)s %(message)s",
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("httpcore").setLevel(logging.WARNING)

@@ -114,6 +114,12 @@ class Container:
             "containerID": f"process://{self.proc.pid}",
         }
 
+    def start_failed(self, message: str, policy: str, backoff: Backoff) -> None:
+        """A start that never produced a process counts as a (failed) run, as in the kubelet."""
+        if self.ever_ran:
+            self.restart_count += 1
+        self.finished(self.start_error_term(message), policy, backoff, deleting=False)
+
     @staticmethod
     def start_error_term(message: str) -> Obj:
         stamp = api_time()

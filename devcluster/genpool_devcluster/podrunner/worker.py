@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -173,10 +174,10 @@ class PodWorker(Lifecycle, threading.Thread):
             proc = Proc(argv, env, cwd, self.pdir.log_dir(c.name) / f"{run_index}.log")
         except StartError as err:
             log.warning("%s: container %s cannot run: %s", self.name, c.name, err)
-            c.finished(Container.start_error_term(str(err)), policy, self.ctx.backoff, False)
+            c.start_failed(str(err), policy, self.ctx.backoff)
             return
         c.begin(proc, Target(self.ip, c.spec, env, cwd))
-        log.info("%s: started %s (pid %d): %s", self.name, c.name, proc.pid, " ".join(argv))
+        log.info("%s: started %s (pid %d): %.200s", self.name, c.name, proc.pid, shlex.join(argv))
         self._post_start(c)
 
     def _post_start(self, c: Container) -> None:
