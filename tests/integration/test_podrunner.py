@@ -8,8 +8,12 @@ on PATH); the images named are never pulled.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +24,7 @@ from kubernetes.client.rest import ApiException
 
 from genpool_devcluster.podrunner.env import expand
 
-from .conftest import Kubectl
+from .conftest import DevCluster, Kubectl
 
 NODE = "genpool-dev"
 IMAGE = "genpool/not-pulled:dev"
@@ -89,7 +93,12 @@ def wait_phase(core: client.CoreV1Api, ns: str, name: str, phases: tuple[str, ..
 
 def wait_ready(core: client.CoreV1Api, ns: str, name: str, t: float = 60) -> client.V1Pod:
     def ready() -> client.V1Pod | None:
-        p = read(core, ns, name)
+        try:
+            p = read(core, ns, name)
+        except ApiException as err:
+            if err.status == 404:  # a controller has yet to create it
+                return None
+            raise
         return p if is_ready(p) else None
 
     return wait_for(ready, f"{name} Ready", t)
@@ -383,3 +392,88 @@ print(json.dumps({"user": review.status.user_info.username, "secrets": secrets})
     got = last_json_line(logs)
     assert got["user"] == f"system:serviceaccount:{ns}:default"
     assert got["secrets"] == 403
+
+
+def test_statefulset_pods_are_recreated_after_delete(
+    core: client.CoreV1Api, kube_api: client.ApiClient, ns: str
+) -> None:
+    labels = {"app": "sts"}
+    ready = {"tcpSocket": {"port": 8080}, "periodSeconds": 1}
+    template = pod("x", HTTP_SERVER, container={"env": [POD_IP_ENV], "readinessProbe": ready})
+    sts = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "sts"},
+        "spec": {
+            "replicas": 2,
+            "serviceName": "sts",
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": template["spec"]},
+        },
+    }
+    client.AppsV1Api(kube_api).create_namespaced_stateful_set(ns, sts)
+    first = wait_ready(core, ns, "sts-0", 60).metadata.uid
+    wait_ready(core, ns, "sts-1", 60)  # OrderedReady: only after sts-0 was Ready
+    core.delete_namespaced_pod("sts-0", ns)
+
+    def replaced() -> client.V1Pod | None:
+        try:
+            p = read(core, ns, "sts-0")
+        except ApiException:
+            return None
+        return p if p.metadata.uid != first and is_ready(p) else None
+
+    assert http_get(wait_for(replaced, "a new, ready sts-0", 60).status.pod_ip) == 200
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_runner_restart_kills_orphans_and_finishes_deletes(
+    cluster: DevCluster, core: client.CoreV1Api, ns: str, tmp_path: Path
+) -> None:
+    """A second runner (own node, no scheduling) is SIGKILLed, then started again."""
+    node = f"restart-{uuid.uuid4().hex[:6]}"
+    argv = [sys.executable, "-m", "genpool_devcluster.podrunner", "--kubeconfig",
+            str(cluster.kubeconfig), "--state-dir", str(tmp_path / "runner"),
+            "--node-name", node, "--no-scheduler"]  # fmt: skip
+
+    def start() -> subprocess.Popen[bytes]:
+        with open(tmp_path / "runner.log", "ab") as log:
+            return subprocess.Popen(argv, stdout=log, stderr=log)
+
+    def pid_of(name: str) -> int | None:
+        p = read(core, ns, name)
+        cs = p.status.container_statuses
+        if p.status.phase != "Running" or not cs or not cs[0].state.running:
+            return None
+        return int(cs[0].container_id.removeprefix("process://"))
+
+    runner = start()
+    try:
+        sleeper = ["python", "-c", "import time; time.sleep(600)"]
+        for name in ("keep", "drop"):
+            core.create_namespaced_pod(ns, pod(name, sleeper, nodeName=node))
+        keep_pid = wait_for(lambda: pid_of("keep"), "keep Running")
+        drop_pid = wait_for(lambda: pid_of("drop"), "drop Running")
+        runner.kill()
+        runner.wait()
+        core.delete_namespaced_pod("drop", ns)  # nobody runs its deletion now
+        time.sleep(1.0)
+        assert not gone(core, ns, "drop") and _alive(keep_pid) and _alive(drop_pid)
+        runner = start()
+        wait_for(lambda: gone(core, ns, "drop"), "drop's deletion finished by the new runner", 30)
+        new_pid = wait_for(lambda: (p := pid_of("keep")) != keep_pid and p, "keep restarted", 30)
+        assert read(core, ns, "keep").status.container_statuses[0].restart_count == 1
+        assert _alive(new_pid) and not _alive(keep_pid) and not _alive(drop_pid)
+        core.delete_namespaced_pod("keep", ns, grace_period_seconds=0)
+        wait_for(lambda: not _alive(new_pid), "keep's process to die with its pod", 15)
+    finally:
+        runner.terminate()
+        runner.wait(timeout=20)
+        core.delete_node(node)

@@ -31,6 +31,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         metavar="NAME",
         help="also pass this variable of the runner's environment to pods",
     )
+    p.add_argument(
+        "--no-scheduler",
+        action="store_true",
+        help="do not bind pending pods (another runner schedules; for tests)",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
 

@@ -35,6 +35,7 @@ class Runner:
         kubelet_port: int = 0,
         backoff: Backoff | None = None,
         pass_env: list[str] | None = None,
+        schedule: bool = True,
     ) -> None:
         self.state_dir = state_dir.resolve()
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -54,6 +55,7 @@ class Runner:
         self.node = Node(self.kube, node_name, alloc, self.ctx.host_ip)
         self.binder = Binder(self.kube, node_name, self.node.labels)
         self.kubelet = KubeletServer(kubelet_port, self.state_dir / "pki", self.logs)
+        self.schedule = schedule
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.workers: dict[str, PodWorker] = {}
@@ -106,6 +108,8 @@ class Runner:
         meta, spec = pod["metadata"], pod["spec"]
         uid = meta["uid"]
         if not spec.get("nodeName"):
+            if not self.schedule:
+                return
             if kind == "DELETED":
                 self.binder.forget(uid)
             else:

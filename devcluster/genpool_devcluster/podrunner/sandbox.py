@@ -9,10 +9,12 @@ a mountPath are rewritten to the pod's directory instead (see docs/podrunner.md)
 from __future__ import annotations
 
 import base64
+import fcntl
 import ipaddress
 import json
 import os
 import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -27,29 +29,46 @@ TOKEN_SECONDS = 3607  # the kubelet's value; the apiserver may extend it (then w
 
 
 class IpPool:
-    """127.0.0.10 upward; the lowest free address is handed out, released ones are reused."""
+    """127.0.0.10 upward; the lowest free address is handed out, released ones are reused.
 
-    def __init__(self) -> None:
+    "Free" is machine-wide: each address in use is an flock on a file in a shared directory, so
+    two runners (a dev cluster and a test cluster) never give out the same address, and a
+    runner that dies releases its addresses with its file descriptors.
+    """
+
+    def __init__(self, lock_dir: Path | None = None) -> None:
         self.lock = threading.Lock()
-        self.owner: dict[str, str] = {}  # ip -> pod uid
+        self.dir = lock_dir or Path(tempfile.gettempdir()) / "genpool-podrunner-ips"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.held: dict[str, tuple[str, int]] = {}  # ip -> (pod uid, locked fd)
 
     def claim(self, uid: str, preferred: str = "") -> str:
         with self.lock:
-            if preferred and self.owner.get(preferred, uid) == uid and _in_range(preferred):
-                self.owner[preferred] = uid
+            mine = [ip for ip, (owner, _) in self.held.items() if owner == uid]
+            if mine:
+                return mine[0]
+            if preferred and _in_range(preferred) and self._take(preferred, uid):
                 return preferred
             for n in range(FIRST_IP, LAST_IP + 1):
                 ip = str(ipaddress.IPv4Address(n))
-                if ip.endswith((".0", ".255")) or ip in self.owner:
-                    continue
-                self.owner[ip] = uid
-                return ip
+                if not ip.endswith((".0", ".255")) and ip not in self.held and self._take(ip, uid):
+                    return ip
         raise RuntimeError("no free loopback address")
+
+    def _take(self, ip: str, uid: str) -> bool:
+        fd = os.open(self.dir / ip, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self.held[ip] = (uid, fd)
+        return True
 
     def release(self, uid: str) -> None:
         with self.lock:
-            for ip in [ip for ip, owner in self.owner.items() if owner == uid]:
-                del self.owner[ip]
+            for ip in [ip for ip, (owner, _) in self.held.items() if owner == uid]:
+                os.close(self.held.pop(ip)[1])  # closing drops the flock
 
 
 def _in_range(ip: str) -> bool:

@@ -73,7 +73,7 @@ class PodWorker(Lifecycle, threading.Thread):
                 self.wake.wait(TICK_S)
                 self.wake.clear()
         finally:
-            self._kill_all(grace_s=0.0 if self.halting else 2.0)
+            self._kill_all(grace_s=3.0 if self.halting else 2.0)
             self.ctx.ips.release(self.uid)
             self.on_exit(self.uid)
 
