@@ -313,6 +313,16 @@ def test_install_namespaced_with_peering(
     helm("install", release, str(CHART), "-n", ns, "-f", str(values), "--timeout", "2m")
     kubectl("get", "statefulset", "-n", ns, f"{release}-genpool")
     kubectl("get", "kopfpeering", "-n", watched, release)
+    # Each operator pod's kopf priority comes from this label: they must differ.
+    selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator"
+    jsonpath = "{range .items[*]}{.metadata.labels.apps\\.kubernetes\\.io/pod-index}{'\\n'}{end}"
+    deadline = time.monotonic() + 60
+    while True:
+        out = kubectl("get", "pods", "-n", ns, "-l", selector, "-o", f"jsonpath={jsonpath}")
+        if sorted(out.stdout.split()) == ["0", "1"] or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert sorted(out.stdout.split()) == ["0", "1"], out.stdout
 
     sa = f"system:serviceaccount:{ns}:{release}-genpool"
     assert_matrix(
