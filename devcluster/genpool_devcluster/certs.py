@@ -28,6 +28,12 @@ SERVING_SANS = ",".join(
     ]
 )
 DAYS = "3650"
+FRONT_PROXY_NAME = "front-proxy-client"
+FILES = (
+    "ca.crt", "ca.key", "apiserver.crt", "apiserver.key", "apiserver-kubelet-client.crt",
+    "apiserver-kubelet-client.key", "front-proxy-client.crt", "front-proxy-client.key", "sa.key",
+    "tokens.csv", "admin.token",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,14 @@ class Pki:
     @property
     def kubelet_client_key(self) -> Path:
         return self.dir / "apiserver-kubelet-client.key"
+
+    @property
+    def front_proxy_crt(self) -> Path:
+        return self.dir / "front-proxy-client.crt"
+
+    @property
+    def front_proxy_key(self) -> Path:
+        return self.dir / "front-proxy-client.key"
 
     @property
     def sa_key(self) -> Path:
@@ -123,6 +137,15 @@ def _generate(d: Path) -> None:
         ["basicConstraints=CA:FALSE", "keyUsage=critical,digitalSignature,keyEncipherment",
          "extendedKeyUsage=clientAuth"],
     )  # fmt: skip
+    # The apiserver's identity towards aggregated API servers (requestheader authentication);
+    # without it every client of extension-apiserver-authentication logs errors.
+    _make_leaf(
+        d,
+        "front-proxy-client",
+        f"/CN={FRONT_PROXY_NAME}",
+        ["basicConstraints=CA:FALSE", "keyUsage=critical,digitalSignature,keyEncipherment",
+         "extendedKeyUsage=clientAuth"],
+    )  # fmt: skip
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
     token = secrets.token_hex(32)
     (d / "admin.token").write_text(token + "\n")
@@ -133,13 +156,13 @@ def _generate(d: Path) -> None:
 def ensure_pki(pki_dir: Path) -> Pki:
     """Create the CA, serving/client certs, SA key and admin token once; reuse afterwards."""
     pki = Pki(pki_dir)
-    if (pki_dir / "admin.token").exists():
+    if all((pki_dir / f).exists() for f in FILES):
         return pki
     pki_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".pki-", dir=pki_dir.parent))
     try:
         _generate(tmp)
-        if pki_dir.exists():  # a partial dir from an older layout: never trust it
+        if pki_dir.exists():  # partial, or an older layout: replace it whole
             shutil.rmtree(pki_dir)
         os.replace(tmp, pki_dir)
     finally:

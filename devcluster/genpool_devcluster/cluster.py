@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,11 @@ SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 NODE_NAME = "genpool-dev"
 PODRUNNER_MODULE = "genpool_devcluster.podrunner"
 PORT_NAMES = ("etcd_client", "etcd_peer", "apiserver", "controller_manager")
+
+
+def _death_signal(name: str) -> int:
+    """The pod runner gets SIGTERM so it can still stop its pods' processes."""
+    return signal.SIGTERM if name == "podrunner" else signal.SIGKILL
 
 
 class ClusterError(RuntimeError):
@@ -88,7 +94,8 @@ class Cluster:
         """Start an exited component again in the same slot (the supervisor does it for the
         pod runner, which is young code; control-plane deaths stop the cluster instead)."""
         argv = [str(a) for a in proc.popen.args]  # type: ignore[union-attr]
-        self.procs[self.procs.index(proc)] = procs.spawn(proc.name, argv, self.log_dir)
+        new = procs.spawn(proc.name, argv, self.log_dir, _death_signal(proc.name))
+        self.procs[self.procs.index(proc)] = new
         self._write_pids()
 
     def dead(self) -> procs.Proc | None:
@@ -140,7 +147,7 @@ class Cluster:
         return ports
 
     def _launch(self, name: str, argv: list[str]) -> None:
-        self.procs.append(procs.spawn(name, argv, self.log_dir))
+        self.procs.append(procs.spawn(name, argv, self.log_dir, _death_signal(name)))
         self._write_pids()
 
     def _write_pids(self) -> None:
@@ -205,6 +212,14 @@ class Cluster:
             "--kubelet-preferred-address-types=InternalIP",
             f"--kubelet-client-certificate={pki.kubelet_client_crt}",
             f"--kubelet-client-key={pki.kubelet_client_key}",
+            # Requestheader auth for aggregated APIs (metrics-server and the like).
+            f"--requestheader-client-ca-file={pki.ca_crt}",
+            f"--requestheader-allowed-names={certs.FRONT_PROXY_NAME}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki.front_proxy_crt}",
+            f"--proxy-client-key-file={pki.front_proxy_key}",
             "--profiling=false",
         ]
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import kubeconfig
+from . import kubeconfig, procs
 from .cluster import Cluster
 
 PID_FILE = "supervisor.pid"
@@ -80,17 +80,32 @@ def wait_serving(state_dir: Path, timeout: float) -> bool:
     return False
 
 
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (the CLI that spawned a supervisor may not have reaped it yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def kill_leftovers(state_dir: Path) -> list[str]:
+    """Components a SIGKILLed supervisor left behind (PR_SET_PDEATHSIG makes this rare)."""
+    return procs.kill_stale(state_dir / "pids.json", str(state_dir))
+
+
 def stop(state_dir: Path, timeout: float = 60.0) -> bool:
     """SIGTERM the supervisor and wait; SIGKILL its group if it hangs. False if none ran."""
     pid = running_pid(state_dir)
     if pid is None:
-        return False
+        return bool(kill_leftovers(state_dir))
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+    while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    if Path(f"/proc/{pid}").exists():
-        os.killpg(pid, signal.SIGKILL)
+    if _alive(pid):
+        procs.kill_group(pid, signal.SIGKILL)
+        kill_leftovers(state_dir)
     pid_path(state_dir).unlink(missing_ok=True)
     (state_dir / READY_FILE).unlink(missing_ok=True)
     return True
@@ -125,6 +140,9 @@ def supervise(state_dir: Path, podrunner: bool | None, timeout: float) -> int:
     if other is not None and other != os.getpid():
         print(f"another supervisor ({other}) owns {state_dir}", flush=True)
         return 1
+    left = kill_leftovers(state_dir)
+    if left:
+        print(f"killed leftovers of an earlier run: {', '.join(left)}", flush=True)
     pid_path(state_dir).write_text(f"{os.getpid()}\n")
     cluster = Cluster(state_dir, podrunner=podrunner)
     try:
