@@ -166,6 +166,7 @@ def _build_etcd(dest: Path) -> None:
     _run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(out / "etcd"),
           "go.etcd.io/etcd/server/v3"], cwd=src, env=_go_env())  # fmt: skip
     _install(out / "etcd", dest / "etcd")
+    shutil.rmtree(out)  # the installed copy is the one that counts
 
 
 def _build_kubernetes(dest: Path) -> None:
@@ -190,6 +191,7 @@ def _build_kubernetes(dest: Path) -> None:
          cwd=src, env=_go_env())  # fmt: skip
     for name in CONTROL_PLANE[1:]:
         _install(out / name, dest / name)
+    shutil.rmtree(out)
 
 
 def ensure_binaries() -> Path:
