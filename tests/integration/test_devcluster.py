@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable
 
 import pytest
@@ -43,7 +44,7 @@ def test_server_reports_the_built_version(kube_api: client.ApiClient, kubectl: K
 
 def test_namespace_create_and_delete(kube_api: client.ApiClient) -> None:
     core = client.CoreV1Api(kube_api)
-    name = "it-ns-lifecycle"
+    name = f"it-ns-{uuid.uuid4().hex[:8]}"  # unique: a reused cluster may hold an old one
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     # The controller-manager gives every namespace its `default` ServiceAccount.
     wait_for(lambda: not _gone(lambda: core.read_namespaced_service_account("default", name)),
