@@ -79,6 +79,8 @@ class Cluster:
             self._api().wait_default_sa(self._watchdog(deadline))
             if self.podrunner:
                 self._launch("podrunner", self._podrunner_argv())
+                # Usable means pods can run: wait for the runner to register its Node.
+                self._api().wait_ok(f"/api/v1/nodes/{NODE_NAME}", self._watchdog(deadline))
         except BaseException:
             self.stop()
             raise
@@ -106,7 +108,7 @@ class Cluster:
         return not self.dead() and self._api().ready()
 
     def __enter__(self) -> Cluster:
-        return self.start()
+        return self if self.procs else self.start()
 
     def __exit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None

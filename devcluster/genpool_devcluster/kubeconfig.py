@@ -78,10 +78,12 @@ class Api:
     def wait_ready(self, check: Watchdog) -> None:
         _poll(self.ready, check)
 
+    def wait_ok(self, path: str, check: Watchdog) -> None:
+        _poll(lambda: self.get(path)[0] == 200, check)
+
     def wait_default_sa(self, check: Watchdog) -> None:
         """The controller-manager works once it has made the `default` ServiceAccount."""
-        path = "/api/v1/namespaces/default/serviceaccounts/default"
-        _poll(lambda: self.get(path)[0] == 200, check)
+        self.wait_ok("/api/v1/namespaces/default/serviceaccounts/default", check)
 
 
 def wait_etcd(port: int, check: Watchdog) -> None:
