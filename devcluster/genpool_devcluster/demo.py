@@ -35,7 +35,7 @@ DEMO_SPEC: dict[str, Any] = {
     "preemption": {"mode": "TargetOutputTps", "targetOutputTps": 4},
     "tuning": {"intervalSeconds": 5, "cooldownIntervals": 1},
     "drain": {"timeoutSeconds": 60},
-    "podTemplate": {"env": [{"name": "GENPOOL_TORCH_THREADS", "value": "1"}]},
+    "podTemplate": {"env": [{"name": "OMP_NUM_THREADS", "value": "1"}]},
 }
 
 

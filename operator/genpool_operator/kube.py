@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -95,7 +96,9 @@ def object_path(obj: dict[str, Any]) -> str:
 
 class Kube:
     def __init__(self, config: KubeConfig, *, timeout_s: float = 30.0) -> None:
-        verify: Any = config.verify and (config.ca_file or True)
+        verify: Any = config.verify
+        if config.verify and config.ca_file:
+            verify = ssl.create_default_context(cafile=config.ca_file)
         cert = (config.cert_file, config.key_file) if config.cert_file else None
         headers = {"Authorization": f"Bearer {config.token}"} if config.token else {}
         self._http = httpx.AsyncClient(

@@ -32,7 +32,7 @@ POOL_SPEC: dict[str, Any] = {
     "tuning": {"intervalSeconds": 4, "cooldownIntervals": 1},
     "drain": {"timeoutSeconds": 60},
     # Two workers share this host's cores with no CPU limits: one torch thread each.
-    "podTemplate": {"env": [{"name": "GENPOOL_TORCH_THREADS", "value": "1"}]},
+    "podTemplate": {"env": [{"name": "OMP_NUM_THREADS", "value": "1"}]},
 }
 
 
@@ -80,9 +80,12 @@ class BackgroundLoad:
 
 
 def _printer_columns(kubectl: Kubectl, namespace: str) -> dict[str, str]:
-    out = kubectl("get", "gp", POOL, "-n", namespace, "-o", "wide").stdout.splitlines()
-    header, row = out[0].split(), out[1].split()
-    return dict(zip(header, row, strict=False))
+    """``kubectl get gp -o wide`` parsed by the header's column positions (a value
+    may be empty, so splitting on whitespace would shift the columns)."""
+    header, row = kubectl("get", "gp", POOL, "-n", namespace, "-o", "wide").stdout.splitlines()[:2]
+    starts = [i for i, c in enumerate(header) if c != " " and (i == 0 or header[i - 1] == " ")]
+    ends = [*starts[1:], max(len(header), len(row)) + 1]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
 
 
 def test_helm_install_genpool_load_scale_delete(
@@ -143,7 +146,9 @@ def test_helm_install_genpool_load_scale_delete(
     columns = _printer_columns(kubectl, namespace)
     assert columns["READY"] == "2/2" and columns["MODE"] == "TargetOutputTps"
     assert columns["HEADROOM"].isdigit() and columns["CAP"].isdigit(), columns
-    assert columns["INSYNC"] == "2/2", columns
+    assert columns["BELOW-T"] and columns["CREDIT"], columns
+    assert columns["INSYNC"] == "2/2" and columns["LAST-TUNE"] is not None, columns
+    print("kubectl get gp -o wide:", columns)
     events = json.loads(
         kubectl(
             "get",

@@ -139,10 +139,10 @@ def build_scheduler(config: WorkerConfig) -> GenScheduler:
 
 
 def torch_threads(tensor_parallel_size: int) -> int:
-    """Threads per rank: ``GENPOOL_TORCH_THREADS`` when set (several pods sharing a host
+    """Threads per rank: ``OMP_NUM_THREADS`` when set (several pods sharing a host
     without CPU limits, as on the devcluster), else the cores split among the ranks,
     because oversubscribed torch threads collapse throughput."""
-    given = os.environ.get("GENPOOL_TORCH_THREADS", "")
+    given = os.environ.get("OMP_NUM_THREADS", "")
     if given.isdigit() and int(given) > 0:
         return int(given)
     return max(1, (os.cpu_count() or 1) // tensor_parallel_size)
