@@ -68,6 +68,17 @@ class Cluster:
         """Start every component and wait until the API serves and has a default SA."""
         if self.procs:
             raise ClusterError("already started")
+        try:
+            return self._start(timeout)
+        except ClusterError as err:
+            # Another cluster on this machine may have taken a port between our probe and the
+            # bind: choose fresh ports once more.
+            if "address already in use" not in str(err):
+                raise
+            (self.state_dir / "ports.json").unlink(missing_ok=True)
+            return self._start(timeout)
+
+    def _start(self, timeout: float) -> Cluster:
         self._prepare()
         deadline = time.monotonic() + timeout
         try:
