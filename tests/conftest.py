@@ -1,4 +1,6 @@
-"""A real control plane for integration tests (DESIGN.md §13).
+"""A real control plane for the integration, chart and e2e tests (DESIGN.md §13).
+
+One session-wide cluster serves every directory: the fixtures live here, at the top.
 
 `cluster` reuses the cluster that GENPOOL_KUBECONFIG points at when it answers, else builds (or
 reuses cached) binaries and starts a fresh one in a temp state dir. A cluster that cannot start

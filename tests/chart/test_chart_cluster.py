@@ -22,13 +22,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.integration.conftest import (  # noqa: F401  (shared control-plane fixtures)
-    DevCluster,
-    Kubectl,
-    cluster,
-    kube_api,
-    kubectl,
-)
+from tests.conftest import DevCluster, Kubectl
 
 from .conftest import CHART, PEERING_API_VERSIONS, helm_path
 from .test_chart_render import POOL_RULES
@@ -49,7 +43,7 @@ EXAMPLE_POOL = {
 
 
 @pytest.fixture(scope="module")
-def helm(cluster: DevCluster) -> Helm:  # noqa: F811
+def helm(cluster: DevCluster) -> Helm:
     def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         cmd = [str(helm_path()), "--kubeconfig", str(cluster.kubeconfig), *args]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -61,7 +55,7 @@ def helm(cluster: DevCluster) -> Helm:  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def crds(kubectl: Kubectl) -> None:  # noqa: F811
+def crds(kubectl: Kubectl) -> None:
     """GenPool's CRD (as helm's crds/ would install it) and kopf's peering CRDs."""
     for path in (
         CHART / "crds" / "genpool.dev_genpools.yaml",
@@ -87,7 +81,7 @@ def make_namespace(api: client.ApiClient) -> str:
 
 
 @pytest.fixture
-def namespaces(kube_api: client.ApiClient) -> Iterator[Callable[[], str]]:  # noqa: F811
+def namespaces(kube_api: client.ApiClient) -> Iterator[Callable[[], str]]:
     made: list[str] = []
 
     def new() -> str:
@@ -113,7 +107,7 @@ def template(helm: Helm, release: str, namespace: str, values: dict[str, Any], t
 
 def test_server_side_dry_run_strict(
     helm: Helm,
-    kubectl: Kubectl,  # noqa: F811
+    kubectl: Kubectl,
     crds: None,
     namespaces: Callable[[], str],
     tmp_path: Path,
@@ -156,7 +150,7 @@ def resource_arg(group: str, resource: str) -> list[str]:
 
 
 def can_i_all(
-    kubectl: Kubectl,  # noqa: F811
+    kubectl: Kubectl,
     sa: str,
     checks: list[tuple[str, str, str, str | None]],
 ) -> dict[tuple[str, str, str, str | None], bool]:
@@ -176,7 +170,7 @@ def can_i_all(
 
 
 def assert_matrix(
-    kubectl: Kubectl,  # noqa: F811
+    kubectl: Kubectl,
     sa: str,
     allowed_in: list[str | None],
     denied_in: list[str | None],
@@ -227,7 +221,7 @@ def assert_matrix(
     assert not wrong, f"can-i answers differ (key: verb, group, resource, ns): {wrong}"
 
 
-def leftovers(kubectl: Kubectl, release: str) -> list[str]:  # noqa: F811
+def leftovers(kubectl: Kubectl, release: str) -> list[str]:
     selector = f"app.kubernetes.io/instance={release}"
     namespaced = (
         "deployments,statefulsets,pods,secrets,serviceaccounts,configmaps,roles,rolebindings,"
@@ -240,7 +234,7 @@ def leftovers(kubectl: Kubectl, release: str) -> list[str]:  # noqa: F811
     return found
 
 
-def assert_uninstalled(kubectl: Kubectl, release: str) -> None:  # noqa: F811
+def assert_uninstalled(kubectl: Kubectl, release: str) -> None:
     # Pods go asynchronously (garbage collector, then the pod runner's grace period).
     deadline = time.monotonic() + 90
     while (left := leftovers(kubectl, release)) and time.monotonic() < deadline:
@@ -249,13 +243,13 @@ def assert_uninstalled(kubectl: Kubectl, release: str) -> None:  # noqa: F811
     kubectl("get", "crd", "genpools.genpool.dev")  # helm never deletes crds/ CRDs
 
 
-def secret_token(kubectl: Kubectl, ns: str, name: str) -> str:  # noqa: F811
+def secret_token(kubectl: Kubectl, ns: str, name: str) -> str:
     return kubectl("get", "secret", "-n", ns, name, "-o", "jsonpath={.data.token}").stdout
 
 
 def test_install_upgrade_uninstall_cluster_scope(
     helm: Helm,
-    kubectl: Kubectl,  # noqa: F811
+    kubectl: Kubectl,
     crds: None,
     namespaces: Callable[[], str],
     tmp_path: Path,
@@ -294,7 +288,7 @@ def test_install_upgrade_uninstall_cluster_scope(
 
 def test_install_namespaced_with_peering(
     helm: Helm,
-    kubectl: Kubectl,  # noqa: F811
+    kubectl: Kubectl,
     crds: None,
     namespaces: Callable[[], str],
     tmp_path: Path,

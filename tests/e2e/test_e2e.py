@@ -17,7 +17,7 @@ from kubernetes import client
 
 from genpool_devcluster.loadgen import PodPicker, RequestResult, closed_loop, summarize
 from genpool_operator.kube import Kube, load_config
-from tests.integration.conftest import DevCluster, Kubectl
+from tests.conftest import DevCluster, Kubectl
 from tests.integration.operator_harness import get_pool, ready_pods, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,8 +12,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from genpool_devcluster import build
-
-from .conftest import Kubectl
+from tests.conftest import Kubectl
 
 
 def wait_for(ok: Callable[[], bool], what: str, timeout: float = 60.0) -> None:

@@ -19,7 +19,7 @@ from kubernetes.client.rest import ApiException
 
 from genpool_operator.kube import Kube, load_config
 from genpool_operator.status import update_status
-from tests.integration.conftest import DevCluster, Kubectl
+from tests.conftest import DevCluster, Kubectl
 from tests.integration.operator_harness import (
     CRD_PATH,
     GROUP,
@@ -65,9 +65,11 @@ def _children(kubectl: Kubectl, namespace: str, pool: str) -> dict[str, list[dic
 def test_crd_installs_with_useful_explain(kubectl: Kubectl, crd: None) -> None:
     # The OpenAPI document is published a moment after the CRD is Established.
     out = wait_for(
-        lambda: (r := kubectl("explain", "genpools.spec.preemption.mode", check=False))
-        and r.returncode == 0
-        and r.stdout,
+        lambda: (
+            (r := kubectl("explain", "genpools.spec.preemption.mode", check=False))
+            and r.returncode == 0
+            and r.stdout
+        ),
         timeout=60,
         what="kubectl explain",
     )

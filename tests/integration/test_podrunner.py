@@ -23,8 +23,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from genpool_devcluster.podrunner.env import expand
-
-from .conftest import DevCluster, Kubectl
+from tests.conftest import DevCluster, Kubectl
 
 NODE = "genpool-dev"
 IMAGE = "genpool/not-pulled:dev"
