@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import shlex
 import sys
 from pathlib import Path
@@ -41,9 +42,17 @@ def _state_dir(p: argparse.ArgumentParser, raw: str) -> Path:
 
 
 def _up(state_dir: Path, timeout: float, podrunner: bool | None) -> int:
+    # One `up` at a time per state dir: a second one waits, then finds the cluster up.
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / "up.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _up_locked(state_dir, timeout, podrunner)
+
+
+def _up_locked(state_dir: Path, timeout: float, podrunner: bool | None) -> int:
     if supervisor.running_pid(state_dir) is not None:
         kc = state_dir / "kubeconfig"
-        if supervisor.wait_serving(state_dir, timeout):  # a second `up` racing the first waits
+        if supervisor.wait_serving(state_dir, timeout):
             print(f"already up: KUBECONFIG={kc}")
             return 0
         print("a supervisor runs but the API does not answer: restarting", file=sys.stderr)
