@@ -80,7 +80,7 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
-async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime = memo.runtime
     raw = dict(body)
     try:
@@ -97,8 +97,8 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[str, Any
         kopf.info(body, reason="ChildrenApplied", message=", ".join(changed))
     # Live fields (knobs, slack, admission target) reach running pods now, no rollout.
     memory = runtime.memory(body["metadata"]["uid"])
+    # Nothing is returned: kopf would store it in status, which belongs to us.
     await run_round(runtime.kube, runtime.workers, raw, memory, now=time.monotonic(), tune=False)
-    return {"children": len(changes), "changed": len(changed)}
 
 
 @kopf.on.event("apps", "v1", "statefulsets", labels=MANAGED)
