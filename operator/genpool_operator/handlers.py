@@ -38,6 +38,7 @@ class Runtime:
     http: httpx.AsyncClient
     options: OperatorOptions
     pools: dict[str, PoolMemory] = field(default_factory=dict)
+    closing: bool = False
 
     def memory(self, uid: str) -> PoolMemory:
         return self.pools.setdefault(uid, PoolMemory())
@@ -73,6 +74,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime = memo.runtime
+    runtime.closing = True  # daemons may still be winding down: they stop, not fail
     await runtime.http.aclose()
     await runtime.kube.aclose()
 
@@ -115,13 +117,15 @@ async def stats_daemon(
     """Every ``tuning.intervalSeconds`` (re-read each round: the body is live)."""
     runtime: Runtime = memo.runtime
     memory = runtime.memory(body["metadata"]["uid"])
-    while not stopped:
+    while not stopped and not runtime.closing:
         interval = _interval(body)
         try:
             result = await run_round(
                 runtime.kube, runtime.workers, dict(body), memory, now=time.monotonic()
             )
         except Exception as exc:  # one bad round must not kill the pool's daemon
+            if stopped or runtime.closing:
+                return
             logger.warning("stats round failed: %s", exc)
             result = None
         if result is not None:

@@ -28,11 +28,13 @@ def wait_for(
     last: Any = None
     while time.monotonic() < deadline:
         try:
-            last = check()
-        except ApiException as exc:
+            result = check()
+        except ApiException as exc:  # not there yet: keep polling, remember why
             last = exc
-        if last:
-            return last  # type: ignore[no-any-return]
+        else:
+            if result:
+                return result
+            last = result
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 

@@ -242,3 +242,44 @@ def test_restart_mid_reconcile_creates_no_duplicates(
         what="2 ready pods",
     )
     assert sorted(p.metadata.name for p in pods) == ["restart-worker-0", "restart-worker-1"]
+
+
+def test_template_field_rolls_the_statefulset(
+    kube_api: client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    create_pool(kube_api, namespace, genpool("roll", synthetic_spec(replicas=0)))
+    apps = client.AppsV1Api(kube_api)
+
+    def config_hash() -> str | None:
+        sts = apps.read_namespaced_stateful_set("roll-worker", namespace)
+        return (sts.spec.template.metadata.annotations or {}).get("genpool.dev/config-hash")
+
+    before = wait_for(config_hash, timeout=60, what="the StatefulSet")
+    client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "roll", {"spec": {"engine": {"maxBatchSize": 6}}}
+    )
+    after = wait_for(
+        lambda: (h := config_hash()) != before and h, timeout=30, what="a new config hash"
+    )
+    assert after != before
+    data = client.CoreV1Api(kube_api).read_namespaced_config_map("roll-worker-config", namespace)
+    assert json.loads(data.data["worker.json"])["max_batch_size"] == 6
+
+
+def test_stats_from_pod_logs(
+    kube_api: client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    spec = synthetic_spec(tuning={"intervalSeconds": 2, "statsSource": "Log"})
+    create_pool(kube_api, namespace, genpool("logs", spec))
+    status = wait_for(
+        lambda: (
+            (s := get_pool(kube_api, namespace, "logs").get("status", {}))
+            and s.get("workersReporting") == 1
+            and s.get("statsUpdatedAt")
+            and s
+        ),
+        timeout=120,
+        what="stats read from the worker's log through the API",
+    )
+    stale = {c["type"]: c["status"] for c in status["conditions"]}["StatsStale"]
+    assert stale == "False" and status["preemption"]["cap"] >= 0
