@@ -82,10 +82,19 @@ def pool_ready(tools: Tools, generation: int | None = None) -> bool:
     )
 
 
-def run_load(kubeconfig: Path, clients: int, duration_s: float) -> dict[str, Any]:
+def run_load(
+    kubeconfig: Path,
+    clients: int,
+    duration_s: float,
+    *,
+    namespace: str = NAMESPACE,
+    pool: str = POOL,
+) -> dict[str, Any]:
+    """Closed-loop load on the pool's ready pods; returns ``loadgen.summarize``."""
+
     async def main() -> dict[str, Any]:
         kube = Kube(load_config(str(kubeconfig)))
-        picker = PodPicker(kube, NAMESPACE, POOL)
+        picker = PodPicker(kube, namespace, pool)
         await picker.refresh()
         stop = asyncio.Event()
         refresher = asyncio.create_task(picker.keep_fresh(stop))
