@@ -44,9 +44,7 @@ async def _scrape(rounds: int) -> dict[str, Any]:
     targets = [PodTarget(f"pod-{i}", w.host, "") for i, w in enumerate(workers)]
     pools = [targets[i : i + PODS_PER_POOL] for i in range(0, len(targets), PODS_PER_POOL)]
     try:
-        async with httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
-        ) as http:
+        async with httpx.AsyncClient() as http:
             client = WorkerClient(http, None, port=PORT)
             start = time.perf_counter()
             await _one_round(client, pools, generation=1)

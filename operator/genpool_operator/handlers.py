@@ -56,9 +56,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.client_timeout = 300
     settings.networking.request_timeout = 30
     settings.batching.error_delays = [1, 2, 5, 10, 30]
-    http = httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
-    )
+    # Concurrency is bounded by WorkerClient's semaphore (64); httpx's default pool
+    # (100 connections) covers it.
+    http = httpx.AsyncClient()
     token = os.environ.get("GENPOOL_ADMIN_TOKEN") or None
     memo.runtime = Runtime(
         kube=Kube(load_config()),
