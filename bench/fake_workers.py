@@ -104,3 +104,25 @@ class FakeWorkerFleet:
             server.close()
         for server in self._servers:
             await server.wait_closed()
+
+
+async def _serve(count: int, port: int) -> None:
+    fleet = FakeWorkerFleet(port=port)
+    await fleet.start(count)
+    print("ready", flush=True)
+    while True:  # advance the stat lines as real workers would, every 30 s
+        await asyncio.sleep(30)
+        fleet.advance()
+
+
+def main() -> None:
+    """``python -m bench.fake_workers COUNT PORT``: serve until killed (a separate
+    process, so a benchmark's CPU time is the operator side alone)."""
+    import sys
+
+    count, port = int(sys.argv[1]), int(sys.argv[2])
+    asyncio.run(_serve(count, port))
+
+
+if __name__ == "__main__":
+    main()
