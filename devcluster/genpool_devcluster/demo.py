@@ -33,7 +33,8 @@ DEMO_SPEC: dict[str, Any] = {
     "accelerator": "none",
     "engine": {"maxBatchSize": 4, "maxSeqLen": 512},
     "preemption": {"mode": "TargetOutputTps", "targetOutputTps": 4},
-    "tuning": {"intervalSeconds": 5, "cooldownIntervals": 1},
+    # Long enough windows for the tuner's evidence rule (>= 20 completions per window).
+    "tuning": {"intervalSeconds": 10, "cooldownIntervals": 1},
     "drain": {"timeoutSeconds": 60},
     "podTemplate": {"env": [{"name": "OMP_NUM_THREADS", "value": "1"}]},
 }
@@ -69,9 +70,13 @@ def pool_ready(tools: Tools, generation: int | None = None) -> bool:
     status = tools.pool().get("status", {})
     if generation is not None and status.get("observedGeneration", 0) < generation:
         return False
-    sts = json.loads(
-        tools.run("kubectl", "get", "sts", f"{POOL}-worker", "-n", NAMESPACE, "-o", "json")
-    )
+    out = tools.run(
+        "kubectl", "get", "sts", f"{POOL}-worker", "-n", NAMESPACE, "-o", "json",
+        "--ignore-not-found",
+    )  # fmt: skip
+    if not out.strip():
+        return False  # the operator has not created it yet
+    sts = json.loads(out)
     counts = sts.get("status", {})
     want = sts["spec"]["replicas"]
     return (
@@ -135,7 +140,7 @@ def _cell(value: object) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="genpool-demo", description=__doc__)
     parser.add_argument("--clients", type=int, default=12, help="closed-loop users")
-    parser.add_argument("--duration", type=float, default=45.0, help="seconds of load per mode")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of load per mode")
     parser.add_argument("--keep", action="store_true", help="leave the demo GenPool running")
     args = parser.parse_args(argv)
     if not 1 <= args.clients <= 256 or not 5 <= args.duration <= 1800:
@@ -174,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     print("[5/5] summary\n")
     print("GenPool status (preemption on, after its load):")
     print(status_on)
+    uid = tools.pool()["metadata"]["uid"]  # this run's pool, not an earlier one's
     events = tools.run("kubectl", "get", "events", "-n", NAMESPACE, "--field-selector",
-                       f"involvedObject.name={POOL}", "--sort-by=.lastTimestamp")  # fmt: skip
+                       f"involvedObject.uid={uid}", "--sort-by=.lastTimestamp")  # fmt: skip
     print("Operator events for the pool:")
     print(events)
     print("Tuning (preemption on): last reason", tuned.get("lastReason"),

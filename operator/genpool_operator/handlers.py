@@ -144,7 +144,7 @@ def _interval(body: kopf.Body) -> float:
 def _post_round_events(body: kopf.Body, result: RoundResult) -> None:
     decision = result.decision
     if decision is not None and decision.changed:
-        kopf.info(body, reason="Tuned", message=f"{decision.reason}: {decision.knobs}")
+        kopf.info(body, reason="Tuned", message=result.change_text())
     if result.push_errors:
         detail = "; ".join(f"{p}: {e}" for p, e in sorted(result.push_errors.items()))
         kopf.warn(body, reason="ConfigPushFailed", message=detail[:1000])

@@ -148,16 +148,22 @@ class Kube:
         items: list[dict[str, Any]] = (await self.request("GET", path, params=params))["items"]
         return items
 
-    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply: create or update in one idempotent call."""
-        result: dict[str, Any] = await self.request(
-            "PATCH",
+    async def apply(self, obj: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Server-side apply: create or update in one idempotent call.
+
+        Returns the object and whether this call created it (201), which tells the
+        caller what changed without a read (the operator may not read Secrets).
+        """
+        response = await self._http.patch(
             object_path(obj),
-            body=obj,
-            content_type="application/apply-patch+yaml",
+            json=obj,
             params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            headers={"Content-Type": "application/apply-patch+yaml"},
         )
-        return result
+        if response.status_code >= 400:
+            raise KubeError(response.status_code, _error_message(response))
+        result: dict[str, Any] = response.json()
+        return result, response.status_code == 201
 
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = await self.request(

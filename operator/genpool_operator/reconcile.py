@@ -59,15 +59,15 @@ async def apply_children(
 async def _apply_one(kube: Kube, child: dict[str, Any]) -> ChildChange:
     kind, name = child["kind"], child["metadata"]["name"]
     if kind == "Secret":
-        # The operator may create and patch Secrets but never read them (RBAC).
-        await with_retries(lambda: kube.apply(child), what=f"apply {kind} {name}")
-        return ChildChange(kind, name, "applied")
+        # The operator may create and patch Secrets but never read them (RBAC), and
+        # the token does not change while it runs: only a creation is news.
+        _, created = await with_retries(lambda: kube.apply(child), what=f"apply Secret {name}")
+        return ChildChange(kind, name, "created" if created else "unchanged")
     before = await kube.get(object_path(child))
-    before_version = before["metadata"]["resourceVersion"] if before else None
-    applied = await with_retries(lambda: kube.apply(child), what=f"apply {kind} {name}")
-    if before_version is None:
+    applied, created = await with_retries(lambda: kube.apply(child), what=f"apply {kind} {name}")
+    if created or before is None:
         action = "created"
-    elif applied["metadata"]["resourceVersion"] != before_version:
+    elif applied["metadata"]["resourceVersion"] != before["metadata"]["resourceVersion"]:
         action = "updated"
     else:
         action = "unchanged"

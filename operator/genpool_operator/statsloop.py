@@ -53,6 +53,18 @@ class RoundResult:
     in_sync: int
     targets: int
     push_errors: dict[str, str]
+    knobs_before: tuner.Knobs | None = None
+
+    def change_text(self) -> str:
+        """``raise-cap-budget-unspent: headroom 1 -> 2, cap 1 -> 2`` for Events."""
+        decision, before = self.decision, self.knobs_before
+        if decision is None or before is None:
+            return ""
+        after = decision.knobs
+        return (
+            f"{decision.reason}: headroom {before.resident_headroom} -> "
+            f"{after.resident_headroom}, cap {before.paused_cap} -> {after.paused_cap}"
+        )
 
 
 def bounds_of(spec: GenPoolSpec) -> tuner.Bounds:
@@ -261,7 +273,9 @@ async def _decide_and_push(
     live = live_config(spec, knobs)
     generation = desired_generation(tuning_status, live)
     synced, errors = await push_live(workers, targets, generation, live)
-    result = RoundResult(stats, stale, decision, live, generation, synced, len(targets), errors)
+    result = RoundResult(
+        stats, stale, decision, live, generation, synced, len(targets), errors, before
+    )
     stamp = now_iso()
 
     def mutate(status: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:

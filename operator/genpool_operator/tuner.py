@@ -153,7 +153,10 @@ def _cap_binds_with_waiters_at_risk(stats: PoolStats, settings: TunerSettings) -
     so a full cap with a queue and pauses in the window (the policy only pauses for
     an at-risk waiter) counts as "at risk" too.
     """
-    full = stats.paused >= settings.bind_fraction * stats.cap
+    # A snapshot of a small cap is often caught between pauses, so a cap that turned
+    # over at least twice in the window binds as well.
+    turned_over = stats.cap > 0 and stats.pauses_window >= 2 * stats.cap
+    full = stats.paused >= settings.bind_fraction * stats.cap or turned_over
     at_risk = stats.at_risk > 0 or (stats.waiters > 0 and stats.pauses_window > 0)
     return full and at_risk
 

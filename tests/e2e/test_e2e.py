@@ -23,7 +23,7 @@ RELEASE, OPERATOR_NS = "genpool", "genpool-system"
 POOL = "smollm2"
 LOAD_S = 75
 # The demo's pool (two SmolLM2 CPU workers, TargetOutputTps), with faster stats rounds.
-POOL_SPEC: dict[str, Any] = {**DEMO_SPEC, "tuning": {"intervalSeconds": 4, "cooldownIntervals": 1}}
+POOL_SPEC: dict[str, Any] = {**DEMO_SPEC, "tuning": {"intervalSeconds": 6, "cooldownIntervals": 1}}
 
 
 def _helm(cluster: DevCluster, *args: str) -> str:
@@ -119,7 +119,7 @@ def test_helm_install_genpool_load_scale_delete(
         timeout=60,
         what="stat lines in status.preemption and a tuner decision",
     )
-    # A 4 s window without completions has no below-T: wait for one that has.
+    # A window without completions has no below-T: wait for one that has.
     columns = wait_for(
         lambda: (c := _printer_columns(kubectl, namespace))["BELOW-T"] and c,
         timeout=60,

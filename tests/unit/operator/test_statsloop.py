@@ -92,7 +92,8 @@ def test_live_config_carries_knobs_and_the_specs_live_fields() -> None:
 
 
 def _result(decision: tuner.Decision | None) -> RoundResult:
-    return RoundResult(None, False, decision, {"paused_cap": 4}, 2, 1, 2, {"p": "HTTP 500"})
+    before = tuner.Knobs(6, 4)
+    return RoundResult(None, False, decision, {"paused_cap": 4}, 2, 1, 2, {"p": "HTTP 500"}, before)
 
 
 def test_tuning_record_appends_bounded_history_on_changes_only() -> None:
@@ -109,6 +110,8 @@ def test_tuning_record_appends_bounded_history_on_changes_only() -> None:
     assert record["history"][-1]["to"] == {"residentHeadroom": 8, "pausedCap": 6}
     assert record["lastChange"]["from"] == {"residentHeadroom": 6, "pausedCap": 4}
     assert record["residentHeadroom"] == 8 and record["pausedCap"] == 6
+    text = _result(changed).change_text()
+    assert text == "raise-cap: headroom 6 -> 8, cap 4 -> 6"
 
 
 def test_in_sync_needs_generation_and_every_value() -> None:
