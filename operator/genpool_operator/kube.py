@@ -171,10 +171,6 @@ class Kube:
         )
         return result
 
-    async def create(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = await self.request("POST", path, body=obj)
-        return result
-
     async def pod_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str:
         path = resource_path("v1", "Pod", namespace, pod, "log")
         params = {"container": container, "tailLines": str(tail_lines)}

@@ -19,7 +19,7 @@ from genpool_operator.conditions import (
     readiness_conditions,
     ready_text,
 )
-from genpool_operator.kube import Kube, object_path, resource_path, with_retries
+from genpool_operator.kube import Kube, object_path, with_retries
 from genpool_operator.spec import GenPoolSpec
 from genpool_operator.status import now_iso, update_status
 
@@ -152,6 +152,3 @@ def _strip_times(conditions: Any) -> list[tuple[Any, ...]]:
         for c in conditions or []
     ]
 
-
-def statefulset_path(namespace: str, pool: str) -> str:
-    return resource_path("apps/v1", "StatefulSet", namespace, f"{pool}-worker")
