@@ -53,12 +53,12 @@ class RoundResult:
     in_sync: int
     targets: int
     push_errors: dict[str, str]
-    knobs_before: tuner.Knobs | None = None
+    knobs_before: tuner.Knobs
 
     def change_text(self) -> str:
         """``raise-cap-budget-unspent: headroom 1 -> 2, cap 1 -> 2`` for Events."""
         decision, before = self.decision, self.knobs_before
-        if decision is None or before is None:
+        if decision is None:
             return ""
         after = decision.knobs
         return (
@@ -152,12 +152,10 @@ async def list_targets(kube: Kube, namespace: str, name: str) -> list[PodTarget]
 
 
 def tuning_record(
-    tuning_status: dict[str, Any],
-    result: RoundResult,
-    knobs_before: tuner.Knobs,
-    now_text: str,
+    tuning_status: dict[str, Any], result: RoundResult, now_text: str
 ) -> dict[str, Any]:
-    decision = result.decision
+    """``status.tuning`` after a round: knobs, sync, tuner state, bounded history."""
+    decision, knobs_before = result.decision, result.knobs_before
     record = dict(tuning_status)
     knobs = decision.knobs if decision else knobs_before
     record.update(
@@ -280,7 +278,7 @@ async def _decide_and_push(
 
     def mutate(status: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
         patch: dict[str, Any] = {
-            "tuning": tuning_record(dict(status.get("tuning") or {}), result, before, stamp),
+            "tuning": tuning_record(dict(status.get("tuning") or {}), result, stamp),
             "workersReporting": stats.workers_reporting if stats else 0,
             "conditions": merge_conditions(
                 status.get("conditions"),

@@ -100,12 +100,12 @@ def test_tuning_record_appends_bounded_history_on_changes_only() -> None:
     before = tuner.Knobs(6, 4)
     state = tuner.TunerState()
     held = tuner.Decision(before, "hold", False, state)
-    record = tuning_record({}, _result(held), before, "T0")
+    record = tuning_record({}, _result(held), "T0")
     assert "history" not in record and record["podsInSync"] == "1/2"
     assert record["appliedGeneration"] == 2 and record["lastReason"] == "hold"
     changed = tuner.Decision(tuner.Knobs(8, 6), "raise-cap", True, state)
     history = [{"time": str(i)} for i in range(HISTORY_LIMIT)]
-    record = tuning_record({"history": history}, _result(changed), before, "T1")
+    record = tuning_record({"history": history}, _result(changed), "T1")
     assert len(record["history"]) == HISTORY_LIMIT
     assert record["history"][-1]["to"] == {"residentHeadroom": 8, "pausedCap": 6}
     assert record["lastChange"]["from"] == {"residentHeadroom": 6, "pausedCap": 4}
