@@ -151,4 +151,3 @@ def _strip_times(conditions: Any) -> list[tuple[Any, ...]]:
         (c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
         for c in conditions or []
     ]
-
