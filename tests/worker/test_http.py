@@ -98,6 +98,10 @@ def test_pause_and_resume_visible_in_stats_under_overload(worker_factory: Factor
         pauses = [ln for ln in metrics.splitlines() if ln.startswith("genpool_pauses_total")]
         assert pauses and float(pauses[0].rsplit(" ", 1)[1]) > 0
         assert 'synthetic="true"' in metrics
+        # Every completion was timed; TPOT too (all have > 1 token).
+        for name in ("genpool_ttft_seconds_count", "genpool_tpot_seconds_count"):
+            line = next(ln for ln in metrics.splitlines() if ln.startswith(name))
+            assert float(line.rsplit(" ", 1)[1]) == stats["completed_total"], line
 
 
 def test_put_config_changes_headroom_and_cap_live(worker_factory: Factory) -> None:

@@ -3,6 +3,7 @@ latest snapshot (one ``make_stats``), plus a step-time histogram the engine feed
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
     from genpool_worker.engine import GenEngine
 
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 
 class WorkerMetrics(Collector):
@@ -29,7 +31,29 @@ class WorkerMetrics(Collector):
             buckets=STEP_BUCKETS,
             registry=self.registry,
         )
+        # Measured at this worker: from the HTTP request's receipt to its first streamed
+        # text (admission wait + the worker's own prefill), and decode time per token.
+        self.ttft_seconds = Histogram(
+            "genpool_ttft_seconds",
+            "Receipt of a completion request to its first output text at this worker",
+            ["model", "synthetic"],
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.tpot_seconds = Histogram(
+            "genpool_tpot_seconds",
+            "Mean time per output token after the first, per completed request",
+            ["model", "synthetic"],
+            buckets=STEP_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(self)
+
+    def observe_request(self, ttft_s: float | None, tpot_s: float | None) -> None:
+        if ttft_s is not None:
+            self.ttft_seconds.labels(**self.labels).observe(ttft_s)
+        if tpot_s is not None:
+            self.tpot_seconds.labels(**self.labels).observe(tpot_s)
 
     def observe_step(self, seconds: float, batch: int) -> None:
         self.step_seconds.labels(**self.labels).observe(seconds)
@@ -84,3 +108,24 @@ class WorkerMetrics(Collector):
         if s.admission_target_s is not None:
             yield gauge("genpool_admission_target_seconds", "Adaptive target X",
                         s.admission_target_s)  # fmt: skip
+
+
+class RequestTimer:
+    """TTFT and TPOT of one completion, fed by the server as events stream out."""
+
+    def __init__(self, metrics: WorkerMetrics) -> None:
+        self._metrics = metrics
+        self._start = time.monotonic()
+        self._first: float | None = None
+
+    def text(self) -> None:
+        if self._first is None:
+            self._first = time.monotonic()
+
+    def done(self, completion_tokens: int) -> None:
+        if self._first is None:
+            return
+        ttft = self._first - self._start
+        decode = time.monotonic() - self._first
+        tpot = decode / (completion_tokens - 1) if completion_tokens > 1 else None
+        self._metrics.observe_request(ttft, tpot)

@@ -25,7 +25,7 @@ from genpool_worker.api import (
     DrainRequest,
 )
 from genpool_worker.engine import EngineRequest, GenEngine, Tokenizer
-from genpool_worker.metrics import WorkerMetrics
+from genpool_worker.metrics import RequestTimer, WorkerMetrics
 from genpool_worker.statline import parse_statline
 
 RETRY_AFTER_S = "1"
@@ -134,6 +134,7 @@ def create_app(
             arrival_time=arrival,
             first_token_time=timing.first_token_time if timing else None,
         )
+        timer = RequestTimer(metrics)
         engine.submit(submitted)
         first = await submitted.events.get()
         if first[0] != "accepted":
@@ -143,9 +144,9 @@ def create_app(
         name = body.model or model.name
         if body.stream:
             return StreamingResponse(
-                stream_events(engine, submitted, name), media_type="text/event-stream"
+                stream_events(engine, submitted, name, timer), media_type="text/event-stream"
             )
-        return await collect(submitted, name)
+        return await collect(submitted, name, timer)
 
     @app.get("/health")
     async def health() -> Response:
@@ -223,17 +224,19 @@ def _chunk(request_id: str, name: str, text: str, finish: str | None) -> dict[st
 
 
 async def stream_events(
-    engine: GenEngine, request: EngineRequest, name: str
+    engine: GenEngine, request: EngineRequest, name: str, timer: RequestTimer
 ) -> AsyncIterator[bytes]:
     done = False
     try:
         while True:
             event = await request.events.get()
             if event[0] == "token":
+                timer.text()
                 chunk = _chunk(request.request_id, name, event[1], None)
                 yield f"data: {json.dumps(chunk)}\n\n".encode()
             elif event[0] == "done":
                 done = True
+                timer.done(event[2]["completion_tokens"])
                 chunk = _chunk(request.request_id, name, "", event[1]) | {"usage": event[2]}
                 yield f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
                 return
@@ -246,13 +249,15 @@ async def stream_events(
             engine.abort(request.request_id)
 
 
-async def collect(request: EngineRequest, name: str) -> Response:
+async def collect(request: EngineRequest, name: str, timer: RequestTimer) -> Response:
     parts: list[str] = []
     while True:
         event = await request.events.get()
         if event[0] == "token":
+            timer.text()
             parts.append(event[1])
         elif event[0] == "done":
+            timer.done(event[2]["completion_tokens"])
             body = _chunk(request.request_id, name, "".join(parts), event[1])
             return JSONResponse(body | {"usage": event[2]})
         elif event[0] == "error":
