@@ -30,7 +30,7 @@ def _death_signal(name: str) -> int:
 
 
 class ClusterError(RuntimeError):
-    pass
+    """The control plane could not start or died."""
 
 
 def _podrunner_available() -> bool:

@@ -106,7 +106,7 @@ async def one_request(
 
 
 class _Refused(Exception):
-    pass
+    """The pod turned the request away before accepting it: try another pod."""
 
 
 async def _stream(

@@ -51,7 +51,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.mark.skipif(not dist.is_available(), reason="torch without torch.distributed")
 def test_two_gloo_ranks_match_the_single_rank_model() -> None:
     mp.spawn(_rank_main, args=(WORLD, _free_port()), nprocs=WORLD, join=True)
 

@@ -3,6 +3,7 @@ dead rank takes the worker down (DESIGN.md §8)."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -94,11 +95,9 @@ def test_a_dead_rank_takes_the_worker_down_quickly() -> None:
         while True:
             assert time.monotonic() < deadline, "worker did not become ready"
             assert worker.poll() is None
-            try:
+            with contextlib.suppress(httpx.TransportError):  # not listening yet
                 if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
                     break
-            except httpx.TransportError:
-                pass
             time.sleep(0.2)
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
                            json={"prompt": "hi", "max_tokens": 4}, timeout=30)  # fmt: skip

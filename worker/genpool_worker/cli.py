@@ -35,7 +35,7 @@ DEFAULT_TRACE = data_file(AZURE_CONV)
 
 
 class UsageError(Exception):
-    pass
+    """A bad command line: reported as argparse does, exit status 2."""
 
 
 def _positive(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]

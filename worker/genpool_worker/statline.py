@@ -183,7 +183,7 @@ _FLOAT_KEYS = {
 
 
 class _Garbage(Exception):
-    pass
+    """A field that cannot be read: the whole line is not a stat line."""
 
 
 def _parse_float(text: str) -> float | None:

@@ -71,9 +71,8 @@ def _csv_int(source: str, line: int, column: str, text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        pass
-    # Some exports write counts as "374.0"; accept integral floats, nothing else.
-    value = _csv_float(source, line, column, text)
+        # Some exports write counts as "374.0"; accept integral floats, nothing else.
+        value = _csv_float(source, line, column, text)
     if not value.is_integer():
         _fail(source, line, f"column {column}: {text!r} is not an integer")
     return int(value)
