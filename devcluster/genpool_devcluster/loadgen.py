@@ -23,6 +23,7 @@ import httpx
 
 from genpool_operator.kube import Kube, resource_path
 from genpool_operator.scrape import PodTarget, ready_targets
+from genpool_worker.sim.experiment import percentile
 
 PROMPTS = (
     "The capital of France is",
@@ -166,23 +167,21 @@ async def closed_loop(
 
 def summarize(results: list[RequestResult], duration_s: float) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
-    ttfts = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     tpots = [t for r in ok if (t := r.tpot_s) is not None]
-    e2es = sorted(r.e2e_s for r in ok)
+    e2es = [r.e2e_s for r in ok]
     return {
         "requests": len(results),
         "failed": len(results) - len(ok),
         "refusals_retried": sum(r.refusals for r in results),
-        "ttft_p50_s": _quantile(ttfts, 0.5),
-        "ttft_p90_s": _quantile(ttfts, 0.9),
+        "ttft_p50_s": _quantile(ttfts, 50),
+        "ttft_p90_s": _quantile(ttfts, 90),
         "tpot_mean_s": round(statistics.fmean(tpots), 4) if tpots else None,
-        "e2e_p90_s": _quantile(e2es, 0.9),
+        "e2e_p90_s": _quantile(e2es, 90),
         "tokens_per_s": round(sum(r.tokens for r in ok) / duration_s, 2),
         "errors": sorted({r.error for r in results if r.error})[:5],
     }
 
 
 def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    return round(values[min(len(values) - 1, int(q * len(values)))], 4)
+    return round(percentile(values, q), 4) if values else None

@@ -16,7 +16,8 @@ from kubernetes import client
 
 from genpool_devcluster.demo import DEMO_SPEC, run_load
 from tests.conftest import DevCluster, Kubectl
-from tests.integration.operator_harness import get_pool, ready_pods, wait_for
+from tests.integration.operator_harness import get_pool, ready_pods
+from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE, OPERATOR_NS = "genpool", "genpool-system"

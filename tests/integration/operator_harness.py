@@ -6,37 +6,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 GROUP, VERSION, PLURAL = "genpool.dev", "v1alpha1", "genpools"
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "genpool.dev_genpools.yaml"
 ADMIN_TOKEN = "integration-admin-token"
 T = TypeVar("T")
-
-
-def wait_for(
-    check: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.25
-) -> T:
-    """Poll ``check`` until it returns something truthy; fail with ``what`` after timeout."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-        except ApiException as exc:  # not there yet: keep polling, remember why
-            last = exc
-        else:
-            if result:
-                return result
-            last = result
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 class OperatorProcess:

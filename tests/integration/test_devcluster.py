@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Callable
 
@@ -13,14 +12,7 @@ from kubernetes.client.rest import ApiException
 
 from genpool_devcluster import build
 from tests.conftest import Kubectl
-
-
-def wait_for(ok: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not ok():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.5)
+from tests.polling import wait_for
 
 
 def _gone(read: Callable[[], object]) -> bool:

@@ -31,9 +31,9 @@ from tests.integration.operator_harness import (
     get_pool,
     ready_pods,
     synthetic_spec,
-    wait_for,
 )
 from tests.invalid_genpools import INVALID_GENPOOLS
+from tests.polling import wait_for
 
 CHILD_KINDS = ("statefulsets", "services", "configmaps", "poddisruptionbudgets", "secrets")
 

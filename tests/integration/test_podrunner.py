@@ -14,7 +14,6 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +23,12 @@ from kubernetes.client.rest import ApiException
 
 from genpool_devcluster.podrunner.env import expand
 from tests.conftest import DevCluster, Kubectl
+from tests.polling import wait_for
 
 NODE = "genpool-dev"
 IMAGE = "genpool/not-pulled:dev"
 HTTP_SERVER = ["python", "-m", "http.server", "--bind", "$(POD_IP)", "8080"]
 POD_IP_ENV = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
-
-
-def wait_for(get: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    """Poll `get` until it returns something truthy; fail with `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = get()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.3)
 
 
 @pytest.fixture
