@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from genpool_worker.plan import GenPlan
 from genpool_worker.preemption import GenCapacity
 from genpool_worker.request import GenRequest
-from genpool_worker.scheduler import GenPlan, GenScheduler, SchedulerConfig
+from genpool_worker.scheduler import GenScheduler, SchedulerConfig
 
 
 def make_scheduler(

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from genpool_worker.cli import main
-from genpool_worker.scheduler import GenPlan, GenScheduler
+from genpool_worker.plan import GenPlan
+from genpool_worker.scheduler import GenScheduler
 from genpool_worker.sim.cluster import MODES, Cluster, ClusterConfig
 from genpool_worker.sim.experiment import Workload, run_seed, simulate
 from genpool_worker.sim.records import SimRequest

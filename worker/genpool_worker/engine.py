@@ -28,8 +28,9 @@ from genpool_worker.engine_io import (
     PassInputs,
     Tokenizer,
 )
+from genpool_worker.plan import GenPlan
 from genpool_worker.request import GenRequest
-from genpool_worker.scheduler import GenPlan, GenScheduler
+from genpool_worker.scheduler import GenScheduler
 from genpool_worker.statline import format_statline, make_statline
 
 STAT_LOGGER = logging.getLogger("genpool.gen_preemption")

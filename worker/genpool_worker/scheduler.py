@@ -8,12 +8,12 @@ then ``postprocess(plan, now, stop_ids)`` with the tokens it produced.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from genpool_worker.admission import AdaptiveTarget, AdmissionQueue
+from genpool_worker.plan import GenPlan
 from genpool_worker.preemption import (
     GenCapacity,
     GenPreemptionSettings,
@@ -37,26 +37,6 @@ class SchedulerConfig:
     stat_interval_s: float = 30.0
     guard_factor: float = 2.0
     target_quantile: float = 0.9
-
-
-@dataclass(frozen=True, slots=True)
-class GenPlan:
-    """What one pass decided. Per-slot consumers must keep ``paused_in_place`` slots."""
-
-    now: float
-    batch_ids: tuple[str, ...]
-    batch_slots: tuple[int, ...]
-    paused_in_place_ids: tuple[str, ...]
-    paused_in_place_slots: tuple[int, ...]
-    admitted_ids: tuple[str, ...]
-    resumed_ids: tuple[str, ...]
-    paused_ids: tuple[str, ...]
-    finished_ids: tuple[str, ...]
-    stat_line: str | None = None
-
-    def digest(self) -> str:
-        """Rank-identity fingerprint: equal plans on every rank give equal digests."""
-        return hashlib.sha256(repr(self).encode()).hexdigest()
 
 
 class GenScheduler:

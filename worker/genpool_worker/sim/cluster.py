@@ -13,9 +13,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from genpool_worker.plan import GenPlan
 from genpool_worker.preemption import GenCapacity
 from genpool_worker.request import FinishReason, GenRequest
-from genpool_worker.scheduler import GenPlan, GenScheduler, SchedulerConfig
+from genpool_worker.scheduler import GenScheduler, SchedulerConfig
 from genpool_worker.sim.records import SimRequest
 from genpool_worker.sim.stepmodel import DEFAULT_STEP_MODEL, StepModel
 
