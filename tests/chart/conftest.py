@@ -117,3 +117,25 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, list[dict
     """(case name, rendered objects) for every entry of CASES."""
     values, apis = CASES[request.param]
     return request.param, render(values, tmp_path, api_versions=apis)
+
+
+Objs = list[dict[str, Any]]
+
+
+def by_name(objs: Objs, kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in of_kind(objs, kind)}
+
+
+def workload(objs: Objs) -> dict[str, Any]:
+    found = [o for o in objs if o["kind"] in ("Deployment", "StatefulSet")]
+    assert len(found) == 1, [o["kind"] for o in found]
+    return found[0]
+
+
+def container(objs: Objs) -> dict[str, Any]:
+    (c,) = workload(objs)["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def env_of(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in c["env"]}

@@ -25,7 +25,7 @@ from kubernetes import client
 from tests.conftest import DevCluster, Kubectl
 
 from .conftest import CHART, PEERING_API_VERSIONS, helm_path
-from .test_chart_render import POOL_RULES
+from .test_chart_rbac import POOL_RULES
 
 Helm = Callable[..., subprocess.CompletedProcess[str]]
 ALL_VERBS = ("get", "list", "watch", "create", "patch", "update", "delete", "deletecollection")
