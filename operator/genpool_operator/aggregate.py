@@ -121,6 +121,24 @@ def _sum_victims(lines: list[StatLine]) -> dict[str, int]:
     return victims
 
 
+# Per-worker counts whose pool value is their sum.
+SUMMED_COUNTS = (
+    "residents",
+    "active",
+    "paused",
+    "cap",
+    "headroom",
+    "waiters",
+    "at_risk",
+    "completed_window",
+    "completed_total",
+    "pauses_window",
+    "pauses_total",
+    "laxity_resumes",
+    "forced_resumes",
+)
+
+
 def aggregate(lines: Iterable[StatLine | None]) -> PoolStats | None:
     """The pool's stats from one stat line per worker; ``None`` if no line is usable."""
     good = [line for line in lines if isinstance(line, StatLine) and math.isfinite(line.t)]
@@ -134,19 +152,7 @@ def aggregate(lines: Iterable[StatLine | None]) -> PoolStats | None:
         workers_reporting=len(good),
         newest_t=max(line.t for line in good),
         mode=modes.pop() if len(modes) == 1 else MIXED_MODE,
-        residents=sum(line.residents for line in good),
-        active=sum(line.active for line in good),
-        paused=sum(line.paused for line in good),
-        cap=sum(line.cap for line in good),
-        headroom=sum(line.headroom for line in good),
-        waiters=sum(line.waiters for line in good),
-        at_risk=sum(line.at_risk for line in good),
-        completed_window=sum(line.completed_window for line in good),
-        completed_total=sum(line.completed_total for line in good),
-        pauses_window=sum(line.pauses_window for line in good),
-        pauses_total=sum(line.pauses_total for line in good),
-        laxity_resumes=sum(line.laxity_resumes for line in good),
-        forced_resumes=sum(line.forced_resumes for line in good),
+        **{name: sum(getattr(line, name) for line in good) for name in SUMMED_COUNTS},
         victims=_sum_victims(good),
         below_target_window=_weighted_mean(
             (line.below_target_window, line.completed_window) for line in good
