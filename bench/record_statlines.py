@@ -13,10 +13,10 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from genpool_worker.cli import DEFAULT_TRACE, load_trace
-from genpool_worker.sim.cluster import ClusterConfig
-from genpool_worker.sim.experiment import Workload, simulate
-from genpool_worker.statline import parse_statline
+from genpool_core.statline import parse_statline
+from genpool_sim.cli import DEFAULT_TRACE, load_trace
+from genpool_sim.cluster import ClusterConfig
+from genpool_sim.experiment import Workload, simulate
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "unit" / "operator" / "data"
 T_SLO = 11.6  # tok/s: about the auto T of these loads (off run's median / 1.10)

@@ -36,9 +36,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from genpool_worker.preemption import GenCapacity
-from genpool_worker.request import GenRequest
-from genpool_worker.scheduler import GenScheduler, SchedulerConfig
+from genpool_core.preemption import GenCapacity
+from genpool_core.request import GenRequest
+from genpool_core.scheduler import GenScheduler, SchedulerConfig
 
 STEP_DT = 0.03  # seconds of pass clock per pass (one decode step)
 MAX_TOKENS = (8, 256)  # uniform output lengths; mean ~132 tokens

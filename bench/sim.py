@@ -11,10 +11,10 @@ import platform
 import time
 from typing import Any
 
-from genpool_worker.datafiles import AZURE_CONV, data_file
-from genpool_worker.sim.cluster import MODES, ClusterConfig
-from genpool_worker.sim.experiment import Workload, simulate
-from genpool_worker.sim.workload import parse_csv_trace
+from genpool_sim.cluster import MODES, ClusterConfig
+from genpool_sim.datafiles import AZURE_CONV, data_file
+from genpool_sim.experiment import Workload, simulate
+from genpool_sim.workload import parse_csv_trace
 
 TRACE = data_file(AZURE_CONV)
 TARGET_SPEEDUP = 50.0

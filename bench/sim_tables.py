@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from genpool_worker.sim.report import TABLE_METRICS
+from genpool_sim.report import TABLE_METRICS
 
 GOAL_ROWS = (
     ("ttft_p90", "p90 TTFT", "pct"),

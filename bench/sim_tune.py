@@ -18,13 +18,14 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from genpool_operator.tuner import Bounds, TunerSettings
-from genpool_worker.cli import DEFAULT_TRACE, load_trace
-from genpool_worker.sim.cluster import ClusterConfig
-from genpool_worker.sim.experiment import RunResult, Workload, percentile, run_seed
-from genpool_worker.sim.records import SimRequest
-from genpool_worker.sim.report import mean_ci
-from genpool_worker.sim.tuning import Phase, TuneConfig, parse_phases, phase_starts
+from genpool_core.quantiles import percentile
+from genpool_core.tuner import Bounds, TunerSettings
+from genpool_sim.cli import DEFAULT_TRACE, load_trace
+from genpool_sim.cluster import ClusterConfig
+from genpool_sim.experiment import RunResult, Workload, run_seed
+from genpool_sim.records import SimRequest
+from genpool_sim.report import mean_ci
+from genpool_sim.tuning import Phase, TuneConfig, parse_phases, phase_starts
 
 OUT = Path(__file__).resolve().parent / "results" / "sim" / "tune.json"
 PHASES = "150:200,300:270,150:200"

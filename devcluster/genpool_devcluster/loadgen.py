@@ -21,9 +21,9 @@ from typing import Any
 
 import httpx
 
+from genpool_core.quantiles import percentile
 from genpool_operator.kube import Kube, resource_path
 from genpool_operator.scrape import PodTarget, ready_targets
-from genpool_worker.sim.experiment import percentile
 
 PROMPTS = (
     "The capital of France is",

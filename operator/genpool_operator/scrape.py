@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from genpool_core.statline import StatLine, parse_statline
 from genpool_operator.kube import Kube, KubeError
-from genpool_worker.statline import StatLine, parse_statline
 
 log = logging.getLogger("genpool.operator.scrape")
 WORKER_PORT = 8000

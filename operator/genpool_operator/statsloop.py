@@ -12,8 +12,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from genpool_operator import tuner
-from genpool_operator.aggregate import PoolStats, aggregate
+from genpool_core import tuner
+from genpool_core.aggregate import PoolStats, aggregate
+from genpool_core.statline import StatLine
 from genpool_operator.conditions import Condition, merge_conditions
 from genpool_operator.kube import Kube, resource_path
 from genpool_operator.scrape import (
@@ -25,7 +26,6 @@ from genpool_operator.scrape import (
 )
 from genpool_operator.spec import GenPoolSpec
 from genpool_operator.status import now_iso, update_status
-from genpool_worker.statline import StatLine
 
 log = logging.getLogger("genpool.operator.stats")
 HISTORY_LIMIT = 10

@@ -6,10 +6,10 @@ import dataclasses
 
 from hypothesis import strategies as st
 
-from genpool_worker.statline import (
+from genpool_core.statline import (
     StatLine,
 )
-from genpool_worker.stats import SchedulerStats
+from genpool_core.stats import SchedulerStats
 
 SLO = "target_output_tps"
 TPOT = "tpot_budget"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from genpool_worker.plan import GenPlan
-from genpool_worker.preemption import GenCapacity
-from genpool_worker.request import GenRequest
-from genpool_worker.scheduler import GenScheduler, SchedulerConfig
+from genpool_core.plan import GenPlan
+from genpool_core.preemption import GenCapacity
+from genpool_core.request import GenRequest
+from genpool_core.scheduler import GenScheduler, SchedulerConfig
 
 
 def make_scheduler(
@@ -79,7 +79,7 @@ def make_active(
     resident_since: float = 0.0,
 ) -> GenRequest:
     """A resident, active request that decoded ``gen_tokens`` in ``unpaused`` seconds."""
-    from genpool_worker.request import RequestStatus
+    from genpool_core.request import RequestStatus
 
     request = GenRequest(
         request_id=request_id,

@@ -1,6 +1,6 @@
 import pytest
 
-from genpool_worker.admission import AdaptiveTarget, AdmissionQueue, QueueFullError, Tier
+from genpool_core.admission import AdaptiveTarget, AdmissionQueue, QueueFullError, Tier
 from tests.unit.support import keyed, unkeyed
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from genpool_worker.preemption import GenCapacity, TargetOutputTpsPolicy, create_gen_preemption
-from genpool_worker.request import FinishReason, VictimKind
+from genpool_core.preemption import GenCapacity, TargetOutputTpsPolicy, create_gen_preemption
+from genpool_core.request import FinishReason, VictimKind
 from tests.unit.support import make_active
 
 T = 10.0

@@ -2,8 +2,8 @@
 
 import pytest
 
-from genpool_worker.preemption import GenCapacity, TpotBudgetPolicy, create_gen_preemption
-from genpool_worker.request import VictimKind
+from genpool_core.preemption import GenCapacity, TpotBudgetPolicy, create_gen_preemption
+from genpool_core.request import VictimKind
 from tests.unit.support import make_active
 
 

@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from genpool_worker.admission import QueueFullError
-from genpool_worker.request import FinishReason, RequestStatus
-from genpool_worker.scheduler import GenScheduler, UnknownRequestError
-from genpool_worker.statline import parse_statline
+from genpool_core.admission import QueueFullError
+from genpool_core.request import FinishReason, RequestStatus
+from genpool_core.scheduler import GenScheduler, UnknownRequestError
+from genpool_core.statline import parse_statline
 from tests.unit.support import check_invariants, keyed, make_scheduler, run_pass, unkeyed
 
 DT = 0.0625  # exact in binary, so the timelines below are exact

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from genpool_worker.admission import QueueFullError
-from genpool_worker.request import GenRequest, RequestStatus
-from genpool_worker.scheduler import GenScheduler
+from genpool_core.admission import QueueFullError
+from genpool_core.request import GenRequest, RequestStatus
+from genpool_core.scheduler import GenScheduler
 from tests.unit.support import check_invariants, make_scheduler
 
 MODES = [

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from genpool_worker.preemption import (
+from genpool_core.preemption import (
     GenCapacity,
     GenPreemptionConfigError,
     PreemptionMode,

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from genpool_worker.cli import main
-from genpool_worker.plan import GenPlan
-from genpool_worker.scheduler import GenScheduler
-from genpool_worker.sim.cluster import MODES, Cluster, ClusterConfig
-from genpool_worker.sim.experiment import Workload, run_seed, simulate
-from genpool_worker.sim.records import SimRequest
-from genpool_worker.sim.stepmodel import StepModel
-from genpool_worker.sim.workload import TraceRequest
+from genpool_core.plan import GenPlan
+from genpool_core.scheduler import GenScheduler
+from genpool_core.stepmodel import StepModel
+from genpool_sim.cli import main
+from genpool_sim.cluster import MODES, Cluster, ClusterConfig
+from genpool_sim.experiment import Workload, run_seed, simulate
+from genpool_sim.records import SimRequest
+from genpool_sim.workload import TraceRequest
 from tests.unit.support import check_invariants
 
 FLAT = StepModel(
@@ -90,7 +90,7 @@ def test_conservation_and_invariants_in_every_pass(
     config = ClusterConfig(mode=mode, workers=2, max_batch=8, target_output_tps=12.0)
     cluster = Cluster(config)
     # Reuse simulate's closed loop, counting completions per request.
-    import genpool_worker.sim.experiment as experiment
+    import genpool_sim.experiment as experiment
 
     monkeypatch.setattr(experiment, "Cluster", lambda cfg: cluster)
     simulate(config, workload, 1)

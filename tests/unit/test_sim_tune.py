@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from genpool_operator.tuner import Bounds
-from genpool_worker import cli
-from genpool_worker.sim.cluster import ClusterConfig
-from genpool_worker.sim.experiment import Workload, run_seed, simulate
-from genpool_worker.sim.tuning import (
+from genpool_core.tuner import Bounds
+from genpool_sim import cli
+from genpool_sim.cluster import ClusterConfig
+from genpool_sim.experiment import Workload, run_seed, simulate
+from genpool_sim.tuning import (
     Phase,
     SimTuner,
     TuneConfig,
@@ -20,7 +20,7 @@ from genpool_worker.sim.tuning import (
     parse_phases,
     phase_starts,
 )
-from genpool_worker.sim.workload import TraceRequest
+from genpool_sim.workload import TraceRequest
 
 LENGTHS = [TraceRequest(0.0, 200, 80), TraceRequest(0.0, 800, 300), TraceRequest(0.0, 50, 20)]
 SMALL = ClusterConfig(mode="target_output_tps", workers=2, max_batch=8, ctx_servers=2,

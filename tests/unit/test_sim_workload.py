@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from genpool_worker.datafiles import AZURE_CONV as AZURE_CONV_NAME
-from genpool_worker.datafiles import data_file
-from genpool_worker.sim.workload import (
+from genpool_sim.datafiles import AZURE_CONV as AZURE_CONV_NAME
+from genpool_sim.datafiles import data_file
+from genpool_sim.workload import (
     LengthSampler,
     TraceError,
     TraceRequest,

@@ -1,8 +1,8 @@
 import pytest
 
-from genpool_worker.preemption import GenCapacity
-from genpool_worker.scheduler import GenScheduler
-from genpool_worker.slots import SlotPool
+from genpool_core.preemption import GenCapacity
+from genpool_core.scheduler import GenScheduler
+from genpool_core.slots import SlotPool
 
 
 def test_pool_sized_b_plus_headroom_with_dummy_after() -> None:

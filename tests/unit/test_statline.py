@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from genpool_worker.preemption import GenCapacity
-from genpool_worker.request import GenRequest
-from genpool_worker.scheduler import GenScheduler, SchedulerConfig
-from genpool_worker.statline import (
+from genpool_core.preemption import GenCapacity
+from genpool_core.request import GenRequest
+from genpool_core.scheduler import GenScheduler, SchedulerConfig
+from genpool_core.statline import (
     MARKER,
     StatLine,
     format_statline,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from genpool_worker.statline import (
+from genpool_core.statline import (
     MARKER,
     StatLine,
     format_statline,

@@ -12,8 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from genpool_worker.datafiles import SPLITWISE_PERF, data_file
-from genpool_worker.sim.stepmodel import (
+from genpool_core.stepmodel import (
     DEFAULT_STEP_MODEL,
     FitResult,
     StepModel,
@@ -21,6 +20,7 @@ from genpool_worker.sim.stepmodel import (
     mean_decode_context,
     ols,
 )
+from genpool_sim.datafiles import SPLITWISE_PERF, data_file
 
 PERF_CSV = data_file(SPLITWISE_PERF)
 TOY = StepModel(

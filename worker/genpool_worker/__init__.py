@@ -1,1 +1,1 @@
-"""GenPool GEN (decode) worker: scheduling core, simulator and engine."""
+"""GenPool GEN (decode) worker: the engine loop, the torch model runner and the HTTP server."""

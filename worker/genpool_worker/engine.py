@@ -17,7 +17,11 @@ from typing import Any
 
 import torch
 
-from genpool_worker.admission import QueueFullError
+from genpool_core.admission import QueueFullError
+from genpool_core.plan import GenPlan
+from genpool_core.request import GenRequest
+from genpool_core.scheduler import GenScheduler
+from genpool_core.statline import format_statline, make_statline
 from genpool_worker.engine_io import (
     Arrival,
     Coordinator,
@@ -28,10 +32,6 @@ from genpool_worker.engine_io import (
     PassInputs,
     Tokenizer,
 )
-from genpool_worker.plan import GenPlan
-from genpool_worker.request import GenRequest
-from genpool_worker.scheduler import GenScheduler
-from genpool_worker.statline import format_statline, make_statline
 
 STAT_LOGGER = logging.getLogger("genpool.gen_preemption")
 log = logging.getLogger("genpool.worker")

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import torch
 
-from genpool_worker.stats import SchedulerStats
+from genpool_core.stats import SchedulerStats
 
 
 class DecodeModel(Protocol):

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
+from genpool_core.statline import parse_statline
 from genpool_worker.api import (
     ARRIVAL_SKEW_TOLERANCE_S,
     MAX_BODY_BYTES,
@@ -26,7 +27,6 @@ from genpool_worker.api import (
 )
 from genpool_worker.engine import EngineRequest, GenEngine, Tokenizer
 from genpool_worker.metrics import RequestTimer, WorkerMetrics
-from genpool_worker.statline import parse_statline
 
 RETRY_AFTER_S = "1"
 

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from genpool_worker.sim.stepmodel import DEFAULT_STEP_MODEL, StepModel
+from genpool_core.stepmodel import DEFAULT_STEP_MODEL, StepModel
 
 SYNTHETIC_VOCAB = 256
 SYNTHETIC_EOS = 0

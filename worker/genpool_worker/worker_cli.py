@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from genpool_core.preemption import GenCapacity, GenPreemptionConfigError
+from genpool_core.scheduler import GenScheduler, SchedulerConfig
 from genpool_worker.engine import DecodeModel, GenEngine, Tokenizer
 from genpool_worker.metrics import WorkerMetrics
 from genpool_worker.multirank import (
@@ -24,8 +26,6 @@ from genpool_worker.multirank import (
     watch_followers,
     watch_leader,
 )
-from genpool_worker.preemption import GenCapacity, GenPreemptionConfigError
-from genpool_worker.scheduler import GenScheduler, SchedulerConfig
 
 log = logging.getLogger("genpool.worker")
 RANK_DEATH_GRACE_S = 1.0

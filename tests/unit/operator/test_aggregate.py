@@ -1,4 +1,4 @@
-"""Pool aggregation of per-worker stat lines (genpool_operator.aggregate)."""
+"""Pool aggregation of per-worker stat lines (genpool_core.aggregate)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from genpool_operator.aggregate import MIXED_MODE, aggregate, victims_text
-from genpool_worker.statline import StatLine, parse_statline
+from genpool_core.aggregate import MIXED_MODE, aggregate, victims_text
+from genpool_core.statline import StatLine, parse_statline
 
 DATA = Path(__file__).parent / "data"
 

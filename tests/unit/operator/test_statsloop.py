@@ -8,7 +8,8 @@ import asyncio
 import httpx
 
 from bench.fake_workers import STATLINE, FakeWorkerFleet
-from genpool_operator import tuner
+from genpool_core import tuner
+from genpool_core.statline import parse_statline
 from genpool_operator.conditions import Condition, merge_conditions, readiness_conditions
 from genpool_operator.scrape import PodTarget, WorkerClient, in_sync, ready_targets
 from genpool_operator.spec import GenPoolSpec
@@ -23,7 +24,6 @@ from genpool_operator.statsloop import (
     push_live,
     tuning_record,
 )
-from genpool_worker.statline import parse_statline
 
 LINE = parse_statline(STATLINE.format(t=30.0))
 SLO_SPEC = {"preemption": {"mode": "TargetOutputTps", "targetOutputTps": 8}}

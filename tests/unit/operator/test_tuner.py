@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genpool_operator.aggregate import PoolStats, aggregate
-from genpool_operator.tuner import (
+from genpool_core.aggregate import PoolStats, aggregate
+from genpool_core.statline import StatLine, parse_statline
+from genpool_core.tuner import (
     Bounds,
     Decision,
     Knobs,
@@ -21,7 +22,6 @@ from genpool_operator.tuner import (
     clamp,
     tune,
 )
-from genpool_worker.statline import StatLine, parse_statline
 
 DATA = Path(__file__).parent / "data"
 WIDE = Bounds(0, 16, 0, 16)

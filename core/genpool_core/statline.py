@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from genpool_worker.stats import SchedulerStats
+from genpool_core.stats import SchedulerStats
 
 MARKER = "gen_preemption stats"
 VICTIM_ORDER = ("laxity", "below_target", "sacrificed", "wait")

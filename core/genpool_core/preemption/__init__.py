@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from genpool_worker.preemption.base import PreemptionCounters, PreemptionPolicy, Victim
-from genpool_worker.preemption.settings import (
+from genpool_core.preemption.base import PreemptionCounters, PreemptionPolicy, Victim
+from genpool_core.preemption.settings import (
     GenCapacity,
     GenPreemptionConfigError,
     GenPreemptionSettings,
@@ -12,8 +12,8 @@ from genpool_worker.preemption.settings import (
     parse_settings,
     resolve_capacity,
 )
-from genpool_worker.preemption.slo import TargetOutputTpsPolicy
-from genpool_worker.preemption.tpot import TpotBudgetPolicy
+from genpool_core.preemption.slo import TargetOutputTpsPolicy
+from genpool_core.preemption.tpot import TpotBudgetPolicy
 
 _POLICIES: dict[PreemptionMode, type[PreemptionPolicy]] = {
     PreemptionMode.OFF: PreemptionPolicy,

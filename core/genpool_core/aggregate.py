@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from genpool_worker.statline import VICTIM_ORDER, StatLine
+from genpool_core.statline import VICTIM_ORDER, StatLine
 
 MIXED_MODE = "mixed"
 _STATUS_VICTIM_KEYS = {

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from genpool_worker.request import GenRequest
+from genpool_core.request import GenRequest
 
 
 @dataclass(slots=True, eq=False)

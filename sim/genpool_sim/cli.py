@@ -1,7 +1,7 @@
 """``genpool`` command line. ``genpool sim``: the simulator of DESIGN.md §9.
 
 This module does the I/O (files, processes, progress bar, plots); everything it
-calls in ``genpool_worker.sim`` is pure and seeded.
+calls in ``genpool_sim`` is pure and seeded.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from genpool_operator.tuner import Bounds, TunerSettings
-from genpool_worker.datafiles import AZURE_CONV, data_file
-from genpool_worker.sim.cluster import MODES, ClusterConfig
-from genpool_worker.sim.experiment import RunResult, Workload, run_seed
-from genpool_worker.sim.report import format_table, summarize
-from genpool_worker.sim.tuning import Phase, TuneConfig, parse_phases
-from genpool_worker.sim.workload import (
+from genpool_core.tuner import Bounds, TunerSettings
+from genpool_sim.cluster import MODES, ClusterConfig
+from genpool_sim.datafiles import AZURE_CONV, data_file
+from genpool_sim.experiment import RunResult, Workload, run_seed
+from genpool_sim.report import format_table, summarize
+from genpool_sim.tuning import Phase, TuneConfig, parse_phases
+from genpool_sim.workload import (
     TraceError,
     TraceRequest,
     gamma_arrivals,
@@ -273,7 +273,7 @@ def report(ns: argparse.Namespace, results: dict[tuple[str, float], list[RunResu
         ns.json.parent.mkdir(parents=True, exist_ok=True)
         ns.json.write_text(json.dumps(document, indent=1, allow_nan=True))
     if ns.plot:
-        from genpool_worker.sim.plots import write_plots
+        from genpool_sim.plots import write_plots
 
         write_plots(results, ns.plot)
     return 0

@@ -15,11 +15,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from genpool_operator.aggregate import aggregate
-from genpool_operator.tuner import Bounds, Knobs, TunerSettings, TunerState, clamp, tune
-from genpool_worker.sim.cluster import Cluster
-from genpool_worker.statline import format_statline, make_statline, parse_statline
-from genpool_worker.stats import SchedulerStats
+from genpool_core.aggregate import aggregate
+from genpool_core.statline import format_statline, make_statline, parse_statline
+from genpool_core.stats import SchedulerStats
+from genpool_core.tuner import Bounds, Knobs, TunerSettings, TunerState, clamp, tune
+from genpool_sim.cluster import Cluster
 
 
 @dataclass(frozen=True)

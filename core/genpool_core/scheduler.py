@@ -12,19 +12,19 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from genpool_worker.admission import AdaptiveTarget, AdmissionQueue
-from genpool_worker.plan import GenPlan
-from genpool_worker.preemption import (
+from genpool_core.admission import AdaptiveTarget, AdmissionQueue
+from genpool_core.plan import GenPlan
+from genpool_core.preemption import (
     GenCapacity,
     GenPreemptionSettings,
     PreemptionPolicy,
     Victim,
     create_gen_preemption,
 )
-from genpool_worker.request import FinishReason, GenRequest, RequestStatus, is_valid_time
-from genpool_worker.slots import SlotPool
-from genpool_worker.statline import format_statline, make_statline
-from genpool_worker.stats import SchedulerStats
+from genpool_core.request import FinishReason, GenRequest, RequestStatus, is_valid_time
+from genpool_core.slots import SlotPool
+from genpool_core.statline import format_statline, make_statline
+from genpool_core.stats import SchedulerStats
 
 
 class UnknownRequestError(KeyError):

@@ -28,7 +28,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from genpool_operator.aggregate import PoolStats
+from genpool_core.aggregate import PoolStats
 
 SLO_MODE = "target_output_tps"
 

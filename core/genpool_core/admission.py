@@ -14,7 +14,7 @@ import enum
 import math
 from collections import deque
 
-from genpool_worker.request import GenRequest
+from genpool_core.request import GenRequest
 
 
 class QueueFullError(Exception):

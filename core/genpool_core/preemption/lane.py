@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 
-from genpool_worker.request import GenRequest
+from genpool_core.request import GenRequest
 
 
 class ResumeLane:

@@ -13,12 +13,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from genpool_worker.plan import GenPlan
-from genpool_worker.preemption import GenCapacity
-from genpool_worker.request import FinishReason, GenRequest
-from genpool_worker.scheduler import GenScheduler, SchedulerConfig
-from genpool_worker.sim.records import SimRequest
-from genpool_worker.sim.stepmodel import DEFAULT_STEP_MODEL, StepModel
+from genpool_core.plan import GenPlan
+from genpool_core.preemption import GenCapacity
+from genpool_core.request import FinishReason, GenRequest
+from genpool_core.scheduler import GenScheduler, SchedulerConfig
+from genpool_core.stepmodel import DEFAULT_STEP_MODEL, StepModel
+from genpool_sim.records import SimRequest
 
 MODES = ("off", "recompute", "tpot_budget", "target_output_tps")
 _ARRIVAL, _CTX_DONE, _WORKER = 0, 1, 2

@@ -12,9 +12,10 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from genpool_worker.sim.cluster import Cluster, ClusterConfig
-from genpool_worker.sim.records import SimRequest
-from genpool_worker.sim.tuning import (
+from genpool_core.quantiles import percentile
+from genpool_sim.cluster import Cluster, ClusterConfig
+from genpool_sim.records import SimRequest
+from genpool_sim.tuning import (
     Phase,
     SimTuner,
     TuneConfig,
@@ -22,7 +23,7 @@ from genpool_worker.sim.tuning import (
     phase_starts,
     run_with_checkpoints,
 )
-from genpool_worker.sim.workload import LengthSampler, TraceRequest
+from genpool_sim.workload import LengthSampler, TraceRequest
 
 AUTO_T_DIVISOR = 1.10
 
@@ -60,17 +61,6 @@ class RunResult:
     stat_lines: list[tuple[int, str]] = field(default_factory=list)
     records: list[SimRequest] = field(default_factory=list)
     tuning: list[dict[str, object]] = field(default_factory=list)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile, q in [0, 100]."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    low = math.floor(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 def simulate(

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from genpool_worker.sim.experiment import RunResult
-from genpool_worker.statline import parse_statline
+from genpool_core.statline import parse_statline
+from genpool_sim.experiment import RunResult
 
 
 def write_plots(results: Mapping[tuple[str, float], Sequence[RunResult]], folder: Path) -> None:

@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
-from genpool_worker.preemption.base import PreemptionPolicy, Victim
-from genpool_worker.preemption.settings import (
+from genpool_core.preemption.base import PreemptionPolicy, Victim
+from genpool_core.preemption.settings import (
     GenPreemptionSettings,
     PreemptionMode,
     ResolvedCapacity,
 )
-from genpool_worker.request import GenRequest, VictimKind
+from genpool_core.request import GenRequest, VictimKind
 
 
 class TpotBudgetPolicy(PreemptionPolicy):

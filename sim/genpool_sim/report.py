@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from genpool_worker.sim.experiment import RunResult
+from genpool_sim.experiment import RunResult
 
 # Two-sided 95% Student t quantiles by degrees of freedom (1..30); 1.96 beyond.
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,

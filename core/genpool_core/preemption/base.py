@@ -11,13 +11,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from genpool_worker.preemption.lane import ResumeLane
-from genpool_worker.preemption.settings import (
+from genpool_core.preemption.lane import ResumeLane
+from genpool_core.preemption.settings import (
     GenPreemptionSettings,
     PreemptionMode,
     ResolvedCapacity,
 )
-from genpool_worker.request import GenRequest, RequestStatus, VictimKind
+from genpool_core.request import GenRequest, RequestStatus, VictimKind
 
 
 @dataclass(frozen=True, slots=True)
