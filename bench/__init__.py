@@ -1,4 +1,6 @@
-"""GenPool benchmarks (DESIGN.md §15): JSON results, never timed assertions in tests.
+"""GenPool benchmarks: JSON results, never timed assertions in tests.
+
+See docs/design.md#testing-and-benchmarks.
 
 Run them with ``python -m bench.run [NAME ...]`` from the repository root.
 """

@@ -1,7 +1,7 @@
 """Cost of one scheduling pass, ``GenScheduler.step(now)``, and of its ``postprocess``.
 
 Steady state, per mode (off, tpot_budget, target_output_tps) and per scale
-(residents / waiters): 256/1024 (the DESIGN.md §15 target point) and 32/64.
+(residents / waiters): 256/1024 (the docs/design.md#testing-and-benchmarks target point) and 32/64.
 
 Workload (seeded, deterministic): a synthetic pass clock advances ``STEP_DT`` per
 pass (the model's step time); every batch request gets one token per pass and
@@ -195,7 +195,7 @@ def bench_one(scale: Scale, mode: str, passes: Passes) -> dict[str, Any]:
         totals["paused"] += len(plan.paused_ids)
         totals["resumed"] += len(plan.resumed_ids)
         totals["stat_lines"] += plan.stat_line is not None
-        # The DESIGN.md §2 invariants hold on every pass (a benchmark of a broken
+        # The docs/design.md#capacity invariants hold on every pass (a benchmark of a broken
         # scheduler is worthless).
         if not (
             len(plan.batch_ids) <= b

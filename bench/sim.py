@@ -1,4 +1,4 @@
-"""Simulator speed: simulated seconds per wall second, R1 c = 250 (DESIGN.md §9).
+"""Simulator speed: simulated seconds per wall second, R1 c = 250 (docs/design.md#simulator).
 
 Target (issue): >= 50x. Each mode runs one seed of the reference scenario (W = 8,
 B = 16, n_ctx = 4, Azure conv lengths); the figure counts simulated time of the

@@ -5,7 +5,7 @@
 
 Per seed: ``off`` (defines T = auto), SLO mode with the static default knobs
 (P = H = floor(0.375 A) = 6), and SLO mode with the operator's tuner every 30 s
-(DESIGN §12) under several rules / bounds. Whole-window metrics as ``genpool sim``
+(docs/design.md#tuner) under several rules / bounds. Whole-window metrics as ``genpool sim``
 reports them, plus per-phase TTFT p90 / below-T / TPOT from the request records.
 """
 

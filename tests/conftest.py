@@ -1,4 +1,6 @@
-"""A real control plane for the integration, chart and e2e tests (DESIGN.md §13).
+"""A real control plane for the integration, chart and e2e tests.
+
+See docs/design.md#local-control-plane.
 
 One session-wide cluster serves every directory: the fixtures live here, at the top.
 

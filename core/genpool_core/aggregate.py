@@ -1,4 +1,4 @@
-"""Pool-level statistics from the workers' stat lines (DESIGN.md §6, §11).
+"""Pool-level statistics from the workers' stat lines (docs/design.md#stat-line, #operator).
 
 Pure: the operator scrapes and parses, this module only adds up. Each worker's line
 covers its own last window, so counters are summed and ratios are re-weighted by the

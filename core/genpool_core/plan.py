@@ -1,4 +1,4 @@
-"""The result of one scheduling pass (DESIGN.md §5): what runs, what stays paused.
+"""The result of one scheduling pass (docs/design.md#scheduling-pass): what runs, what stays paused.
 
 The scheduler returns it; the engine, the simulator and every per-slot consumer read
 it. Its digest is how tensor-parallel ranks prove they decided the same thing.

@@ -1,4 +1,4 @@
-"""One GEN scheduling pass, ``step(now)`` (DESIGN.md §5), and its plan.
+"""One GEN scheduling pass, ``step(now)`` (docs/design.md#scheduling-pass), and its plan.
 
 observe completions -> resume due -> admit -> pause for at-risk waiters -> emit the
 plan. The engine and the simulator both drive this class: ``add_request`` /

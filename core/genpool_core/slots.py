@@ -3,8 +3,8 @@
 Every per-resident buffer in the engine is sized from :meth:`SlotPool.pool_size`
 (``B + max_resident_headroom``) plus one dummy slot at index ``pool_size``. With no
 live change of headroom ``max_resident_headroom == resident_headroom`` and this is
-DESIGN.md's ``B + H`` with the dummy at ``num_slots``. Headroom can be lowered or
-raised at run time within the ceiling; lowering it never evicts anyone, it only
+the ``B + H`` of docs/design.md#capacity with the dummy at ``num_slots``. Headroom can be
+lowered or raised at run time within the ceiling; lowering it never evicts anyone, it only
 stops allocations until residents finish.
 """
 

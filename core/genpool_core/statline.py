@@ -1,4 +1,4 @@
-"""The periodic stat line (DESIGN.md §6): one module formats it and parses it.
+"""The periodic stat line (docs/design.md#stat-line): one module formats it and parses it.
 
 ``a/b`` values are last window / since start. The parser tolerates any key order,
 ignores unknown keys and returns ``None`` for anything that is not a stat line; it

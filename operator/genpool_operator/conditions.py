@@ -1,6 +1,6 @@
 """GenPool status conditions and phase (pure: the caller passes ``now``).
 
-Condition types (DESIGN.md §10): Ready, Progressing, Degraded, StatsStale,
+Condition types (docs/design.md#crd): Ready, Progressing, Degraded, StatsStale,
 TuningInSync, HeadroomAtBound. Reasons are CamelCase and classified so that
 alerting can key on them.
 """

@@ -175,7 +175,7 @@ def is_reserved_env(name: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class KnobBounds:
-    """Effective tuner bounds: unset maxima are A (DESIGN §2)."""
+    """Effective tuner bounds: unset maxima are A (docs/design.md#tuner)."""
 
     headroom_min: int
     headroom_max: int

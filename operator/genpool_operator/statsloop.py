@@ -1,4 +1,4 @@
-"""One stats round for one pool: scrape, aggregate, tune, push, record (DESIGN.md §11).
+"""One stats round for one pool: scrape, aggregate, tune, push, record (docs/design.md#operator).
 
 The kopf daemon in ``handlers`` calls :func:`run_round` every
 ``tuning.intervalSeconds``; the reconcile handler calls :func:`run_round` with ``tune=False`` right

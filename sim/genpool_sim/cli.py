@@ -1,4 +1,4 @@
-"""``genpool`` command line. ``genpool sim``: the simulator of DESIGN.md §9.
+"""``genpool`` command line. ``genpool sim``: the simulator of docs/design.md#simulator.
 
 This module does the I/O (files, processes, progress bar, plots); everything it
 calls in ``genpool_sim`` is pure and seeded.
@@ -88,7 +88,7 @@ def _target(text: str) -> float | None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="genpool")
     sub = parser.add_subparsers(dest="command", required=True)
-    sim = sub.add_parser("sim", help="simulate a disaggregated GEN pool (DESIGN.md §9)")
+    sim = sub.add_parser("sim", help="simulate a disaggregated GEN pool (docs/design.md#simulator)")
     sim.add_argument(
         "--trace",
         type=Path,
@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_tune_options(sim: argparse.ArgumentParser) -> None:
     tune = sim.add_argument_group("tuner in the loop (target_output_tps runs)")
-    tune.add_argument("--tune", action="store_true", help="run the operator's tuner (§12)")
+    tune.add_argument("--tune", action="store_true", help="run the tuner (docs/design.md#tuner)")
     tune.add_argument("--tune-interval", type=_positive(float), default=30.0, help="s")
     tune.add_argument("--headroom-min", type=_count, default=0)
     tune.add_argument("--headroom-max", type=_count, help="default A (= --max-batch)")
@@ -152,7 +152,7 @@ def _add_tune_options(sim: argparse.ArgumentParser) -> None:
         "--tune-rule",
         choices=("guarded", "literal"),
         default="guarded",
-        help="literal: lower the cap on any miss above eps (DESIGN §12 as written)",
+        help="literal: lower the cap on any miss above eps (docs/design.md#tuner as specified)",
     )
 
 

@@ -1,4 +1,4 @@
-"""Per-request records of a simulation and the metric definitions (DESIGN.md §9).
+"""Per-request records of a simulation and the metric definitions (docs/design.md#metrics).
 
 Defined once here and in docs/sim.md:
 - ``ttft_ctx``       arrival -> first token from the context stage (``first_token_time``)

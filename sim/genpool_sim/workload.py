@@ -1,4 +1,4 @@
-"""Simulator workloads (DESIGN.md §9): trace replay, time scaling, Gamma arrivals
+"""Simulator workloads (docs/design.md#workloads): trace replay, time scaling, Gamma arrivals
 and the length sampler of the closed loop.
 
 Pure: parsers take lines of text (a file object, ``str.splitlines()``, a list),

@@ -1,6 +1,7 @@
 """Helpers for the Helm chart tests: a helm binary and `helm template` rendering.
 
-helm comes from the devcluster's tool cache (the npm layer package, DESIGN.md §13). When it
+helm comes from the devcluster's tool cache (the npm layer package,
+docs/design.md#local-control-plane). When it
 cannot be had, the tests fail rather than skip: a chart nobody renders is a chart nobody tests.
 """
 

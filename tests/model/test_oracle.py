@@ -1,4 +1,4 @@
-"""Our LlamaModel and tokenizer against transformers on the same GGUF (DESIGN.md §7).
+"""Our LlamaModel and tokenizer against transformers on the same GGUF (docs/design.md#model).
 
 Tolerance. float32 on both sides; the remaining differences come from summation
 order (oneDNN vs MKL GEMMs, fused QKV / gate-up, our attention vs SDPA). Measured on

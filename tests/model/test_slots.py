@@ -1,6 +1,6 @@
 """Batched decode over slots, with requests paused in place, equals decoding alone.
 
-The property pausing relies on (DESIGN.md §2): a request left out of decode calls
+The property pausing relies on (docs/design.md#capacity): a request left out of decode calls
 keeps its KV bit-for-bit, other slots (including reused ones and the dummy padding
 slot) are independent, and a resumed request continues exactly as if never paused.
 """

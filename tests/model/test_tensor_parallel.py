@@ -1,4 +1,4 @@
-"""Tensor-parallel shards (DESIGN.md §8) reproduce the single-rank model.
+"""Tensor-parallel shards (docs/design.md#multi-rank) reproduce the single-rank model.
 
 Two gloo ranks on the CPU run the tiny random model sharded by heads and MLP
 columns; every rank's logits must equal the unsharded model's (up to the

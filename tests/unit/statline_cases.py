@@ -1,4 +1,4 @@
-"""Shared stat-line fixtures: the DESIGN.md §6 example, snapshots, a hypothesis strategy."""
+"""Shared stat-line fixtures: the example of docs/design.md#stat-line, snapshots, a strategy."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ SLO = "target_output_tps"
 TPOT = "tpot_budget"
 OFF = "off"
 
-# The example line of DESIGN.md §6, verbatim.
+# The example line of docs/design.md#stat-line, verbatim.
 DESIGN_EXAMPLE = (
     "gen_preemption stats t=1712.0 mode=target_output_tps T=18.50 residents=40 active=32 "
     "paused=8 cap=12 headroom=12 waiters=5 at_risk=2 X=0.84 below_target=0.115/0.121 "
@@ -26,7 +26,7 @@ DESIGN_EXAMPLE = (
 
 
 def slo_snapshots() -> tuple[SchedulerStats, SchedulerStats]:
-    """Two cumulative snapshots whose window is exactly DESIGN.md's example line."""
+    """Two cumulative snapshots whose window is exactly the design's example line."""
     prev = SchedulerStats(
         t=1682.0,
         mode=SLO,

@@ -57,7 +57,7 @@ def run_pass(
 
 
 def check_invariants(scheduler: GenScheduler) -> None:
-    """DESIGN.md §2, against the capacity in force (live decreases never evict)."""
+    """docs/design.md#capacity, against the capacity in force (live decreases never evict)."""
     headroom, cap = scheduler.capacity_in_force()
     b = scheduler.max_batch_size
     assert scheduler.num_active <= b

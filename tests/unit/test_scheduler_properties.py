@@ -1,4 +1,4 @@
-"""Randomised long runs: §2 invariants after every pass, conservation, determinism.
+"""Randomised long runs: capacity invariants after every pass, conservation, determinism.
 
 Hypothesis drives arrivals (keyed and unkeyed), EOS stops, aborts of waiting,
 active and paused requests, and live changes of H and P within the ceiling.

@@ -1,4 +1,4 @@
-"""The simulator: exact tiny timeline, determinism, conservation, §2 invariants, CLI errors."""
+"""The simulator: exact tiny timeline, determinism, conservation, invariants, CLI errors."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Simulator workloads: trace parsing and validation, time scaling, Gamma arrivals,
-the closed-loop length sampler (DESIGN.md §9).
+the closed-loop length sampler (docs/design.md#workloads).
 
 Needs ../shared/data/azure_conv_2023.csv (see shared/data/README.md).
 """

@@ -1,4 +1,4 @@
-"""The stat line (DESIGN.md §6): window/total maths, exact text, round trip."""
+"""The stat line (docs/design.md#stat-line): window/total maths, exact text, round trip."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Multi-rank workers: identical plans on every rank, same tokens as one rank, and a
-dead rank takes the worker down (DESIGN.md §8)."""
+dead rank takes the worker down (docs/design.md#multi-rank)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What crosses the engine's boundary: model and tokenizer protocols, a request's
-engine state, and the per-pass inputs that rank 0 broadcasts (DESIGN.md §8)."""
+engine state, and the per-pass inputs that rank 0 broadcasts (docs/design.md#multi-rank)."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ class Arrival:
 
 @dataclass(frozen=True)
 class PassInputs:
-    """Everything a pass depends on besides the model's outputs (DESIGN.md §8).
+    """Everything a pass depends on besides the model's outputs (docs/design.md#multi-rank).
 
     Rank 0 fills it from its clock and inboxes; with N ranks it is broadcast, so every
     rank's scheduler sees bit-identical inputs and makes identical decisions.

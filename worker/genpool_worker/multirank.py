@@ -1,4 +1,6 @@
-"""Tensor-parallel GEN workers: N ranks in one pod, rank-identical scheduling (DESIGN.md §8).
+"""Tensor-parallel GEN workers: N ranks in one pod, rank-identical scheduling.
+
+See docs/design.md#multi-rank.
 
 Rank 0 owns the HTTP server, the admission inputs and the clock. Every pass it
 broadcasts one :class:`PassInputs` (``now``, the previous step's end, new arrivals,

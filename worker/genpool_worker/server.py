@@ -1,5 +1,5 @@
-"""The worker's HTTP API (DESIGN.md §7). Handlers validate and serialize; the engine
-does the work. Admin endpoints need ``Authorization: Bearer $GENPOOL_ADMIN_TOKEN``."""
+"""The worker's HTTP API (docs/design.md#worker-http-api). Handlers validate and serialize;
+the engine does the work. Admin endpoints need ``Authorization: Bearer $GENPOOL_ADMIN_TOKEN``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Shared pause/resume bookkeeping of every preemption policy (DESIGN.md §4.3).
+"""Shared pause/resume bookkeeping of every preemption policy (docs/design.md#shared-bookkeeping).
 
 A policy only chooses victims (:meth:`PreemptionPolicy.choose_victim`, no mutation)
 and reacts to completions; pausing, resuming, the resume lane, hysteresis and the

@@ -2,7 +2,7 @@
 
 ``GenPreemptionSettings`` holds only what a user sets (the CRD's preemption knobs);
 policy constants are class attributes of the policies. ``resolve_capacity`` is where
-the defaults of DESIGN.md §2 are applied and every cross-field rule is checked.
+the defaults of docs/design.md#capacity are applied and every cross-field rule is checked.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class GenPreemptionSettings(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class GenCapacity:
-    """Engine shape (DESIGN.md §2): B, A and the parallelism that constrains preemption."""
+    """Engine shape (docs/design.md#capacity): B, A and the parallelism constraining preemption."""
 
     max_batch_size: int
     max_num_active_requests: int | None = None
@@ -122,7 +122,7 @@ def check_settings(settings: GenPreemptionSettings, capacity: GenCapacity) -> No
 
 
 def resolve_capacity(settings: GenPreemptionSettings, capacity: GenCapacity) -> ResolvedCapacity:
-    """Apply §2's defaults (P = floor(0.375 A), H = P, ceiling = H) and check P <= H."""
+    """Apply the capacity defaults (P = floor(0.375 A), H = P, ceiling = H) and check P <= H."""
     check_settings(settings, capacity)
     a = capacity.base_resident_capacity
     if settings.mode is PreemptionMode.OFF:

@@ -1,6 +1,6 @@
 """``target_output_tps``: T is a per-request output-rate floor met by >= 1 - eps of requests.
 
-Victims, in order (DESIGN.md §4.1): the laxity victim (most laxity, paused until
+Victims, in order (docs/design.md#slo-mode): the laxity victim (most laxity, paused until
 its laxity is nearly spent), a request already below T (it has nothing left to
 lose), or, paid from the credit bucket, a sacrifice. Credit accrues ``eps`` per
 keyed completion and is charged 1 per completion below T, so sacrifices spend

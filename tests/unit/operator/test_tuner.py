@@ -1,4 +1,4 @@
-"""The tuner (DESIGN §12) on stat-line sequences recorded from the simulator
+"""The tuner (docs/design.md#tuner) on stat-line sequences recorded from the simulator
 (tests/unit/operator/data, `python -m bench.record_statlines`), plus properties."""
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ class Shard:
 class LayerWeights:
     """One block's weights (this rank's shard), fused for the decode GEMMs.
 
-    Tensor parallelism (DESIGN.md §8) shards by heads and MLP columns: rank r keeps
+    Tensor parallelism (docs/design.md#multi-rank) shards by heads and MLP columns: rank r keeps
     its slice of the Q/K/V and gate/up rows and the matching columns of the output
     and down projections, whose partial sums the model all-reduces.
     """

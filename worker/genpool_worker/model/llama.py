@@ -1,4 +1,4 @@
-"""A compact Llama forward over a static slot KV cache (DESIGN.md §2, §7).
+"""A compact Llama forward over a static slot KV cache (docs/design.md#capacity, #model).
 
 The cache is allocated once: every layer holds K and V tensors shaped
 ``[num_slots + 1, kv_heads, max_seq_len, head_dim]``; slot ``num_slots`` is the
