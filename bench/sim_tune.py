@@ -18,8 +18,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from genpool_core.knobs import KnobBounds
 from genpool_core.quantiles import percentile
-from genpool_core.tuner import Bounds, TunerSettings
+from genpool_core.tuner import TunerSettings
 from genpool_sim.cli import DEFAULT_TRACE, load_trace
 from genpool_sim.cluster import ClusterConfig
 from genpool_sim.experiment import RunResult, Workload, run_seed
@@ -33,9 +34,9 @@ METRICS = ("ttft_p90", "admission_wait_p99", "tpot_mean", "below_target",
            "output_tokens_per_s", "e2e_p90")  # fmt: skip
 VARIANTS: dict[str, TuneConfig | None] = {
     "static": None,
-    "tuned": TuneConfig(Bounds(0, 16, 0, 16)),
-    "tuned_cap8": TuneConfig(Bounds(0, 8, 0, 8)),
-    "tuned_literal": TuneConfig(Bounds(0, 16, 0, 16), settings=TunerSettings(guarded=False)),
+    "tuned": TuneConfig(KnobBounds(0, 16, 0, 16)),
+    "tuned_cap8": TuneConfig(KnobBounds(0, 8, 0, 8)),
+    "tuned_literal": TuneConfig(KnobBounds(0, 16, 0, 16), settings=TunerSettings(guarded=False)),
 }
 
 
@@ -125,9 +126,11 @@ def main() -> int:
     return 0
 
 
-def vars_of(bounds: Bounds) -> dict[str, int]:
-    return {"headroom_min": bounds.headroom_min, "headroom_max": bounds.headroom_max,
-            "cap_min": bounds.cap_min, "cap_max": bounds.cap_max}  # fmt: skip
+def vars_of(bounds: KnobBounds) -> dict[str, int]:
+    # The result files keep their original key names.
+    return {"headroom_min": bounds.min_resident_headroom,
+            "headroom_max": bounds.max_resident_headroom,
+            "cap_min": bounds.min_paused_cap, "cap_max": bounds.max_paused_cap}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -29,30 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from genpool_core.aggregate import PoolStats
-
-SLO_MODE = "target_output_tps"
-
-
-@dataclass(frozen=True, slots=True)
-class Knobs:
-    resident_headroom: int
-    paused_cap: int
-
-
-@dataclass(frozen=True, slots=True)
-class Bounds:
-    headroom_min: int
-    headroom_max: int
-    cap_min: int
-    cap_max: int
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.headroom_min <= self.headroom_max:
-            raise ValueError(f"need 0 <= headroom min <= max, got {self}")
-        if not 0 <= self.cap_min <= self.cap_max:
-            raise ValueError(f"need 0 <= cap min <= max, got {self}")
-        if self.cap_max > self.headroom_max:
-            raise ValueError(f"cap max {self.cap_max} exceeds headroom max {self.headroom_max}")
+from genpool_core.knobs import KnobBounds, Knobs
+from genpool_core.names import SLO_MODE
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,30 +98,23 @@ class Decision:
     state: TunerState
 
 
-def clamp(knobs: Knobs, bounds: Bounds) -> Knobs:
-    """Into the bounds, with P <= H (possible because cap max <= headroom max)."""
-    cap = min(max(knobs.paused_cap, bounds.cap_min), bounds.cap_max)
-    headroom = max(knobs.resident_headroom, bounds.headroom_min, cap)
-    return Knobs(min(headroom, bounds.headroom_max), cap)
-
-
 def _step(value: int, settings: TunerSettings) -> int:
     return max(settings.min_step, math.ceil(settings.step_fraction * value))
 
 
-def _raised(knobs: Knobs, bounds: Bounds, settings: TunerSettings) -> Knobs:
+def _raised(knobs: Knobs, bounds: KnobBounds, settings: TunerSettings) -> Knobs:
     cap = knobs.paused_cap + _step(knobs.paused_cap, settings)
-    return clamp(Knobs(max(knobs.resident_headroom, cap), cap), bounds)
+    return bounds.clamp(Knobs(max(knobs.resident_headroom, cap), cap))
 
 
-def _lowered(knobs: Knobs, bounds: Bounds, settings: TunerSettings) -> Knobs:
+def _lowered(knobs: Knobs, bounds: KnobBounds, settings: TunerSettings) -> Knobs:
     cap = knobs.paused_cap - _step(knobs.paused_cap, settings)
-    return clamp(Knobs(knobs.resident_headroom, cap), bounds)
+    return bounds.clamp(Knobs(knobs.resident_headroom, cap))
 
 
-def _shrunk(knobs: Knobs, bounds: Bounds, settings: TunerSettings) -> Knobs:
+def _shrunk(knobs: Knobs, bounds: KnobBounds, settings: TunerSettings) -> Knobs:
     headroom = knobs.resident_headroom - _step(knobs.resident_headroom, settings)
-    return clamp(Knobs(max(headroom, knobs.paused_cap), knobs.paused_cap), bounds)
+    return bounds.clamp(Knobs(max(headroom, knobs.paused_cap), knobs.paused_cap))
 
 
 def _cap_binds_with_waiters_at_risk(stats: PoolStats, settings: TunerSettings) -> bool:
@@ -189,7 +160,7 @@ def _proposal(knobs: Knobs, stats: PoolStats, settings: TunerSettings) -> str:
     return ""
 
 
-def _apply(reason: str, knobs: Knobs, bounds: Bounds, settings: TunerSettings) -> Knobs:
+def _apply(reason: str, knobs: Knobs, bounds: KnobBounds, settings: TunerSettings) -> Knobs:
     if reason.startswith("lower-cap"):
         return _lowered(knobs, bounds, settings)
     if reason.startswith("raise-cap"):
@@ -201,7 +172,7 @@ def _apply(reason: str, knobs: Knobs, bounds: Bounds, settings: TunerSettings) -
 
 def tune(
     knobs: Knobs,
-    bounds: Bounds,
+    bounds: KnobBounds,
     stats: PoolStats | None,
     state: TunerState,
     settings: TunerSettings,
@@ -210,7 +181,7 @@ def tune(
 ) -> Decision:
     """One tuner round. ``knobs`` are the per-worker values in force."""
     fresh = TunerState()  # no cooldown, no pending proposal
-    clamped = clamp(knobs, bounds)
+    clamped = bounds.clamp(knobs)
     if clamped != knobs:  # the bounds are the user's spec: obey at once, cooldown or not
         cooled = replace(fresh, cooldown_remaining=settings.cooldown_intervals)
         return Decision(clamped, "clamp-to-bounds", True, cooled)

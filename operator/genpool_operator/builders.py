@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from genpool_core.names import LIVE_FIELDS
 from genpool_operator.pod_template import (
     ADMIN_TOKEN_KEY,
     CONFIG_KEY,
@@ -23,7 +24,7 @@ from genpool_operator.pod_template import (
     PodRefs,
     build_pod_template,
 )
-from genpool_operator.spec import LIVE_FIELDS, GenPoolSpec
+from genpool_operator.spec import GenPoolSpec
 
 API_VERSION = "genpool.dev/v1alpha1"
 KIND = "GenPool"

@@ -8,29 +8,23 @@ apiserver with an older CRD) meet the same rules. Rule messages are word for wor
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-Mode = Literal["Off", "TpotBudget", "TargetOutputTps"]
-WORKER_MODES: dict[str, str] = {
-    "Off": "off",
-    "TpotBudget": "tpot_budget",
-    "TargetOutputTps": "target_output_tps",
-}
-DEFAULT_PAUSED_CAP_FRACTION = 0.375
-# Pushed to running pods with PUT /config; a change must never roll the StatefulSet.
-LIVE_FIELDS = (
-    "resident_headroom",
-    "paused_cap",
-    "slack_s",
-    "admission_target_min_s",
-    "admission_target_max_s",
+from genpool_core.knobs import KnobBounds, Knobs
+from genpool_core.names import (
+    CRD_MODES,
+    DEFAULT_ADMISSION_TARGET_MAX_S,
+    DEFAULT_ADMISSION_TARGET_MIN_S,
+    DEFAULT_MAX_PAUSES_PER_REQUEST,
+    DEFAULT_SLACK_S,
+    DEFAULT_STAT_INTERVAL_S,
 )
+
+Mode = Literal["Off", "TpotBudget", "TargetOutputTps"]
 RESERVED_ENV_NAMES = frozenset({"POD_IP", "POD_NAME", "POD_NAMESPACE", "HOME"})
 RESERVED_ENV_PREFIX = "GENPOOL_"
 # core/v1 resource.Quantity, as the CRD's pattern spells it.
@@ -72,8 +66,8 @@ class Engine(_Section):
 
 
 class AdmissionTarget(_Section):
-    min: float = Field(default=0.25, gt=0)
-    max: float = Field(default=30.0, gt=0)
+    min: float = Field(default=DEFAULT_ADMISSION_TARGET_MIN_S, gt=0)
+    max: float = Field(default=DEFAULT_ADMISSION_TARGET_MAX_S, gt=0)
 
     @model_validator(mode="after")
     def _ordered(self) -> AdmissionTarget:
@@ -89,8 +83,8 @@ class Preemption(_Section):
     mode: Mode = "Off"
     tpot_budget: float | None = Field(default=None, gt=0, le=10)
     target_output_tps: float | None = Field(default=None, gt=0, le=100000)
-    slack_seconds: float = Field(default=0.5, ge=0, le=60)
-    max_pauses_per_request: int = Field(default=2, ge=1, le=100)
+    slack_seconds: float = Field(default=DEFAULT_SLACK_S, ge=0, le=60)
+    max_pauses_per_request: int = Field(default=DEFAULT_MAX_PAUSES_PER_REQUEST, ge=1, le=100)
     admission_target_seconds: AdmissionTarget = Field(default_factory=AdmissionTarget)
 
     @model_validator(mode="after")
@@ -117,7 +111,7 @@ class KnobRange(_Section):
 
 class Tuning(_Section):
     enabled: bool = True
-    interval_seconds: int = Field(default=30, ge=2, le=3600)
+    interval_seconds: int = Field(default=DEFAULT_STAT_INTERVAL_S, ge=2, le=3600)
     stats_source: Literal["Http", "Log"] = "Http"
     resident_headroom: KnobRange = Field(default_factory=KnobRange)
     paused_cap: KnobRange = Field(default_factory=KnobRange)
@@ -173,22 +167,6 @@ def is_reserved_env(name: str) -> bool:
     return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIX)
 
 
-@dataclass(frozen=True, slots=True)
-class KnobBounds:
-    """Effective tuner bounds: unset maxima are A (docs/design.md#tuner)."""
-
-    headroom_min: int
-    headroom_max: int
-    cap_min: int
-    cap_max: int
-
-    def clamp_headroom(self, value: int) -> int:
-        return max(self.headroom_min, min(self.headroom_max, value))
-
-    def clamp_cap(self, value: int) -> int:
-        return max(self.cap_min, min(self.cap_max, value))
-
-
 class GenPoolSpec(_Section):
     replicas: int = Field(default=1, ge=0, le=256)
     model: str = Field(default="smollm2-135m", min_length=1, max_length=1024)
@@ -239,21 +217,18 @@ class GenPoolSpec(_Section):
         return self.capacity_a() if headroom_max is None else headroom_max
 
     def bounds(self) -> KnobBounds:
+        """The tuner's bounds; unset maxima are A."""
         ceiling = self._headroom_ceiling()
         headroom, cap = self.tuning.resident_headroom, self.tuning.paused_cap
         # An unset cap max is A, but never above the headroom ceiling (P <= H always).
         cap_max = min(self.capacity_a(), ceiling) if cap.max is None else cap.max
         return KnobBounds(headroom.min, ceiling, cap.min, cap_max)
 
-    def start_knobs(self) -> tuple[int, int]:
-        """(resident_headroom, paused_cap) a new pod starts with; (0, 0) with mode Off."""
+    def start_knobs(self) -> Knobs:
+        """The knobs a new pod starts with; (0, 0) with mode Off."""
         if not self.preemption_on:
-            return 0, 0
-        bounds = self.bounds()
-        cap = bounds.clamp_cap(math.floor(DEFAULT_PAUSED_CAP_FRACTION * self.capacity_a()))
-        # The validators keep cap bounds under the headroom ceiling, so cap <= headroom.
-        headroom = bounds.clamp_headroom(max(cap, bounds.headroom_min))
-        return headroom, cap
+            return Knobs(0, 0)
+        return self.bounds().start(self.capacity_a())
 
     def live_config(self) -> dict[str, float]:
         """The spec's live knobs in WorkerConfig/PUT /config names (the tuner adds H and P)."""
@@ -268,7 +243,7 @@ class GenPoolSpec(_Section):
         """The worker's ``worker.json`` (WorkerConfig fields); start knobs and live fields
         included so a new pod is right before the operator's first PUT /config."""
         engine, preemption = self.engine, self.preemption
-        headroom, cap = self.start_knobs()
+        knobs = self.start_knobs()
         config: dict[str, Any] = {
             "model": self.model,
             "device": "cuda" if self.accelerator == "nvidia" else "cpu",
@@ -277,12 +252,14 @@ class GenPoolSpec(_Section):
             "max_num_active_requests": self.capacity_a(),
             "max_seq_len": engine.max_seq_len,
             "max_queue_length": engine.max_queue_length,
-            "preemption_mode": WORKER_MODES[preemption.mode],
+            "preemption_mode": CRD_MODES[preemption.mode],
             "max_pauses_per_request": preemption.max_pauses_per_request,
             # With mode Off (a template field) no slot is reserved: the KV cache stays small.
-            "max_resident_headroom": self.bounds().headroom_max if self.preemption_on else 0,
-            "resident_headroom": headroom,
-            "paused_cap": cap,
+            "max_resident_headroom": (
+                self.bounds().max_resident_headroom if self.preemption_on else 0
+            ),
+            "resident_headroom": knobs.resident_headroom,
+            "paused_cap": knobs.paused_cap,
             "stat_interval_s": float(self.tuning.interval_seconds),
             **self.live_config(),
         }

@@ -14,6 +14,7 @@ from typing import Any
 
 from genpool_core import tuner
 from genpool_core.aggregate import PoolStats, aggregate
+from genpool_core.knobs import KnobBounds, Knobs
 from genpool_core.statline import StatLine
 from genpool_operator.conditions import Condition, merge_conditions
 from genpool_operator.kube import Kube, resource_path
@@ -53,7 +54,7 @@ class RoundResult:
     in_sync: int
     targets: int
     push_errors: dict[str, str]
-    knobs_before: tuner.Knobs
+    knobs_before: Knobs
 
     def change_text(self) -> str:
         """``raise-cap-budget-unspent: headroom 1 -> 2, cap 1 -> 2`` for Events."""
@@ -67,25 +68,16 @@ class RoundResult:
         )
 
 
-def bounds_of(spec: GenPoolSpec) -> tuner.Bounds:
-    b = spec.bounds()
-    return tuner.Bounds(b.headroom_min, b.headroom_max, b.cap_min, b.cap_max)
-
-
-def knobs_in_force(spec: GenPoolSpec, tuning_status: dict[str, Any]) -> tuner.Knobs:
+def knobs_in_force(spec: GenPoolSpec, tuning_status: dict[str, Any]) -> Knobs:
     """The tuner's last knobs (status survives restarts), else the spec's start values,
     clamped into the spec's current bounds."""
-    start_h, start_p = spec.start_knobs()
-    knobs = tuner.Knobs(
-        int(tuning_status.get("residentHeadroom", start_h)),
-        int(tuning_status.get("pausedCap", start_p)),
-    )
-    if spec.preemption.mode == "Off":
-        return tuner.Knobs(start_h, start_p)
-    return tuner.clamp(knobs, bounds_of(spec))
+    start = spec.start_knobs()
+    if not spec.preemption_on:
+        return start
+    return spec.bounds().clamp(Knobs.from_json(tuning_status, start))
 
 
-def live_config(spec: GenPoolSpec, knobs: tuner.Knobs) -> dict[str, Any]:
+def live_config(spec: GenPoolSpec, knobs: Knobs) -> dict[str, Any]:
     return {
         "resident_headroom": knobs.resident_headroom,
         "paused_cap": knobs.paused_cap,
@@ -180,14 +172,12 @@ def tuning_record(
     return record
 
 
-def _knobs_dict(knobs: tuner.Knobs) -> dict[str, int]:
+def _knobs_dict(knobs: Knobs) -> dict[str, int]:
     return {"residentHeadroom": knobs.resident_headroom, "pausedCap": knobs.paused_cap}
 
 
-def round_conditions(
-    result: RoundResult, bounds: tuner.Bounds, knobs: tuner.Knobs
-) -> list[Condition]:
-    at_bound = knobs.resident_headroom >= bounds.headroom_max
+def round_conditions(result: RoundResult, bounds: KnobBounds, knobs: Knobs) -> list[Condition]:
+    at_bound = knobs.resident_headroom >= bounds.max_resident_headroom
     synced = result.in_sync == result.targets
     return [
         Condition(
@@ -207,7 +197,7 @@ def round_conditions(
             "HeadroomAtBound",
             at_bound,
             "HeadroomAtMax" if at_bound else "HeadroomBelowMax",
-            f"headroom {knobs.resident_headroom} of max {bounds.headroom_max}",
+            f"headroom {knobs.resident_headroom} of max {bounds.max_resident_headroom}",
         ),
     ]
 
@@ -261,7 +251,7 @@ async def _decide_and_push(
     meta = body["metadata"]
     tuning_status = dict((body.get("status") or {}).get("tuning") or {})
     before = knobs_in_force(spec, tuning_status)
-    bounds = bounds_of(spec)
+    bounds = spec.bounds()
     decision = None
     if tune_now and spec.tuning.enabled and spec.preemption.mode != "Off":
         state = tuner.TunerState.from_status(tuning_status)

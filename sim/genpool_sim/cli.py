@@ -16,7 +16,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from genpool_core.tuner import Bounds, TunerSettings
+from genpool_core.knobs import KnobBounds
+from genpool_core.tuner import TunerSettings
 from genpool_sim.cluster import MODES, ClusterConfig
 from genpool_sim.datafiles import AZURE_CONV, data_file
 from genpool_sim.experiment import RunResult, Workload, run_seed
@@ -161,7 +162,9 @@ def tune_config(ns: argparse.Namespace) -> TuneConfig | None:
         return None
     a = ns.max_batch
     try:
-        bounds = Bounds(ns.headroom_min, _or(ns.headroom_max, a), ns.cap_min, _or(ns.cap_max, a))
+        bounds = KnobBounds(
+            ns.headroom_min, _or(ns.headroom_max, a), ns.cap_min, _or(ns.cap_max, a)
+        )
         settings = TunerSettings(
             cooldown_intervals=ns.tune_cooldown, guarded=ns.tune_rule == "guarded"
         )

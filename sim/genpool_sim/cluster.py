@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from genpool_core.knobs import DEFAULT_PAUSED_CAP_FRACTION, default_paused_cap
 from genpool_core.plan import GenPlan
 from genpool_core.preemption import GenCapacity
 from genpool_core.request import FinishReason, GenRequest
@@ -32,7 +33,7 @@ class ClusterConfig:
     ctx_servers: int = 4
     target_output_tps: float | None = None
     tpot_budget: float = 0.1
-    paused_cap_fraction: float = 0.375
+    paused_cap_fraction: float = DEFAULT_PAUSED_CAP_FRACTION
     stat_interval_s: float = 30.0
     step_model: StepModel = DEFAULT_STEP_MODEL
     max_evictions_per_request: int = 1
@@ -47,7 +48,7 @@ class ClusterConfig:
             return {}
         else:
             raise ValueError(f"unknown mode {self.mode!r}; choose from {', '.join(MODES)}")
-        cap = int(self.paused_cap_fraction * self.max_batch)
+        cap = default_paused_cap(self.max_batch, self.paused_cap_fraction)
         knobs |= {"paused_cap": cap, "resident_headroom": cap}
         if self.max_resident_headroom is not None:
             knobs["max_resident_headroom"] = max(self.max_resident_headroom, cap)

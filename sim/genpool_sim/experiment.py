@@ -169,7 +169,7 @@ def run_seed(
         config = replace(base, mode=mode, target_output_tps=target)
         tuner = None
         if tune is not None and mode == "target_output_tps":
-            config = replace(config, max_resident_headroom=tune.bounds.headroom_max)
+            config = replace(config, max_resident_headroom=tune.bounds.max_resident_headroom)
             tuner = SimTuner(tune)
         cluster = simulate(config, workload, seed, tuner)
         metrics, done = measure(cluster, workload, target)

@@ -16,15 +16,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from genpool_core.aggregate import aggregate
+from genpool_core.knobs import KnobBounds, Knobs
 from genpool_core.statline import format_statline, make_statline, parse_statline
 from genpool_core.stats import SchedulerStats
-from genpool_core.tuner import Bounds, Knobs, TunerSettings, TunerState, clamp, tune
+from genpool_core.tuner import TunerSettings, TunerState, tune
 from genpool_sim.cluster import Cluster
 
 
 @dataclass(frozen=True)
 class TuneConfig:
-    bounds: Bounds
+    bounds: KnobBounds
     interval_s: float = 30.0
     settings: TunerSettings = field(default_factory=TunerSettings)
 
@@ -47,7 +48,7 @@ class SimTuner:
         """Start-up knobs clamped into the bounds, as the operator writes worker.json."""
         scheduler = cluster.workers[0].scheduler
         start = Knobs(scheduler.slots.resident_headroom(), scheduler.policy.paused_cap)
-        self.knobs = clamp(start, self.config.bounds)
+        self.knobs = self.config.bounds.clamp(start)
         if self.knobs != start:
             self._push(cluster)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from genpool_core.tuner import Bounds
+from genpool_core.knobs import KnobBounds as Bounds
 from genpool_sim import cli
 from genpool_sim.cluster import ClusterConfig
 from genpool_sim.experiment import Workload, run_seed, simulate
@@ -90,7 +90,7 @@ def test_a_single_phase_is_the_plain_closed_loop() -> None:
 def _tuned_run(bounds: Bounds, seed: int = 0) -> tuple[SimTuner, list[tuple[int, int]]]:
     workload = Workload(LENGTHS, phases=parse_phases("40:6,60:30,40:8"), warmup_s=0)
     tuner = SimTuner(TuneConfig(bounds, interval_s=10.0))
-    config = replace(SMALL, max_resident_headroom=bounds.headroom_max)
+    config = replace(SMALL, max_resident_headroom=bounds.max_resident_headroom)
     cluster = simulate(config, workload, seed, tuner)
     knobs = [(w.scheduler.slots.resident_headroom(), w.scheduler.policy.paused_cap)
              for w in cluster.workers]  # fmt: skip

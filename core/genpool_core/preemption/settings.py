@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from genpool_core.knobs import default_paused_cap
+
 
 class GenPreemptionConfigError(ValueError):
     """A preemption or capacity setting is invalid; the message names the field."""
@@ -74,9 +76,6 @@ class ResolvedCapacity:
     paused_cap: int
 
 
-DEFAULT_PAUSED_CAP_FRACTION = 0.375
-
-
 def parse_settings(raw: GenPreemptionSettings | dict[str, object]) -> GenPreemptionSettings:
     if isinstance(raw, GenPreemptionSettings):
         return raw
@@ -130,8 +129,7 @@ def resolve_capacity(settings: GenPreemptionSettings, capacity: GenCapacity) -> 
         # operator reserves a ceiling for turning it on later.
         headroom, cap = settings.resident_headroom or 0, 0
     else:
-        default_cap = math.floor(DEFAULT_PAUSED_CAP_FRACTION * a)
-        cap = default_cap if settings.paused_cap is None else settings.paused_cap
+        cap = default_paused_cap(a) if settings.paused_cap is None else settings.paused_cap
         headroom = cap if settings.resident_headroom is None else settings.resident_headroom
     ceiling = headroom if settings.max_resident_headroom is None else settings.max_resident_headroom
     if cap > headroom:

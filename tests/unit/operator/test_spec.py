@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from genpool_operator.spec import GenPoolSpec, GenPoolSpecError, KnobBounds
+from genpool_core.knobs import KnobBounds, Knobs
+from genpool_operator.spec import GenPoolSpec, GenPoolSpecError
 from tests.invalid_genpools import INVALID_GENPOOLS, InvalidGenPool
 
 TPS = {"mode": "TargetOutputTps", "targetOutputTps": 8}
@@ -48,7 +49,7 @@ def test_camel_and_snake_case_both_accepted() -> None:
     ],
 )
 def test_start_knobs(fields: dict[str, Any], knobs: tuple[int, int]) -> None:
-    assert GenPoolSpec.from_body(fields).start_knobs() == knobs
+    assert GenPoolSpec.from_body(fields).start_knobs() == Knobs(*knobs)
 
 
 def test_unset_cap_max_follows_a_lower_headroom_max() -> None:

@@ -9,6 +9,7 @@ import httpx
 
 from bench.fake_workers import STATLINE, FakeWorkerFleet
 from genpool_core import tuner
+from genpool_core.knobs import Knobs
 from genpool_core.statline import parse_statline
 from genpool_operator.conditions import Condition, merge_conditions, readiness_conditions
 from genpool_operator.scrape import PodTarget, WorkerClient, in_sync, ready_targets
@@ -76,34 +77,34 @@ def test_knobs_in_force_prefer_status_and_clamp_to_spec_bounds() -> None:
     spec = GenPoolSpec.from_body(
         {**SLO_SPEC, "tuning": {"residentHeadroom": {"max": 8}, "pausedCap": {"max": 8}}}
     )
-    assert knobs_in_force(spec, {}) == tuner.Knobs(*spec.start_knobs())
+    assert knobs_in_force(spec, {}) == spec.start_knobs()
     status = {"residentHeadroom": 50, "pausedCap": 40}
-    assert knobs_in_force(spec, status) == tuner.Knobs(8, 8)
+    assert knobs_in_force(spec, status) == Knobs(8, 8)
     off = GenPoolSpec.from_body({})
-    assert knobs_in_force(off, status) == tuner.Knobs(0, 0)
+    assert knobs_in_force(off, status) == Knobs(0, 0)
 
 
 def test_live_config_carries_knobs_and_the_specs_live_fields() -> None:
     spec = GenPoolSpec.from_body({**SLO_SPEC, "preemption": {**SLO_SPEC["preemption"]}})
-    live = live_config(spec, tuner.Knobs(5, 3))
+    live = live_config(spec, Knobs(5, 3))
     assert live["resident_headroom"] == 5 and live["paused_cap"] == 3
     assert live["slack_s"] == 0.5
     assert live["admission_target_min_s"] == 0.25 and live["admission_target_max_s"] == 30.0
 
 
 def _result(decision: tuner.Decision | None) -> RoundResult:
-    before = tuner.Knobs(6, 4)
+    before = Knobs(6, 4)
     return RoundResult(None, False, decision, {"paused_cap": 4}, 2, 1, 2, {"p": "HTTP 500"}, before)
 
 
 def test_tuning_record_appends_bounded_history_on_changes_only() -> None:
-    before = tuner.Knobs(6, 4)
+    before = Knobs(6, 4)
     state = tuner.TunerState()
     held = tuner.Decision(before, "hold", False, state)
     record = tuning_record({}, _result(held), "T0")
     assert "history" not in record and record["podsInSync"] == "1/2"
     assert record["appliedGeneration"] == 2 and record["lastReason"] == "hold"
-    changed = tuner.Decision(tuner.Knobs(8, 6), "raise-cap", True, state)
+    changed = tuner.Decision(Knobs(8, 6), "raise-cap", True, state)
     history = [{"time": str(i)} for i in range(HISTORY_LIMIT)]
     record = tuning_record({"history": history}, _result(changed), "T1")
     assert len(record["history"]) == HISTORY_LIMIT

@@ -12,16 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from genpool_core.aggregate import PoolStats, aggregate
+from genpool_core.knobs import KnobBounds as Bounds
+from genpool_core.knobs import Knobs
 from genpool_core.statline import StatLine, parse_statline
-from genpool_core.tuner import (
-    Bounds,
-    Decision,
-    Knobs,
-    TunerSettings,
-    TunerState,
-    clamp,
-    tune,
-)
+from genpool_core.tuner import Decision, TunerSettings, TunerState, tune
 
 DATA = Path(__file__).parent / "data"
 WIDE = Bounds(0, 16, 0, 16)
@@ -179,9 +173,9 @@ def test_other_modes_hold() -> None:
 
 
 def test_clamp_keeps_p_at_most_h() -> None:
-    assert clamp(Knobs(2, 5), Bounds(0, 10, 0, 10)) == Knobs(5, 5)
-    assert clamp(Knobs(20, 20), Bounds(1, 6, 2, 4)) == Knobs(6, 4)
-    assert clamp(Knobs(0, 0), Bounds(3, 6, 2, 4)) == Knobs(3, 2)
+    assert Bounds(0, 10, 0, 10).clamp(Knobs(2, 5)) == Knobs(5, 5)
+    assert Bounds(1, 6, 2, 4).clamp(Knobs(20, 20)) == Knobs(6, 4)
+    assert Bounds(3, 6, 2, 4).clamp(Knobs(0, 0)) == Knobs(3, 2)
 
 
 @pytest.mark.parametrize("args", [(-1, 4, 0, 4), (5, 4, 0, 4), (0, 4, 3, 2), (0, 4, 0, 5)])
@@ -257,8 +251,8 @@ def test_never_leaves_the_bounds_and_never_p_above_h(
     for index, (stats, stale) in enumerate(sequence):
         decision = tune(knobs, bounds, stats, state, tuner, stale=stale)
         new = decision.knobs
-        assert bounds.cap_min <= new.paused_cap <= bounds.cap_max
-        assert bounds.headroom_min <= new.resident_headroom <= bounds.headroom_max
+        assert bounds.min_paused_cap <= new.paused_cap <= bounds.max_paused_cap
+        assert bounds.min_resident_headroom <= new.resident_headroom <= bounds.max_resident_headroom
         assert new.paused_cap <= new.resident_headroom
         assert decision.changed == (new != knobs)
         if (stale or stats is None) and index > 0:  # after the first round knobs are clamped

@@ -1,0 +1,53 @@
+"""Names shared by the worker, the operator, the simulator and the devcluster: defined once.
+
+Strings and numbers that two processes must agree on (a mode in a stat line, a field
+of PUT /config, the worker's port, a label the operator selects pods by, the GenPool
+API coordinates) live here so that a rename is one edit. The knobs and their bounds
+are in :mod:`genpool_core.knobs`.
+"""
+
+from __future__ import annotations
+
+# Preemption modes as the worker, its stat line and the simulator spell them.
+OFF_MODE = "off"
+TPOT_MODE = "tpot_budget"
+SLO_MODE = "target_output_tps"
+PREEMPTION_MODES = (OFF_MODE, TPOT_MODE, SLO_MODE)
+# The GenPool spec's spelling (spec.preemption.mode) of the same modes.
+CRD_MODES: dict[str, str] = {"Off": OFF_MODE, "TpotBudget": TPOT_MODE, "TargetOutputTps": SLO_MODE}
+
+# Defaults of the user-facing preemption settings (the CRD's defaults are the same).
+DEFAULT_SLACK_S = 0.5
+DEFAULT_MAX_PAUSES_PER_REQUEST = 2
+DEFAULT_ADMISSION_TARGET_MIN_S = 0.25
+DEFAULT_ADMISSION_TARGET_MAX_S = 30.0
+DEFAULT_STAT_INTERVAL_S = 30  # the operator's tuning.intervalSeconds, the worker's stat period
+
+# Fields of PUT /config: pushed to running workers, so a change never rolls the pods.
+LIVE_FIELDS = (
+    "resident_headroom",
+    "paused_cap",
+    "slack_s",
+    "admission_target_min_s",
+    "admission_target_max_s",
+)
+GENERATION_FIELD = "generation"  # PUT /config's version: a worker refuses an older one
+
+WORKER_PORT = 8000  # the worker's HTTP port (completions, /stats, /config, /drain)
+
+# The GenPool API.
+API_GROUP = "genpool.dev"
+API_VERSION = "v1alpha1"
+API_PLURAL = "genpools"
+API_KIND = "GenPool"
+GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+
+# Labels and annotations the operator puts on what it owns.
+POOL_LABEL = f"{API_GROUP}/pool"  # on every worker pod: the pool it belongs to
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "genpool-operator"
+
+
+def pool_selector(pool: str) -> str:
+    """The label selector of a pool's worker pods."""
+    return f"{POOL_LABEL}={pool}"
