@@ -44,10 +44,12 @@ GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
 
 # Labels and annotations the operator puts on what it owns.
 POOL_LABEL = f"{API_GROUP}/pool"  # on every worker pod: the pool it belongs to
+GENERATION_ANNOTATION = f"{API_GROUP}/generation"  # on the StatefulSet: the GenPool's generation
+CONFIG_HASH_ANNOTATION = f"{API_GROUP}/config-hash"  # on the pod template: worker.json's hash
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY = "genpool-operator"
+MANAGED_BY = "genpool-operator"  # also the server-side-apply field manager
 
 
-def pool_selector(pool: str) -> str:
-    """The label selector of a pool's worker pods."""
+def pool_label_selector(pool: str) -> str:
+    """The label selector (``key=value``) of a pool's worker pods."""
     return f"{POOL_LABEL}={pool}"

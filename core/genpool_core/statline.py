@@ -10,12 +10,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from genpool_core.names import SLO_MODE, TPOT_MODE
 from genpool_core.stats import SchedulerStats
 
 MARKER = "gen_preemption stats"
 VICTIM_ORDER = ("laxity", "below_target", "sacrificed", "wait")
-SLO_MODE = "target_output_tps"
-TPOT_MODE = "tpot_budget"
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from genpool_core.names import API_KIND, GROUP_VERSION
 from genpool_devcluster import build, cli
 from genpool_devcluster.loadgen import PodPicker, closed_loop, summarize
 from genpool_operator.kube import Kube, load_config
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     print("[3/5] GenPool with preemption on (TargetOutputTps)", flush=True)
     tools.run("kubectl", "apply", "-f", "-", stdin=yaml.safe_dump(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))  # fmt: skip
-    manifest = {"apiVersion": "genpool.dev/v1alpha1", "kind": "GenPool",
+    manifest = {"apiVersion": GROUP_VERSION, "kind": API_KIND,
                 "metadata": {"name": POOL}, "spec": DEMO_SPEC}  # fmt: skip
     tools.run("kubectl", "apply", "-n", NAMESPACE, "-f", "-", stdin=yaml.safe_dump(manifest))
     wait(lambda: pool_ready(tools), "2 ready workers", 300)

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from genpool_core.names import WORKER_PORT, pool_label_selector
 from genpool_core.quantiles import percentile
 from genpool_operator.kube import Kube, resource_path
 from genpool_operator.scrape import PodTarget, ready_targets
@@ -64,7 +65,7 @@ class PodPicker:
 
     async def refresh(self) -> None:
         pods = await self._kube.list(
-            resource_path("v1", "Pod", self._namespace), f"genpool.dev/pool={self._pool}"
+            resource_path("v1", "Pod", self._namespace), pool_label_selector(self._pool)
         )
         self.targets = ready_targets(pods)
 
@@ -113,7 +114,7 @@ class _Refused(Exception):
 async def _stream(
     http: httpx.AsyncClient, target: PodTarget, body: dict[str, Any], start: float, refusals: int
 ) -> RequestResult:
-    url = f"http://{target.ip}:8000/v1/completions"
+    url = f"http://{target.ip}:{WORKER_PORT}/v1/completions"
     first: float | None = None
     tokens = 0
     try:

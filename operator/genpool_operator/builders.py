@@ -16,20 +16,18 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from genpool_core.names import LIVE_FIELDS
-from genpool_operator.pod_template import (
-    ADMIN_TOKEN_KEY,
-    CONFIG_KEY,
+from genpool_core.names import (
+    API_KIND,
+    GENERATION_ANNOTATION,
+    GROUP_VERSION,
+    LIVE_FIELDS,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    POOL_LABEL,
     WORKER_PORT,
-    PodRefs,
-    build_pod_template,
 )
+from genpool_operator.pod_template import ADMIN_TOKEN_KEY, CONFIG_KEY, PodRefs, build_pod_template
 from genpool_operator.spec import GenPoolSpec
-
-API_VERSION = "genpool.dev/v1alpha1"
-KIND = "GenPool"
-POOL_LABEL = "genpool.dev/pool"
-GENERATION_ANNOTATION = "genpool.dev/generation"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +68,7 @@ def pool_labels(pool: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "genpool-worker",
         "app.kubernetes.io/instance": pool,
-        "app.kubernetes.io/managed-by": "genpool-operator",
+        MANAGED_BY_LABEL: MANAGED_BY,
         "app.kubernetes.io/part-of": "genpool",
         POOL_LABEL: pool,
     }
@@ -80,15 +78,10 @@ def pool_selector(pool: str) -> dict[str, str]:
     return {POOL_LABEL: pool}
 
 
-def selector_text(pool: str) -> str:
-    """``status.selector`` for the scale subresource."""
-    return f"{POOL_LABEL}={pool}"
-
-
 def owner_reference(pool: PoolRef) -> dict[str, Any]:
     return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
+        "apiVersion": GROUP_VERSION,
+        "kind": API_KIND,
         "name": pool.name,
         "uid": pool.uid,
         "controller": True,

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import kopf
 
+from genpool_core.names import API_GROUP, API_PLURAL, API_VERSION, MANAGED_BY, MANAGED_BY_LABEL
 from genpool_operator.kube import Kube, load_config
 from genpool_operator.reconcile import (
     OperatorOptions,
@@ -23,8 +24,6 @@ from genpool_operator.scrape import WorkerClient
 from genpool_operator.spec import GenPoolSpec
 from genpool_operator.statsloop import PoolMemory, RoundResult, run_round
 
-GROUP, VERSION, PLURAL = "genpool.dev", "v1alpha1", "genpools"
-MANAGED = {"app.kubernetes.io/managed-by": "genpool-operator"}
 DEFAULT_WORKER_IMAGE = "genpool/worker:0.1.0"
 log = logging.getLogger("genpool.operator")
 
@@ -47,9 +46,9 @@ class Runtime:
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # Progress and diff-base live in annotations: the user's status stays ours alone.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="genpool.dev")
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="genpool.dev", key="last-handled-configuration"
+        prefix=API_GROUP, key="last-handled-configuration"
     )
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 270
@@ -79,9 +78,9 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
     await runtime.kube.aclose()
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL)
+@kopf.on.resume(API_GROUP, API_VERSION, API_PLURAL)
+@kopf.on.create(API_GROUP, API_VERSION, API_PLURAL)
+@kopf.on.update(API_GROUP, API_VERSION, API_PLURAL)
 async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime = memo.runtime
     raw = dict(body)
@@ -103,14 +102,14 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     await run_round(runtime.kube, runtime.workers, raw, memory, now=time.monotonic(), tune=False)
 
 
-@kopf.on.event("apps", "v1", "statefulsets", labels=MANAGED)
+@kopf.on.event("apps", "v1", "statefulsets", labels={MANAGED_BY_LABEL: MANAGED_BY})
 async def statefulset_changed(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
     if type == "DELETED":
         return
     await mirror_statefulset(memo.runtime.kube, dict(body))
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0, initial_delay=1.0)
+@kopf.daemon(API_GROUP, API_VERSION, API_PLURAL, cancellation_timeout=5.0, initial_delay=1.0)
 async def stats_daemon(
     body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: Any, **_: Any
 ) -> None:

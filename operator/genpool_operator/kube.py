@@ -17,8 +17,10 @@ from typing import Any, TypeVar
 
 import httpx
 
+from genpool_core.names import API_KIND, API_PLURAL, GROUP_VERSION, MANAGED_BY
+
 log = logging.getLogger("genpool.operator.kube")
-FIELD_MANAGER = "genpool-operator"
+FIELD_MANAGER = MANAGED_BY
 RETRYABLE_STATUS = frozenset({409, 429, 500, 502, 503, 504})
 T = TypeVar("T")
 
@@ -30,7 +32,7 @@ _PLURALS = {
     ("v1", "Pod"): "pods",
     ("apps/v1", "StatefulSet"): "statefulsets",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
-    ("genpool.dev/v1alpha1", "GenPool"): "genpools",
+    (GROUP_VERSION, API_KIND): API_PLURAL,
 }
 
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from genpool_core.names import CONFIG_HASH_ANNOTATION, WORKER_PORT
 from genpool_operator.spec import GenPoolSpec, is_reserved_env
 
-WORKER_PORT = 8000
 CONTAINER_NAME = "worker"
 CONFIG_KEY = "worker.json"
 ADMIN_TOKEN_KEY = "token"
-CONFIG_HASH_ANNOTATION = "genpool.dev/config-hash"
 HOME_DIR = "/home/genpool"
 RUN_AS_ID = 10001
 GPU_RESOURCE = "nvidia.com/gpu"

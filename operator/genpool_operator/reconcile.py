@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from genpool_core.names import POOL_LABEL, pool_label_selector
 from genpool_operator.builders import PoolRef, build_children
 from genpool_operator.conditions import (
     Condition,
@@ -92,7 +93,7 @@ async def record_spec_status(
         desired = spec.replicas if spec else 0
         patch: dict[str, Any] = {
             "observedGeneration": generation,
-            "selector": f"genpool.dev/pool={meta['name']}",
+            "selector": pool_label_selector(meta["name"]),
             "conditions": merge_conditions(
                 status.get("conditions"), [degraded], now_iso=stamp, observed_generation=generation
             ),
@@ -110,7 +111,7 @@ async def record_spec_status(
 async def mirror_statefulset(kube: Kube, statefulset: dict[str, Any]) -> None:
     """Copy the StatefulSet's replica counts into its GenPool's status."""
     meta = statefulset["metadata"]
-    pool = (meta.get("labels") or {}).get("genpool.dev/pool")
+    pool = (meta.get("labels") or {}).get(POOL_LABEL)
     if not pool:
         return
     desired = int((statefulset.get("spec") or {}).get("replicas") or 0)

@@ -16,11 +16,11 @@ from typing import Any, TypeVar
 
 import httpx
 
+from genpool_core.names import WORKER_PORT
 from genpool_core.statline import StatLine, parse_statline
 from genpool_operator.kube import Kube, KubeError
 
 log = logging.getLogger("genpool.operator.scrape")
-WORKER_PORT = 8000
 LOG_TAIL_LINES = 200
 T = TypeVar("T")
 U = TypeVar("U")

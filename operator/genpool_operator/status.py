@@ -11,9 +11,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from genpool_core.names import API_KIND, GROUP_VERSION
 from genpool_operator.kube import Kube, KubeError, resource_path, with_retries
 
-GENPOOL_API = "genpool.dev/v1alpha1"
 StatusMutation = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None]
 
 
@@ -22,7 +22,7 @@ def now_iso(now: datetime | None = None) -> str:
 
 
 def pool_path(namespace: str, name: str, sub: str = "") -> str:
-    return resource_path(GENPOOL_API, "GenPool", namespace, name, sub)
+    return resource_path(GROUP_VERSION, API_KIND, namespace, name, sub)
 
 
 async def update_status(

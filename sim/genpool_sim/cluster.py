@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from genpool_core.knobs import DEFAULT_PAUSED_CAP_FRACTION, default_paused_cap
+from genpool_core.names import OFF_MODE, SLO_MODE, TPOT_MODE
 from genpool_core.plan import GenPlan
 from genpool_core.preemption import GenCapacity
 from genpool_core.request import FinishReason, GenRequest
@@ -21,13 +22,14 @@ from genpool_core.scheduler import GenScheduler, SchedulerConfig
 from genpool_core.stepmodel import DEFAULT_STEP_MODEL, StepModel
 from genpool_sim.records import SimRequest
 
-MODES = ("off", "recompute", "tpot_budget", "target_output_tps")
+RECOMPUTE_MODE = "recompute"  # the simulator's baseline: evict and recompute, never pause
+MODES = (OFF_MODE, RECOMPUTE_MODE, TPOT_MODE, SLO_MODE)
 _ARRIVAL, _CTX_DONE, _WORKER = 0, 1, 2
 
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    mode: str = "off"
+    mode: str = OFF_MODE
     workers: int = 8
     max_batch: int = 16
     ctx_servers: int = 4
@@ -40,11 +42,11 @@ class ClusterConfig:
     max_resident_headroom: int | None = None  # the ceiling a tuner may raise H to
 
     def settings(self) -> dict[str, object]:
-        if self.mode == "target_output_tps":
+        if self.mode == SLO_MODE:
             knobs: dict[str, object] = {"target_output_tps": self.target_output_tps}
-        elif self.mode == "tpot_budget":
+        elif self.mode == TPOT_MODE:
             knobs = {"tpot_budget": self.tpot_budget}
-        elif self.mode in ("off", "recompute"):
+        elif self.mode in (OFF_MODE, RECOMPUTE_MODE):
             return {}
         else:
             raise ValueError(f"unknown mode {self.mode!r}; choose from {', '.join(MODES)}")

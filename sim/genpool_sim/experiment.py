@@ -12,6 +12,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from genpool_core.names import OFF_MODE, SLO_MODE
 from genpool_core.quantiles import percentile
 from genpool_sim.cluster import Cluster, ClusterConfig
 from genpool_sim.records import SimRequest
@@ -160,20 +161,20 @@ def run_seed(
     tune: TuneConfig | None = None,
 ) -> list[RunResult]:
     """All modes on one seed. ``target_output_tps=None`` means auto (needs ``off``)."""
-    ordered = sorted(modes, key=lambda m: m != "off")
+    ordered = sorted(modes, key=lambda m: m != OFF_MODE)
     results: list[RunResult] = []
     target = target_output_tps
     for mode in ordered:
-        if mode == "target_output_tps" and target is None:
+        if mode == SLO_MODE and target is None:
             raise ValueError("T = auto needs the off mode in the same run")
         config = replace(base, mode=mode, target_output_tps=target)
         tuner = None
-        if tune is not None and mode == "target_output_tps":
+        if tune is not None and mode == SLO_MODE:
             config = replace(config, max_resident_headroom=tune.bounds.max_resident_headroom)
             tuner = SimTuner(tune)
         cluster = simulate(config, workload, seed, tuner)
         metrics, done = measure(cluster, workload, target)
-        if mode == "off" and target is None:
+        if mode == OFF_MODE and target is None:
             target = metrics["output_rate_p50"] / AUTO_T_DIVISOR
             metrics["below_target"] = sum(
                 1 for r in done if (rate := r.output_rate) is not None and rate < target

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
+from genpool_core.names import API_GROUP, API_PLURAL, API_VERSION
 from genpool_devcluster.demo import DEMO_SPEC, run_load
 from tests.conftest import DevCluster, Kubectl
 from tests.integration.operator_harness import get_pool, ready_pods
@@ -158,7 +159,7 @@ def test_helm_install_genpool_load_scale_delete(
     assert summary["requests"] > 20, summary
     assert summary["failed"] == 0, summary
     client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(
-        "genpool.dev", "v1alpha1", namespace, "genpools", POOL
+        API_GROUP, API_VERSION, namespace, API_PLURAL, POOL
     )
     wait_for(
         lambda: (

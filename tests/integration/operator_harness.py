@@ -11,7 +11,9 @@ from typing import Any, TypeVar
 
 from kubernetes import client
 
-GROUP, VERSION, PLURAL = "genpool.dev", "v1alpha1", "genpools"
+from genpool_core.names import API_GROUP, API_PLURAL, API_VERSION, pool_label_selector
+
+GROUP, VERSION, PLURAL = API_GROUP, API_VERSION, API_PLURAL
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "genpool.dev_genpools.yaml"
 ADMIN_TOKEN = "integration-admin-token"
 T = TypeVar("T")
@@ -101,7 +103,7 @@ def create_pool(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> 
 
 def ready_pods(api: client.ApiClient, namespace: str, pool: str) -> list[client.V1Pod]:
     pods = client.CoreV1Api(api).list_namespaced_pod(
-        namespace, label_selector=f"genpool.dev/pool={pool}"
+        namespace, label_selector=pool_label_selector(pool)
     )
     return [
         p

@@ -17,6 +17,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from genpool_core.names import CONFIG_HASH_ANNOTATION, WORKER_PORT, pool_label_selector
 from genpool_operator.kube import Kube, load_config
 from genpool_operator.status import update_status
 from tests.conftest import DevCluster, Kubectl
@@ -57,7 +58,7 @@ def operator(
 def _children(kubectl: Kubectl, namespace: str, pool: str) -> dict[str, list[dict[str, Any]]]:
     found = {}
     for kind in CHILD_KINDS:
-        out = kubectl("get", kind, "-n", namespace, "-l", f"genpool.dev/pool={pool}", "-o", "json")
+        out = kubectl("get", kind, "-n", namespace, "-l", pool_label_selector(pool), "-o", "json")
         found[kind] = json.loads(out.stdout)["items"]
     return found
 
@@ -127,7 +128,7 @@ def test_children_are_owned_and_garbage_collected(
 
 
 def _pod_config(pod: client.V1Pod) -> dict[str, Any]:
-    response = httpx.get(f"http://{pod.status.pod_ip}:8000/config", timeout=5)
+    response = httpx.get(f"http://{pod.status.pod_ip}:{WORKER_PORT}/config", timeout=5)
     response.raise_for_status()
     config: dict[str, Any] = response.json()
     return config
@@ -252,7 +253,7 @@ def test_template_field_rolls_the_statefulset(
 
     def config_hash() -> str | None:
         sts = apps.read_namespaced_stateful_set("roll-worker", namespace)
-        return (sts.spec.template.metadata.annotations or {}).get("genpool.dev/config-hash")
+        return (sts.spec.template.metadata.annotations or {}).get(CONFIG_HASH_ANNOTATION)
 
     before = wait_for(config_hash, timeout=60, what="the StatefulSet")
     client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(

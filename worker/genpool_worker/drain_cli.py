@@ -16,6 +16,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 
+from genpool_core.names import WORKER_PORT
+
 DEFAULT_TIMEOUT_S = 110.0
 # The HTTP wait may outlast the server's own deadline by this much (connect, response).
 CLIENT_MARGIN_S = 3.0
@@ -25,7 +27,7 @@ def drain_url(environ: Mapping[str, str]) -> str:
     host = environ.get("POD_IP") or "127.0.0.1"
     if ":" in host:  # an IPv6 pod address
         host = f"[{host}]"
-    port = environ.get("GENPOOL_PORT") or "8000"
+    port = environ.get("GENPOOL_PORT") or str(WORKER_PORT)
     return f"http://{host}:{port}/drain"
 
 

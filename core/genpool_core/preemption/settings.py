@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from genpool_core.knobs import default_paused_cap
+from genpool_core.names import OFF_MODE, SLO_MODE, TPOT_MODE
 
 
 class GenPreemptionConfigError(ValueError):
@@ -21,9 +22,9 @@ class GenPreemptionConfigError(ValueError):
 
 
 class PreemptionMode(enum.Enum):
-    OFF = "off"
-    TPOT_BUDGET = "tpot_budget"
-    TARGET_OUTPUT_TPS = "target_output_tps"
+    OFF = OFF_MODE
+    TPOT_BUDGET = TPOT_MODE
+    TARGET_OUTPUT_TPS = SLO_MODE
 
 
 class GenPreemptionSettings(BaseModel):

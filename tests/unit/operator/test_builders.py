@@ -15,14 +15,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from genpool_core.names import CONFIG_HASH_ANNOTATION, pool_label_selector
 from genpool_operator.builders import (
     PoolRef,
     build_children,
     config_hash,
     resolve_image,
-    selector_text,
 )
-from genpool_operator.pod_template import CONFIG_HASH_ANNOTATION
 from genpool_operator.spec import EnvVar, GenPoolSpec, PodTemplate
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -144,7 +143,7 @@ def test_labels_owner_and_selector_on_every_child() -> None:
     sts = by_kind(children, "StatefulSet")
     pod_labels = sts["spec"]["template"]["metadata"]["labels"]
     assert sts["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
-    assert selector_text("pool-a") == "genpool.dev/pool=pool-a"
+    assert pool_label_selector("pool-a") == "genpool.dev/pool=pool-a"
     secret = by_kind(children, "Secret")
     assert base64.b64decode(secret["data"]["token"]).decode() == TOKEN
 
