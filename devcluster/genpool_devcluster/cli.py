@@ -1,4 +1,4 @@
-"""`genpool-devcluster build|up|down|status|env`: a local control plane without Docker."""
+"""`genpool devcluster build|up|down|status|env`: a local control plane without Docker."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ DEFAULT_STATE_DIR = "~/.cache/genpool/devcluster/run"
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="genpool-devcluster",
+        prog="genpool devcluster",
         description="etcd + kube-apiserver + kube-controller-manager + pod runner on loopback",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -27,10 +27,23 @@ def _parser() -> argparse.ArgumentParser:
         ("env", "print shell exports for KUBECONFIG and PATH (kubectl, helm)"),
     ]:
         sp = sub.add_parser(name, help=text)
-        sp.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="default: %(default)s")
+        sp.add_argument(
+            "--state-dir",
+            default=DEFAULT_STATE_DIR,
+            help="directory of the cluster's data, PKI and logs (default: %(default)s)",
+        )
         if name == "up":
-            sp.add_argument("--timeout", type=float, default=300.0, help="seconds to become ready")
-            sp.add_argument("--no-podrunner", action="store_true", help="control plane only")
+            sp.add_argument(
+                "--timeout",
+                type=float,
+                default=300.0,
+                help="seconds to become ready (default: %(default)s)",
+            )
+            sp.add_argument(
+                "--no-podrunner",
+                action="store_true",
+                help="control plane only: no pod runner (pods stay Pending)",
+            )
     return p
 
 

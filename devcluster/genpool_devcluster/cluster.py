@@ -131,7 +131,7 @@ class Cluster:
     def _prepare(self) -> None:
         missing = [n for n in build.CONTROL_PLANE if not (self.bin_dir / n).exists()]
         if missing:
-            hint = "run `genpool-devcluster build`"
+            hint = "run `genpool devcluster build`"
             raise ClusterError(f"missing {missing} in {self.bin_dir}: {hint}")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         certs.ensure_pki(self.pki.dir)

@@ -54,7 +54,10 @@ class Tools:
         return res.stdout
 
     def pool(self) -> dict[str, Any]:
-        return json.loads(self.run("kubectl", "get", "gp", POOL, "-n", NAMESPACE, "-o", "json"))
+        pool: dict[str, Any] = json.loads(
+            self.run("kubectl", "get", "gp", POOL, "-n", NAMESPACE, "-o", "json")
+        )
+        return pool
 
 
 def wait(check: Callable[[], bool], what: str, timeout: float) -> None:
@@ -80,7 +83,7 @@ def pool_ready(tools: Tools, generation: int | None = None) -> bool:
     sts = json.loads(out)
     counts = sts.get("status", {})
     want = sts["spec"]["replicas"]
-    return (
+    return bool(
         counts.get("readyReplicas") == want
         and counts.get("updatedReplicas") == want
         and counts.get("currentRevision") == counts.get("updateRevision")
@@ -140,8 +143,15 @@ def _cell(value: object) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="genpool-demo", description=__doc__)
-    parser.add_argument("--clients", type=int, default=12, help="closed-loop users")
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds of load per mode")
+    parser.add_argument(
+        "--clients", type=int, default=12, help="closed-loop clients, 1..256 (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=60.0,
+        help="seconds of load per mode, 5..1800 (default: %(default)s)",
+    )
     parser.add_argument("--keep", action="store_true", help="leave the demo GenPool running")
     args = parser.parse_args(argv)
     if not 1 <= args.clients <= 256 or not 5 <= args.duration <= 1800:
@@ -193,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         tools.run("kubectl", "delete", "gp", POOL, "-n", NAMESPACE, "--wait=true")
     print(f"\ndemo finished in {time.monotonic() - started:.0f} s; the cluster stays up:")
     print(f"  export KUBECONFIG={tools.kubeconfig}   # then: kubectl get gp -A")
-    print("  genpool-devcluster down                 # to stop it")
+    print("  genpool devcluster down                 # to stop it")
     failed = on["failed"] + off["failed"]
     return 1 if failed else 0
 

@@ -1,4 +1,4 @@
-"""The detached process behind `genpool-devcluster up`: owns a Cluster until SIGTERM.
+"""The detached process behind `genpool devcluster up`: owns a Cluster until SIGTERM.
 
 Files in the state dir: `supervisor.pid` (this process), `ready` (written once the API serves),
 `logs/supervisor.log`. The children die with it (PR_SET_PDEATHSIG), so a SIGKILLed supervisor
@@ -158,10 +158,12 @@ def supervise(state_dir: Path, podrunner: bool | None, timeout: float) -> int:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description="internal: run by `genpool-devcluster up`")
-    p.add_argument("--state-dir", type=Path, required=True)
-    p.add_argument("--timeout", type=float, default=300.0)
-    p.add_argument("--no-podrunner", action="store_true")
+    p = argparse.ArgumentParser(description="internal: run by `genpool devcluster up`")
+    p.add_argument("--state-dir", type=Path, required=True, help="the cluster's state directory")
+    p.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to become ready (default: 300)"
+    )
+    p.add_argument("--no-podrunner", action="store_true", help="control plane only")
     args = p.parse_args()
     args.state_dir.mkdir(parents=True, exist_ok=True)
     return supervise(args.state_dir, False if args.no_podrunner else None, args.timeout)

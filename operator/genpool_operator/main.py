@@ -25,19 +25,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--all-namespaces", action="store_true", help="watch GenPools in every namespace"
     )
     parser.add_argument(
-        "--liveness-port", type=int, default=8080, help="port of kopf's /healthz (0: off)"
+        "--liveness-port",
+        type=int,
+        default=8080,
+        help="TCP port of kopf's /healthz (0: off; default: %(default)s)",
     )
     parser.add_argument(
         "--liveness-host",
         default=os.environ.get("POD_IP", "127.0.0.1"),
-        help="address of /healthz (default: $POD_IP, else 127.0.0.1)",
+        help="IP address of /healthz (default: $POD_IP, else 127.0.0.1)",
     )
     parser.add_argument(
         "--peering",
         metavar="NAME",
         help="kopf peering object for running more than one replica (HA); off: standalone",
     )
-    parser.add_argument("--priority", type=int, default=0, help="peering priority")
+    parser.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        help="peering priority, an integer: the highest live one runs (default: %(default)s)",
+    )
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     return parser
 

@@ -1,4 +1,4 @@
-"""``genpool`` command line. ``genpool sim``: the simulator of docs/design.md#simulator.
+"""``genpool sim``: the simulator of docs/design.md#simulator (``genpool_cli`` dispatches here).
 
 This module does the I/O (files, processes, progress bar, plots); everything it
 calls in ``genpool_sim`` is pure and seeded.
@@ -87,73 +87,154 @@ def _target(text: str) -> float | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """`genpool sim FLAGS` (the parser sits under `genpool`, which dispatches to it)."""
     parser = argparse.ArgumentParser(prog="genpool")
     sub = parser.add_subparsers(dest="command", required=True)
-    sim = sub.add_parser("sim", help="simulate a disaggregated GEN pool (docs/design.md#simulator)")
+    sim = sub.add_parser(
+        "sim",
+        help="simulate a disaggregated GEN pool (docs/design.md#simulator)",
+        description="Simulate a disaggregated GEN pool (docs/design.md#simulator).",
+    )
     sim.add_argument(
         "--trace",
         type=Path,
         default=DEFAULT_TRACE,
-        help="CSV (arrived_at,num_prefill_tokens,num_decode_tokens) or JSONL",
+        help="request trace: CSV (arrived_at,num_prefill_tokens,num_decode_tokens) or JSONL"
+        " (default: the Azure conversation trace)",
     )
+    _add_load_options(sim)
+    sim.add_argument("--workers", type=_positive(int), default=8, help="GEN workers (default: 8)")
+    sim.add_argument(
+        "--max-batch",
+        type=_positive(int),
+        default=16,
+        help="A: requests a worker decodes per step (default: 16)",
+    )
+    sim.add_argument(
+        "--ctx-servers",
+        type=_positive(int),
+        default=4,
+        help="context (prefill) servers ahead of the pool (default: 4)",
+    )
+    sim.add_argument(
+        "--modes",
+        type=_modes,
+        default=list(MODES),
+        help=f"preemption modes to compare, comma-separated (default: {','.join(MODES)})",
+    )
+    sim.add_argument(
+        "--target-output-tps",
+        type=_target,
+        default=None,
+        help="T of target_output_tps, output tokens/s per worker, or auto: the off run's"
+        " (default: auto)",
+    )
+    sim.add_argument(
+        "--paused-cap-fraction",
+        type=_list_of(float),
+        default=[0.375],
+        help="P (paused cap) as a fraction of A; a comma-separated list gives the trade-off"
+        " curve (default: 0.375)",
+    )
+    sim.add_argument(
+        "--tpot-budget",
+        type=_positive(float),
+        default=0.1,
+        help="TPOT budget of tpot_budget, seconds per output token (default: 0.1)",
+    )
+    _add_output_options(sim)
+    _add_tune_options(sim)
+    return parser
+
+
+def _add_load_options(sim: argparse.ArgumentParser) -> None:
     load = sim.add_mutually_exclusive_group()
     load.add_argument(
         "--concurrency",
         type=_list_of(int),
         default=None,
-        help="closed loop: clients, comma-separated list for several runs",
+        help="closed loop: number of clients; a comma-separated list runs each (default: 220,250)",
     )
-    load.add_argument("--rate", type=_positive(float), help="open loop: Gamma arrivals, req/s")
-    load.add_argument("--replay", action="store_true", help="open loop: the trace's own times")
+    load.add_argument(
+        "--rate", type=_positive(float), help="open loop: Gamma arrivals at this rate, requests/s"
+    )
+    load.add_argument(
+        "--replay", action="store_true", help="open loop: the trace's own arrival times"
+    )
     load.add_argument(
         "--phases",
         type=_phases,
-        help="closed loop whose clients change: SECONDS:CLIENTS,... (sets the duration)",
+        help="closed loop whose number of clients changes: SECONDS:CLIENTS,... (sets the duration)",
     )
-    sim.add_argument("--cv", type=_positive(float), default=1.0, help="Gamma arrivals' CV")
+    sim.add_argument(
+        "--cv",
+        type=_positive(float),
+        default=1.0,
+        help="coefficient of variation of the Gamma inter-arrival times, unitless"
+        " (1: Poisson; default: 1)",
+    )
     sim.add_argument(
         "--time-scale",
         type=_positive(float),
         default=1.0,
-        help="multiply replayed arrival times (below 1: more load)",
+        help="factor on replayed arrival times, unitless (below 1: more load; default: 1)",
     )
-    sim.add_argument("--duration", type=_positive(float), help="simulated s (default 600)")
-    sim.add_argument("--warmup", type=float, default=60.0, help="s excluded from metrics")
-    sim.add_argument("--workers", type=_positive(int), default=8)
-    sim.add_argument("--max-batch", type=_positive(int), default=16)
-    sim.add_argument("--ctx-servers", type=_positive(int), default=4)
-    sim.add_argument("--modes", type=_modes, default=list(MODES))
-    sim.add_argument("--target-output-tps", type=_target, default=None, help="auto or tok/s")
+    sim.add_argument("--duration", type=_positive(float), help="simulated seconds (default: 600)")
     sim.add_argument(
-        "--paused-cap-fraction",
-        type=_list_of(float),
-        default=[0.375],
-        help="P as a fraction of A; a list gives the trade-off curve",
+        "--warmup",
+        type=float,
+        default=60.0,
+        help="simulated seconds excluded from the metrics (default: 60)",
     )
-    sim.add_argument("--tpot-budget", type=_positive(float), default=0.1)
-    sim.add_argument("--seeds", type=_positive(int), default=4, help="seeds 0..N-1")
-    sim.add_argument("--jobs", type=_positive(int), default=2, help="worker processes")
-    sim.add_argument("--json", type=Path, help="write all results as JSON here")
+
+
+def _add_output_options(sim: argparse.ArgumentParser) -> None:
+    sim.add_argument(
+        "--seeds",
+        type=_positive(int),
+        default=4,
+        help="runs per setting, seeds 0..N-1 (default: 4)",
+    )
+    sim.add_argument(
+        "--jobs",
+        type=_positive(int),
+        default=2,
+        help="simulations in parallel processes (default: 2)",
+    )
+    sim.add_argument("--json", type=Path, help="write all results as JSON to this file")
     sim.add_argument("--plot", type=Path, help="write PNG plots into this folder")
-    sim.add_argument("--stat-lines", action="store_true", help="print seed 0's stat lines")
-    _add_tune_options(sim)
-    return parser
+    sim.add_argument(
+        "--stat-lines", action="store_true", help="print seed 0's stat lines (16 per run)"
+    )
 
 
 def _add_tune_options(sim: argparse.ArgumentParser) -> None:
     tune = sim.add_argument_group("tuner in the loop (target_output_tps runs)")
     tune.add_argument("--tune", action="store_true", help="run the tuner (docs/design.md#tuner)")
-    tune.add_argument("--tune-interval", type=_positive(float), default=30.0, help="s")
-    tune.add_argument("--headroom-min", type=_count, default=0)
-    tune.add_argument("--headroom-max", type=_count, help="default A (= --max-batch)")
-    tune.add_argument("--cap-min", type=_count, default=0)
-    tune.add_argument("--cap-max", type=_count, help="default A (= --max-batch)")
-    tune.add_argument("--tune-cooldown", type=_count, default=2, help="rounds after a change")
+    tune.add_argument(
+        "--tune-interval",
+        type=_positive(float),
+        default=30.0,
+        help="simulated seconds between tuner rounds (default: 30)",
+    )
+    tune.add_argument(
+        "--headroom-min", type=_count, default=0, help="lowest H, requests (default: 0)"
+    )
+    tune.add_argument("--headroom-max", type=_count, help="highest H, requests (default: A)")
+    tune.add_argument("--cap-min", type=_count, default=0, help="lowest P, requests (default: 0)")
+    tune.add_argument("--cap-max", type=_count, help="highest P, requests (default: A)")
+    tune.add_argument(
+        "--tune-cooldown",
+        type=_count,
+        default=2,
+        help="tuner rounds without a change after one (default: 2)",
+    )
     tune.add_argument(
         "--tune-rule",
         choices=("guarded", "literal"),
         default="guarded",
-        help="literal: lower the cap on any miss above eps (docs/design.md#tuner as specified)",
+        help="literal: lower the cap on any miss above eps (docs/design.md#tuner as"
+        " specified); guarded: only when the cap is implicated in the miss (default: guarded)",
     )
 
 

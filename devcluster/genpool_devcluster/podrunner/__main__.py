@@ -1,6 +1,6 @@
 """`python -m genpool_devcluster.podrunner`: scheduler + kubelet for one node, as local processes.
 
-Started by `genpool-devcluster up` with the admin kubeconfig; SIGTERM (or SIGINT) stops every pod
+Started by `genpool devcluster up` with the admin kubeconfig; SIGTERM (or SIGINT) stops every pod
 process and exits.
 """
 
@@ -18,25 +18,46 @@ from .runner import Runner
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m genpool_devcluster.podrunner", description=__doc__)
-    p.add_argument("--kubeconfig", type=Path, required=True, help="admin kubeconfig")
-    p.add_argument("--state-dir", type=Path, required=True, help="pod dirs, logs, certificates")
-    p.add_argument("--node-name", default="genpool-dev")
-    p.add_argument("--kubelet-port", type=int, default=0, help="log server port (0: any free)")
-    p.add_argument("--backoff-initial", type=float, default=1.0, help="crash back-off start, s")
-    p.add_argument("--backoff-max", type=float, default=60.0, help="crash back-off cap, s")
+    p.add_argument("--kubeconfig", type=Path, required=True, help="admin kubeconfig file")
+    p.add_argument(
+        "--state-dir", type=Path, required=True, help="directory for pod dirs, logs, certificates"
+    )
+    p.add_argument(
+        "--node-name",
+        default="genpool-dev",
+        help="the Node this runner registers (default: %(default)s)",
+    )
+    p.add_argument(
+        "--kubelet-port",
+        type=int,
+        default=0,
+        help="TCP port of the kubelet log server (0: any free)",
+    )
+    p.add_argument(
+        "--backoff-initial",
+        type=float,
+        default=1.0,
+        help="first crash back-off, seconds (default: %(default)s)",
+    )
+    p.add_argument(
+        "--backoff-max",
+        type=float,
+        default=60.0,
+        help="longest crash back-off, seconds (default: %(default)s)",
+    )
     p.add_argument(
         "--pass-env",
         action="append",
         default=[],
         metavar="NAME",
-        help="also pass this variable of the runner's environment to pods",
+        help="also pass this variable of the runner's environment to pods (repeatable)",
     )
     p.add_argument(
         "--no-scheduler",
         action="store_true",
         help="do not bind pending pods (another runner schedules; for tests)",
     )
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p.parse_args(argv)
 
 

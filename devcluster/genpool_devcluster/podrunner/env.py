@@ -181,9 +181,9 @@ class EnvResolver:
                 if "=" not in key:
                     env[src.get("prefix", "") + key] = value
         for var in container.get("env") or []:
-            value = self._value(container, var, lambda n: env.get(n, base.get(n)))
-            if value is not None:
-                env[var["name"]] = value
+            resolved = self._value(container, var, lambda n: env.get(n, base.get(n)))
+            if resolved is not None:
+                env[var["name"]] = resolved
         return env
 
     def _value(self, container: Obj, var: Obj, known: Callable[[str], str | None]) -> str | None:

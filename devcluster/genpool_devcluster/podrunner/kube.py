@@ -50,9 +50,9 @@ class Credentials:
 
 def _data_or_file(entry: Obj, key: str, base: Path) -> str:
     if entry.get(f"{key}-data"):
-        return base64.b64decode(entry[f"{key}-data"]).decode()
+        return base64.b64decode(str(entry[f"{key}-data"])).decode()
     if entry.get(key):
-        return (base / entry[key]).read_text()
+        return (base / str(entry[key])).read_text()
     return ""
 
 
@@ -63,7 +63,8 @@ def load_kubeconfig(path: Path, secrets_dir: Path) -> Credentials:
     ctx_name = doc.get("current-context") or doc["contexts"][0]["name"]
     ctx = next(c["context"] for c in doc["contexts"] if c["name"] == ctx_name)
     cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == ctx["cluster"])
-    user = next((u["user"] for u in doc.get("users", []) if u["name"] == ctx.get("user")), {})
+    users = doc.get("users", [])
+    user: Obj = next((u["user"] for u in users if u["name"] == ctx.get("user")), {})
     creds = Credentials(
         server=cluster["server"].rstrip("/"),
         ca_pem=_data_or_file(cluster, "certificate-authority", base),

@@ -181,7 +181,7 @@ class KubeletServer(ThreadingHTTPServer):
     def finish_request(self, request: socketserver._RequestType, client_address: object) -> None:
         # TLS handshake in the request's own thread, so a stalled client cannot block accept().
         tls = self.ctx.wrap_socket(request, server_side=True)  # type: ignore[arg-type]
-        super().finish_request(tls, client_address)  # type: ignore[arg-type]
+        super().finish_request(tls, client_address)
 
     @property
     def port(self) -> int:

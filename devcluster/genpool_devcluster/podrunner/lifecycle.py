@@ -10,17 +10,33 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .containers import Container
 from .kube import ApiError, pod_path
 from .probes import run_handler
+
+if TYPE_CHECKING:
+    from .podenv import Context
+    from .sandbox import PodDir
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 
 class Lifecycle:
+    if TYPE_CHECKING:  # PodWorker's, declared for the type checker only
+        pod: Obj
+        ctx: Context
+        pdir: PodDir
+        uid: str
+        terminating: bool
+
+        @property
+        def name(self) -> str: ...
+        def containers(self) -> list[Container]: ...
+        def _report(self) -> str: ...
+
     def _probe(self) -> None:
         now = time.monotonic()
         for c in self.containers():

@@ -238,8 +238,8 @@ class PodWorker(Lifecycle, threading.Thread):
                 if c.name in old:
                     c.adopt(old[c.name])
 
-    @property
-    def name(self) -> str:
+    @property  # Thread.name is settable; a pod worker is named by its pod, read-only
+    def name(self) -> str:  # type: ignore[override]
         meta = self.pod["metadata"]
         return f"{meta['namespace']}/{meta['name']}"
 

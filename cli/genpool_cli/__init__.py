@@ -1,0 +1,1 @@
+"""``genpool``: the one command line over the simulator, worker, operator and devcluster."""

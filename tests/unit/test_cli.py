@@ -1,0 +1,99 @@
+"""``genpool``: one command line over the packages, each imported only when its subcommand runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from genpool_cli.main import SUBCOMMANDS, main
+
+HEAVY = ("torch", "kubernetes", "kopf")
+
+
+def imported_after(argv: list[str]) -> tuple[int, str, set[str]]:
+    """(exit status, stdout, top-level modules loaded) of `genpool ARGV` in a fresh interpreter."""
+    code = (
+        "import json, sys\n"
+        "from genpool_cli.main import main\n"
+        "try:\n"
+        f"    status = main({argv!r})\n"
+        "except SystemExit as exc:\n"
+        "    status = exc.code\n"
+        "print(json.dumps([status, sorted({m.split('.')[0] for m in sys.modules})]))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    *help_lines, last = res.stdout.rstrip("\n").split("\n")
+    status, modules = json.loads(last)
+    return status, "\n".join(help_lines), set(modules)
+
+
+def test_help_lists_every_subcommand_and_imports_no_package() -> None:
+    status, out, modules = imported_after(["--help"])
+    assert status == 0
+    for name, command in SUBCOMMANDS.items():
+        assert name in out and command.summary.split()[0] in out
+    assert not modules & {*HEAVY, "genpool_sim", "genpool_worker", "genpool_operator"}
+    assert "genpool_devcluster" not in modules
+
+
+def test_sim_help_needs_neither_torch_nor_kubernetes() -> None:
+    status, out, modules = imported_after(["sim", "--help"])
+    assert status == 0
+    assert out.startswith("usage: genpool sim")
+    assert "--tpot-budget" in out and "seconds per output token" in out
+    assert not modules & set(HEAVY)
+
+
+def test_operator_help_needs_no_torch() -> None:
+    status, out, modules = imported_after(["operator", "--help"])
+    assert status == 0 and "--all-namespaces" in out
+    assert "torch" not in modules and "genpool_worker" not in modules
+
+
+def test_devcluster_help_is_its_own_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["devcluster", "up", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: genpool devcluster up")
+    assert "seconds to become ready" in out
+
+
+@pytest.mark.parametrize("argv", [[], ["bogus"], ["--bogus"], ["Sim"]])
+def test_missing_or_unknown_subcommand_is_a_usage_error(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: genpool")
+    assert "COMMAND" in err
+
+
+def test_arguments_reach_the_subcommand_unchanged(capsys: pytest.CaptureFixture[str]) -> None:
+    # The simulator's own validation answers: the flag went through, `sim` prefixed.
+    with pytest.raises(SystemExit) as info:
+        main(["sim", "--modes", "bogus"])
+    assert info.value.code == 2
+    assert "modes must be among" in capsys.readouterr().err
+
+
+def test_a_package_that_is_not_installed_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "genpool_devcluster.cli", None)  # import raises
+    monkeypatch.setitem(sys.modules, "genpool_devcluster", None)
+    with pytest.raises(SystemExit) as info:
+        main(["devcluster", "status"])
+    assert "genpool_devcluster is not installed" in str(info.value.code)
+
+
+def test_the_console_script_is_this_cli() -> None:
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["genpool"] == "genpool_cli.main:main"
