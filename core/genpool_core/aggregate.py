@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from genpool_core import ttft_histogram
 from genpool_core.statline import VICTIM_ORDER, StatLine
 
 MIXED_MODE = "mixed"
@@ -54,6 +55,19 @@ class PoolStats:
     paused_below_target: int | None = None
     admission_target_mean_s: float | None = None
     admission_target_max_s: float | None = None
+    # the replica scaler's inputs: window sums, step-weighted batch, summed TTFT histogram
+    arrivals_window: int = 0
+    steps_window: int = 0
+    batch_mean: float | None = None
+    ttft_hist: tuple[int, ...] = ()
+
+    @property
+    def ttft_p90(self) -> float | None:
+        return ttft_histogram.quantile(self.ttft_hist, 0.9)
+
+    @property
+    def num_first_tokens(self) -> int:
+        return sum(self.ttft_hist)
 
     @property
     def victims_window(self) -> int:
@@ -136,6 +150,8 @@ SUMMED_COUNTS = (
     "pauses_total",
     "laxity_resumes",
     "forced_resumes",
+    "arrivals_window",
+    "steps_window",
 )
 
 
@@ -172,4 +188,6 @@ def aggregate(lines: Iterable[StatLine | None]) -> PoolStats | None:
         ),
         admission_target_mean_s=sum(targets) / len(targets) if targets else None,
         admission_target_max_s=max(targets) if targets else None,
+        batch_mean=_weighted_mean((line.batch_mean, line.steps_window) for line in good),
+        ttft_hist=ttft_histogram.summed(line.ttft_hist for line in good),
     )

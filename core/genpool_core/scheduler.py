@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from genpool_core import ttft_histogram
 from genpool_core.admission import AdaptiveTarget, AdmissionQueue
 from genpool_core.plan import GenPlan
 from genpool_core.preemption import (
@@ -65,6 +66,10 @@ class GenScheduler:
         self._pass_victims: Iterator[Victim] | None = None
         self._num_completed = 0
         self._num_aborted = 0
+        self._num_arrivals = 0
+        self._num_steps = 0
+        self._batch_sum = 0
+        self._ttft_counts = [0] * ttft_histogram.NUM_BUCKETS
         self._next_stat_at: float | None = None
         self._last_stats: SchedulerStats | None = None
 
@@ -88,6 +93,7 @@ class GenScheduler:
         if request.request_id in self._residents:
             raise ValueError(f"request {request.request_id!r} is already resident")
         self.queue.push(request)
+        self._num_arrivals += 1
 
     def abort(self, request_id: str) -> None:
         """A waiter leaves at once; a resident (paused ones too) is released next pass."""
@@ -122,6 +128,8 @@ class GenScheduler:
             request.last_token_time = now
             if request.first_gen_token_time is None:
                 request.first_gen_token_time = now
+                if request.arrival_time is not None:
+                    self._ttft_counts[ttft_histogram.bucket_of(now - request.arrival_time)] += 1
             if request.first_token_time is None:  # this worker did the prefill
                 request.first_token_time = now
             if request.num_output_tokens >= request.max_tokens:
@@ -129,6 +137,8 @@ class GenScheduler:
             elif request_id in stops:
                 self._pending_finish.setdefault(request_id, FinishReason.STOP)
         if plan.batch_ids:
+            self._num_steps += 1
+            self._batch_sum += len(plan.batch_ids)
             self.policy.observe_step_time(now - plan.now)
 
     def set_knobs(
@@ -391,5 +401,9 @@ class GenScheduler:
             forced_resumes=counters.forced_resumes,
             slo_completed=counters.slo_completed,
             below_target=counters.below_target,
+            arrivals=self._num_arrivals,
+            steps=self._num_steps,
+            batch_sum=self._batch_sum,
+            ttft_counts=tuple(self._ttft_counts),
             mode_fields=self.policy.stat_fields(now, self.policy.lane),
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from genpool_core import ttft_histogram
 from genpool_core.names import SLO_MODE, TPOT_MODE
 from genpool_core.stats import SchedulerStats
 
@@ -45,6 +46,16 @@ class StatLine:
     tpot_budget: float | None = None
     window_s: float | None = None
     inflation: float | None = None
+    # load and GEN TTFT over the window (the replica scaler's inputs); zeros on old lines
+    arrivals_window: int = 0
+    arrivals_total: int = 0
+    steps_window: int = 0
+    batch_mean: float | None = None  # mean decode batch over the window's steps
+    ttft_hist: tuple[int, ...] = ()  # window counts per ttft_histogram bucket
+
+    @property
+    def ttft_p90(self) -> float | None:
+        return ttft_histogram.quantile(self.ttft_hist, 0.9)
 
 
 def _ratio(num: int, den: int) -> float | None:
@@ -90,6 +101,11 @@ def make_statline(cur: SchedulerStats, prev: SchedulerStats | None) -> StatLine:
         tpot_budget=_opt_float(mode_fields.get("budget")),
         window_s=_opt_float(mode_fields.get("window")),
         inflation=_opt_float(mode_fields.get("inflation")),
+        arrivals_window=cur.arrivals - base.arrivals,
+        arrivals_total=cur.arrivals,
+        steps_window=cur.steps - base.steps,
+        batch_mean=_ratio(cur.batch_sum - base.batch_sum, cur.steps - base.steps),
+        ttft_hist=ttft_histogram.window_counts(cur.ttft_counts, base.ttft_counts),
     )
 
 
@@ -143,6 +159,14 @@ def format_statline(line: StatLine) -> str:
         parts.append(f"paused_below_target={_opt_text(line.paused_below_target)}")
     parts.append(f"completed={line.completed_window}/{line.completed_total}")
     parts.append(f"pauses={line.pauses_window}/{line.pauses_total}")
+    if line.arrivals_total > 0:  # a worker that never saw a request has nothing to say here
+        parts += [
+            f"arrivals={line.arrivals_window}/{line.arrivals_total}",
+            f"steps={line.steps_window}",
+            f"batch={_fmt(line.batch_mean, 2)}",
+            f"ttft_p90={_fmt(line.ttft_p90, 3)}",  # for people; parsers read the histogram
+            f"ttft_hist={ttft_histogram.format_sparse(line.ttft_hist)}",
+        ]
     return f"{MARKER} " + " ".join(parts)
 
 
@@ -167,6 +191,7 @@ _INT_KEYS = {
     "at_risk": "at_risk",
     "laxity_resumes": "laxity_resumes",
     "forced_resumes": "forced_resumes",
+    "steps": "steps_window",
 }
 _REQUIRED = ("t", "mode", "residents", "active", "paused", "cap", "headroom", "waiters")
 _FLOAT_KEYS = {
@@ -178,6 +203,7 @@ _FLOAT_KEYS = {
     "budget": "tpot_budget",
     "window": "window_s",
     "inflation": "inflation",
+    "batch": "batch_mean",
 }
 
 
@@ -237,7 +263,9 @@ def _parse_fields(fields: dict[str, str]) -> dict[str, object]:
         window, total = _parse_pair(fields["below_target"])
         values["below_target_window"] = _parse_float(window)
         values["below_target_total"] = _parse_float(total)
-    for key in ("completed", "pauses"):
+    if "ttft_hist" in fields:
+        values["ttft_hist"] = ttft_histogram.parse_sparse(fields["ttft_hist"])
+    for key in ("completed", "pauses", "arrivals"):
         if key in fields:
             window, total = _parse_pair(fields[key])
             values[f"{key}_window"] = _parse_int(window)

@@ -33,5 +33,10 @@ class SchedulerStats:
     forced_resumes: int = 0
     slo_completed: int = 0
     below_target: int = 0
+    # load and latency counters the replica scaler reads (cumulative since start)
+    arrivals: int = 0  # requests queued at this worker
+    steps: int = 0  # decode passes with a non-empty batch
+    batch_sum: int = 0  # batch sizes summed over those passes
+    ttft_counts: tuple[int, ...] = ()  # GEN TTFT histogram (genpool_core.ttft_histogram)
     # mode-specific gauges (credit, paused_below_target, budget, window, inflation)
     mode_fields: Mapping[str, object] = field(default_factory=dict)

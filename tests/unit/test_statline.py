@@ -278,3 +278,41 @@ def test_scheduler_stat_lines_parse_and_chain_windows() -> None:
     assert sum(line.completed_window for line in parsed) == parsed[-1].completed_total
     assert sum(line.pauses_window for line in parsed) == parsed[-1].pauses_total
     assert [line.t for line in parsed] == sorted(line.t for line in parsed)
+
+
+def test_scheduler_lines_carry_the_scalers_load_and_ttft_fields() -> None:
+    """Arrivals, steps, batch and the GEN TTFT histogram chain to the scheduler's totals."""
+    scheduler = GenScheduler.from_settings(
+        {}, GenCapacity(max_batch_size=2), SchedulerConfig(stat_interval_s=1.0)
+    )
+    now, serial, parsed = 0.0, 0, []
+    for _ in range(200):
+        if serial < 60:
+            serial += 1
+            request = GenRequest(f"r{serial}", 8, 5, arrival_time=now, first_token_time=now)
+            scheduler.add_request(request, now)
+        plan = scheduler.step(now)
+        if plan.stat_line is not None:
+            line = parse_statline(plan.stat_line)
+            assert line is not None and "ttft_p90=" in plan.stat_line
+            parsed.append(line)
+        scheduler.postprocess(plan, now + 0.1)
+        now += 0.1
+    stats = scheduler.make_stats(now)
+    assert sum(line.arrivals_window for line in parsed) == parsed[-1].arrivals_total
+    assert parsed[-1].arrivals_total == 60 == stats.arrivals
+    # two slots, full while the queue lasts (the very first pass has one request)
+    assert parsed[1].batch_mean == 2.0 and 1.8 < (parsed[0].batch_mean or 0.0) < 2.0
+    assert sum(line.steps_window for line in parsed) <= stats.steps
+    first_tokens = sum(sum(line.ttft_hist) for line in parsed)
+    assert 0 < first_tokens <= sum(stats.ttft_counts) == 60
+    # the queue grows by one request per step and drains two: TTFT grows with the backlog
+    assert parsed[-1].ttft_p90 is not None and parsed[0].ttft_p90 is not None
+    assert parsed[-1].ttft_p90 > parsed[0].ttft_p90
+
+
+def test_a_line_without_the_scaler_fields_parses_with_zeros() -> None:
+    line = parse_statline(DESIGN_EXAMPLE)
+    assert line is not None
+    assert (line.arrivals_window, line.arrivals_total, line.steps_window) == (0, 0, 0)
+    assert line.batch_mean is None and line.ttft_hist == () and line.ttft_p90 is None

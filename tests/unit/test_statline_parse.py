@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from genpool_core import ttft_histogram
 from genpool_core.statline import (
     MARKER,
     StatLine,
@@ -314,3 +315,18 @@ def test_damaged_lines_never_raise(line: StatLine, cut: int, junk: str) -> None:
     position = min(len(text), len(MARKER) + 1 + cut * 7)
     _check_sane(parse_statline(text[:position] + junk + text[position:]))
     _check_sane(parse_statline(text[:position]))
+
+
+def test_scaler_fields_round_trip_and_a_bad_histogram_is_garbage() -> None:
+    hist = [0] * ttft_histogram.NUM_BUCKETS
+    hist[10], hist[20] = 9, 1
+    line = dataclasses.replace(
+        parse_statline(DESIGN_EXAMPLE),  # type: ignore[arg-type]
+        arrivals_window=12, arrivals_total=340, steps_window=250, batch_mean=13.5,
+        ttft_hist=tuple(hist),
+    )  # fmt: skip
+    text = format_statline(line)
+    assert "arrivals=12/340 steps=250 batch=13.50" in text and "ttft_hist=10:9,20:1" in text
+    assert parse_statline(text) == line
+    assert parse_statline(text.replace("ttft_hist=10:9", "ttft_hist=10:x")) is None
+    assert parse_statline(text.replace("ttft_hist=10:9", "ttft_hist=99:9")) is None

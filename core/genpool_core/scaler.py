@@ -1,0 +1,225 @@
+"""The replica scaler: (replicas in force, pool stats, SLO) -> desired replicas.
+
+Beside the knob tuner and fed the same aggregated stat lines: the tuner moves the
+pause knobs within seconds, this moves replicas within minutes. Pure and
+deterministic; the simulator calls :func:`scale` every stats interval and the
+operator will do the same, persisting :class:`ScalerState` in its status.
+
+The SLO has two parts: GEN TTFT p90 (arrival at the GEN worker -> first token)
+at most ``ttft_p90_s``, and an attainment (share of requests at or above T) of at
+least ``attainment``. ``attainment=None`` is the replica-only planner: TTFT alone.
+
+Rules, first match wins:
+
+1. arrivals outrun completions with a queue -> up, proportionally;
+2. TTFT p90 misses and the knobs cannot fix it (no knob lever, the cap is at its
+   bound, the attainment budget is spent, or the miss is severe) -> up;
+3. attainment misses and the misses come from queueing (victims are laxity
+   victims, so a lower cap would not help) -> up;
+4. the SLO holds with slack -> down to the replicas whose batch positions hold
+   the window's load (batch, paused and waiting) at ``max_utilisation``.
+
+Up acts at once (but not while replicas are still starting); down only when every
+recommendation over the last ``down_window_s`` agrees (Kubernetes HPA's
+stabilisation window). Never outside [min, max], never more than ``max_step``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from genpool_core.aggregate import PoolStats
+
+_TOLERANCE_S = 1e-6  # ticks at k * interval land on the window's edge up to rounding
+
+
+@dataclass(frozen=True, slots=True)
+class ScalerSettings:
+    ttft_p90_s: float
+    min_replicas: int
+    max_replicas: int
+    max_batch: int  # A: batch positions per replica, for the utilisation estimate
+    attainment: float | None = 0.8  # None: scale on TTFT alone (the replica-only planner)
+    cap_max: int | None = None  # the tuner's per-worker cap bound; None: no knob lever
+    max_step: int = 4
+    up_fraction: float = 0.25  # an up step adds this fraction of the replicas (>= 1)
+    down_window_s: float = 300.0
+    max_utilisation: float = 0.85  # of n - 1 replicas' batch positions, to scale down
+    down_ttft_fraction: float = 0.6  # TTFT p90 below this share of the target to scale down
+    severe_factor: float = 2.0  # a TTFT miss this far above target scales up regardless
+    outrun_margin: float = 0.1  # arrivals above completions by this share...
+    min_waiters_per_replica: float = 1.0  # ...with this queue means the pool falls behind
+    min_samples: int = 20  # fewer first tokens / completions in the window: noise
+    min_victims: int = 4
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.ttft_p90_s) and self.ttft_p90_s > 0):
+            raise ValueError(f"TTFT p90 target must be > 0 s, got {self.ttft_p90_s}")
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            raise ValueError(
+                f"need 1 <= min replicas <= max replicas, got {self.min_replicas}, "
+                f"{self.max_replicas}"
+            )
+        if self.attainment is not None and not 0 < self.attainment < 1:
+            raise ValueError(f"attainment must be in (0, 1), got {self.attainment}")
+        if self.max_batch < 1 or self.max_step < 1:
+            raise ValueError("need max batch >= 1 and max step >= 1")
+        if not 0 < self.max_utilisation <= 1 or not 0 < self.down_ttft_fraction < 1:
+            raise ValueError("need 0 < max utilisation <= 1 and 0 < down TTFT fraction < 1")
+        if not self.down_window_s >= 0:
+            raise ValueError(f"down window must be >= 0 s, got {self.down_window_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class ScalerState:
+    # (time, recommended replicas) over the last down window, oldest first
+    recommendations: tuple[tuple[float, int], ...] = ()
+
+    def to_status(self) -> dict[str, object]:
+        return {"recommendations": [[t, n] for t, n in self.recommendations]}
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, object] | None) -> ScalerState:
+        """Tolerant: anything unreadable restarts the window empty (scale-down waits)."""
+        if not isinstance(status, Mapping):
+            return cls()
+        items = status.get("recommendations")
+        if not isinstance(items, list):
+            return cls()
+        kept = []
+        for item in items:
+            if isinstance(item, list) and len(item) == 2 and all(_is_number(v) for v in item):
+                kept.append((float(item[0]), int(item[1])))
+        return cls(tuple(kept))
+
+
+def _is_number(value: object) -> bool:
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleDecision:
+    replicas: int
+    reason: str
+    state: ScalerState
+
+    def changed(self, replicas: int) -> bool:
+        return self.replicas != replicas
+
+
+def _up_step(replicas: int, settings: ScalerSettings) -> int:
+    return max(1, math.ceil(settings.up_fraction * replicas))
+
+
+def _ttft_p90(stats: PoolStats, settings: ScalerSettings) -> float | None:
+    """The window's GEN TTFT p90, or ``None`` when too few first tokens make it noise."""
+    return stats.ttft_p90 if stats.num_first_tokens >= settings.min_samples else None
+
+
+def _attainment(stats: PoolStats, settings: ScalerSettings) -> float | None:
+    if stats.completed_window < settings.min_samples or stats.below_target_window is None:
+        return None
+    return 1.0 - stats.below_target_window
+
+
+def _knobs_can_fix_ttft(stats: PoolStats, settings: ScalerSettings) -> bool:
+    """The tuner can still trade attainment for TTFT: cap below its bound, budget left."""
+    if settings.cap_max is None or settings.attainment is None:
+        return False
+    cap_per_worker = stats.cap / max(1, stats.workers_reporting)
+    attainment = _attainment(stats, settings)
+    has_budget = attainment is None or attainment > settings.attainment
+    return cap_per_worker < settings.cap_max and has_budget
+
+
+def _misses_from_queueing(stats: PoolStats, settings: ScalerSettings) -> bool:
+    """Victims mostly laxity victims (resumed in time): pauses are not the cause."""
+    if stats.victims_window < settings.min_victims:
+        return True  # barely any pausing: the misses come from waiting
+    return stats.victim_share("below_target", "sacrificed") < 0.5
+
+
+def _needed_for_load(stats: PoolStats, settings: ScalerSettings) -> int:
+    """Replicas whose batch positions hold the window's load at ``max_utilisation``."""
+    batch = stats.batch_mean or 0.0
+    load = batch * stats.workers_reporting + stats.paused + stats.waiters
+    return math.ceil(load / (settings.max_utilisation * settings.max_batch))
+
+
+def _has_slack(stats: PoolStats, settings: ScalerSettings) -> bool:
+    """The SLO holds with room to spare (a quiet window with no first tokens does too)."""
+    p90 = _ttft_p90(stats, settings)
+    if p90 is not None and p90 > settings.down_ttft_fraction * settings.ttft_p90_s:
+        return False
+    attainment = _attainment(stats, settings)
+    return settings.attainment is None or attainment is None or attainment >= settings.attainment
+
+
+def recommend(replicas: int, stats: PoolStats, settings: ScalerSettings) -> tuple[int, str]:
+    """This round's recommendation and why, before stabilisation and bounds."""
+    p90 = _ttft_p90(stats, settings)
+    ttft_miss = p90 is not None and p90 > settings.ttft_p90_s
+    completions = max(1, stats.completed_window)
+    falling_behind = (
+        stats.arrivals_window > (1 + settings.outrun_margin) * completions
+        and stats.waiters >= settings.min_waiters_per_replica * stats.workers_reporting
+    )
+    if falling_behind:
+        needed = math.ceil(replicas * stats.arrivals_window / completions)
+        return max(needed, replicas + 1), "up-arrivals-outrun-completions"
+    if ttft_miss:
+        assert p90 is not None
+        severe = p90 > settings.severe_factor * settings.ttft_p90_s
+        if severe or not _knobs_can_fix_ttft(stats, settings):
+            return replicas + _up_step(replicas, settings), "up-ttft-miss"
+        return replicas, "hold-knobs-first"
+    attainment = _attainment(stats, settings)
+    target = settings.attainment
+    if target is not None and attainment is not None and attainment < target:
+        if _misses_from_queueing(stats, settings):
+            return replicas + _up_step(replicas, settings), "up-attainment-miss-queueing"
+        return replicas, "hold-knobs-first"
+    needed = _needed_for_load(stats, settings)
+    if needed < replicas and _has_slack(stats, settings):
+        return needed, "down-utilisation-low"
+    return replicas, "hold"
+
+
+def scale(
+    replicas: int,
+    num_ready: int,
+    stats: PoolStats | None,
+    settings: ScalerSettings,
+    state: ScalerState,
+    now: float,
+) -> ScaleDecision:
+    """One round. ``replicas`` is the desired count in force, ``num_ready`` how many serve."""
+    horizon = settings.down_window_s + _TOLERANCE_S
+    window = tuple((t, n) for t, n in state.recommendations if 0 <= now - t <= horizon)
+    bounded = min(max(replicas, settings.min_replicas), settings.max_replicas)
+    if bounded != replicas:  # the bounds are the user's spec: obey at once
+        return ScaleDecision(bounded, "clamp-to-bounds", ScalerState(window))
+    if stats is None:  # no stats: neither up nor down, and the down window restarts
+        return ScaleDecision(replicas, "stats-missing", ScalerState())
+    target, reason = recommend(replicas, stats, settings)
+    state = replace(state, recommendations=(*window, (now, target)))
+    if target > replicas:
+        if num_ready < replicas:  # replicas are still starting: let them land first
+            return ScaleDecision(replicas, "hold-starting", state)
+        up = min(target, replicas + settings.max_step, settings.max_replicas)
+        return ScaleDecision(up, reason if up > replicas else "hold-at-max", state)
+    if target < replicas:
+        oldest = state.recommendations[0][0]
+        if now - oldest < settings.down_window_s - _TOLERANCE_S:  # window not yet covered
+            return ScaleDecision(replicas, "hold-down-window", state)
+        highest = max(n for _, n in state.recommendations)
+        down = min(replicas, max(highest, replicas - settings.max_step, settings.min_replicas))
+        return ScaleDecision(down, reason if down < replicas else "hold-down-window", state)
+    return ScaleDecision(replicas, reason, state)
