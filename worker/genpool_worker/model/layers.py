@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from .gguf_weights import LlamaConfig
+from .config import LlamaConfig
 from .linear import Linear
 
 
@@ -46,7 +47,12 @@ class LayerWeights:
     """
 
     def __init__(
-        self, w: dict[str, torch.Tensor], i: int, to: dict[str, Any], pack: bool, tp: Shard
+        self,
+        w: MutableMapping[str, torch.Tensor],
+        i: int,
+        to: dict[str, Any],
+        pack: bool,
+        tp: Shard,
     ) -> None:
         p = f"blk.{i}."
 
@@ -56,12 +62,42 @@ class LayerWeights:
                 t = t.chunk(tp.size, dim=dim)[tp.rank]
             return t.to(**to).contiguous()
 
+        def bias(name: str, dim: int) -> torch.Tensor | None:
+            t = w.pop(p + name + ".bias", None)
+            if t is None:
+                return None
+            if dim == 0:  # column-parallel: each rank its slice of the outputs
+                return t.chunk(tp.size)[tp.rank].to(**to).contiguous()
+            # Row-parallel: the partial sums are all-reduced, so one rank adds the bias.
+            return t.to(**to).contiguous() if tp.rank == 0 else None
+
         self.attn_norm = take("attn_norm")
         self.ffn_norm = take("ffn_norm")
         # One GEMM for Q|K|V and one for gate|up instead of three and two: fewer
         # kernel launches and better GEMM shapes at decode batch sizes.
         qkv = [take("attn_q", 0), take("attn_k", 0), take("attn_v", 0)]
-        self.qkv = Linear(torch.cat(qkv), pack=pack)
-        self.o = Linear(take("attn_output", 1), pack=pack)
-        self.gate_up = Linear(torch.cat([take("ffn_gate", 0), take("ffn_up", 0)]), pack=pack)
-        self.down = Linear(take("ffn_down", 1), pack=pack)
+        self.qkv = Linear(
+            torch.cat(qkv), bias=_fused_bias(qkv, bias, "attn_q attn_k attn_v"), pack=pack
+        )
+        self.o = Linear(take("attn_output", 1), bias=bias("attn_output", 1), pack=pack)
+        gate_up = [take("ffn_gate", 0), take("ffn_up", 0)]
+        self.gate_up = Linear(
+            torch.cat(gate_up), bias=_fused_bias(gate_up, bias, "ffn_gate ffn_up"), pack=pack
+        )
+        self.down = Linear(take("ffn_down", 1), bias=bias("ffn_down", 1), pack=pack)
+
+
+def _fused_bias(
+    weights: list[torch.Tensor], bias: Callable[[str, int], torch.Tensor | None], names: str
+) -> torch.Tensor | None:
+    """The bias of a fused projection: zeros for the parts that have none (Qwen2 has
+    Q/K/V biases, Llama with ``attention_bias`` too; most checkpoints none at all)."""
+    parts = [bias(name, 0) for name in names.split()]
+    if all(b is None for b in parts):
+        return None
+    return torch.cat(
+        [
+            torch.zeros(w.shape[0], dtype=w.dtype, device=w.device) if b is None else b
+            for w, b in zip(weights, parts, strict=True)
+        ]
+    )

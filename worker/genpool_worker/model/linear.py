@@ -35,11 +35,14 @@ def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class Linear:
-    """A bias-free linear layer over an ``[out, in]`` weight."""
+    """A linear layer over an ``[out, in]`` weight and an optional ``[out]`` bias."""
 
-    def __init__(self, weight: torch.Tensor, *, pack: bool) -> None:
+    def __init__(
+        self, weight: torch.Tensor, *, pack: bool, bias: torch.Tensor | None = None
+    ) -> None:
         self.out_features, self.in_features = weight.shape
-        self._packed: torch.Tensor | None = _pack(weight) if pack else None
+        self.bias = bias
+        self._packed: torch.Tensor | None = _pack(weight, bias) if pack else None
         # Keep only one copy of the weight: the packed one replaces the plain one.
         self._weight: torch.Tensor | None = None if self._packed is not None else weight
 
@@ -52,26 +55,30 @@ class Linear:
         if self._packed is not None:
             ops: Any = torch.ops.mkldnn
             if residual is None:
-                out: torch.Tensor = ops._linear_pointwise(x, self._packed, None, "none", [], "")
+                out: torch.Tensor = ops._linear_pointwise(
+                    x, self._packed, self.bias, "none", [], ""
+                )
             else:
-                out = ops._linear_pointwise.binary(x, residual, self._packed, None, "add")
+                out = ops._linear_pointwise.binary(x, residual, self._packed, self.bias, "add")
             return out
         assert self._weight is not None
         if residual is None:
-            return F.linear(x, self._weight)
+            return F.linear(x, self._weight, self.bias)
+        if self.bias is not None:
+            residual = residual + self.bias
         return torch.addmm(residual, x, self._weight.t())
 
 
-def _pack(weight: torch.Tensor) -> torch.Tensor | None:
+def _pack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     ops: Any = torch.ops.mkldnn
     try:
         with torch.inference_mode():
             packed: torch.Tensor = ops._reorder_linear_weight(weight)
             probe = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0))
             base = torch.randn(3, weight.shape[0], generator=torch.Generator().manual_seed(1))
-            want = F.linear(probe, weight)
-            got = ops._linear_pointwise(probe, packed, None, "none", [], "")
-            got_res = ops._linear_pointwise.binary(probe, base, packed, None, "add")
+            want = F.linear(probe, weight, bias)
+            got = ops._linear_pointwise(probe, packed, bias, "none", [], "")
+            got_res = ops._linear_pointwise.binary(probe, base, packed, bias, "add")
     except (RuntimeError, NotImplementedError):
         log.debug("oneDNN weight packing unavailable; using F.linear", exc_info=True)
         return None

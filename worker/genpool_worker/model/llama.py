@@ -11,6 +11,7 @@ relies on.
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .checks import check_decode, check_prefill
-from .gguf_weights import LlamaConfig, find_smollm2_gguf, load_gguf
+from .config import LlamaConfig
+from .gguf_weights import find_smollm2_gguf, load_gguf
+from .hf_weights import load_hf_checkpoint
 from .kv_cache import KVCache
 from .layers import LayerWeights, Shard
 from .linear import Linear, onednn_available
@@ -34,12 +37,12 @@ class LlamaModel:
     def __init__(
         self,
         config: LlamaConfig,
-        weights: dict[str, torch.Tensor],
+        weights: MutableMapping[str, torch.Tensor],
         *,
         num_slots: int,
         max_seq_len: int,
         device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | None = None,
         name: str | None = None,
         consume_weights: bool = False,
         use_onednn: bool | None = None,
@@ -50,7 +53,9 @@ class LlamaModel:
         raw and fused copies never coexist in full (halves the loading peak memory).
         ``use_onednn``: pre-packed oneDNN GEMMs (CPU float32); None = when available.
         ``tp_rank``/``tp_size``: this process's tensor-parallel shard; with tp_size > 1
-        torch.distributed must be initialised (gloo on CPU, NCCL on GPU)."""
+        torch.distributed must be initialised (gloo on CPU, NCCL on GPU).
+        ``dtype``: None = bfloat16 on CUDA, float32 elsewhere (weights and KV cache).
+        ``device="cuda"`` without an index means ``cuda:<tp_rank>``: one GPU per rank."""
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         if not 1 <= max_seq_len <= config.context_length:
@@ -70,14 +75,16 @@ class LlamaModel:
         self.vocab_size = config.vocab_size
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len
-        self.device = torch.device(device)
+        self.device = _rank_device(torch.device(device), tp_rank)
+        if dtype is None:
+            dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.dtype = dtype
         to: dict[str, Any] = {"device": self.device, "dtype": dtype}
         available = onednn_available(self.device, dtype)
         if use_onednn and not available:
             raise ValueError("use_onednn=True needs a float32 CPU model and torch with oneDNN")
         pack = available if use_onednn is None else use_onednn
-        w = weights if consume_weights else dict(weights)
+        w: MutableMapping[str, torch.Tensor] = weights if consume_weights else dict(weights)
         self._embed = w.pop("token_embd.weight").to(**to)
         # GGUF omits output.weight when the LM head is tied to the embedding (SmolLM2);
         # a packed head is then a second copy (+113 MB), which buys ~40% of its GEMM.
@@ -104,6 +111,21 @@ class LlamaModel:
         config, weights = load_gguf(path)
         kwargs.setdefault("name", path.name.removesuffix(".gguf"))
         return cls(config, weights, consume_weights=True, **kwargs)
+
+    @classmethod
+    def from_hf_dir(cls, directory: str | Path, **kwargs: Any) -> LlamaModel:
+        """Load a Hugging Face checkpoint directory (Llama, Mistral or Qwen2)."""
+        directory = Path(directory)
+        config, weights = load_hf_checkpoint(directory, int(kwargs["max_seq_len"]))
+        kwargs.setdefault("name", config.name)
+        return cls(config, weights, consume_weights=True, **kwargs)
+
+    @classmethod
+    def load(cls, path: str | Path, **kwargs: Any) -> LlamaModel:
+        """A checkpoint directory (``from_hf_dir``) or a GGUF file (``from_gguf``)."""
+        if Path(path).is_dir():
+            return cls.from_hf_dir(path, **kwargs)
+        return cls.from_gguf(path, **kwargs)
 
     @property
     def dummy_slot(self) -> int:
@@ -211,3 +233,13 @@ class LlamaModel:
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self._lm_head(self._norm(x, self._out_norm)).float()
+
+
+def _rank_device(device: torch.device, tp_rank: int) -> torch.device:
+    """``cuda`` alone means this rank's own GPU (NCCL needs one device per rank)."""
+    if device.type != "cuda":
+        return device
+    if device.index is None:
+        device = torch.device("cuda", tp_rank % max(torch.cuda.device_count(), 1))
+    torch.cuda.set_device(device)
+    return device

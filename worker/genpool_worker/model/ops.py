@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
-from .gguf_weights import LlamaConfig
+from .config import LlamaConfig, RopeScaling
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -24,12 +26,33 @@ def rope_tables(
     """
     d = config.head_dim
     inv_freq = 1.0 / (config.rope_base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    if config.rope_scaling is not None:
+        inv_freq = scale_frequencies(inv_freq, config.rope_scaling)
     angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
     emb = torch.cat([angles, angles], dim=-1)
     # rotate_half(x) * sin == roll(x, d/2) * [-sin | sin]: one op instead of three.
     sin = emb.sin()
     signed_sin = torch.cat([-sin[:, : d // 2], sin[:, d // 2 :]], dim=-1)
     return emb.cos().to(device, dtype), signed_sin.to(device, dtype)
+
+
+def scale_frequencies(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
+    """transformers' ``linear`` and ``llama3`` RoPE scaling of the inverse frequencies.
+
+    llama3 (Llama 3.1+): wavelengths longer than ``original / low_freq_factor`` are
+    stretched by ``factor``, shorter than ``original / high_freq_factor`` kept, and
+    the band between interpolated smoothly.
+    """
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    original = scaling.original_context_length
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / scaling.factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    is_medium = ~(wavelen < original / high) * ~(wavelen > original / low)
+    return torch.where(is_medium, smoothed, scaled)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

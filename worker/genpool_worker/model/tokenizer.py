@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .config import ModelLoadError
 from .gguf_weights import GGUFLoadError
 
 log = logging.getLogger(__name__)
@@ -40,25 +41,28 @@ def _file_digest(path: Path) -> str:
 class Tokenizer:
     """The few operations the worker needs, over a transformers fast tokenizer."""
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, *, add_special_tokens: bool = False) -> None:
+        """``add_special_tokens``: what ``encode`` adds (an HF tokenizer's own BOS rule)."""
         self._tok = backend
+        self._add_special_tokens = add_special_tokens
         eos = backend.eos_token_id
         if eos is None:
-            raise GGUFLoadError("the GGUF tokenizer has no EOS token")
+            raise ModelLoadError("the tokenizer has no EOS token")
         self.eos_token_id: int = int(eos)
         bos = backend.bos_token_id
         self.bos_token_id: int | None = None if bos is None else int(bos)
         self.vocab_size: int = len(backend)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of plain text (no BOS: the GGUF sets ``add_bos_token = false``)."""
-        return list(self._tok.encode(text, add_special_tokens=False))
+        """Token ids of plain text: no BOS for the GGUF (it sets ``add_bos_token = false``);
+        an HF checkpoint's tokenizer adds what its own config says (Llama: BOS)."""
+        return list(self._tok.encode(text, add_special_tokens=self._add_special_tokens))
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
-        """Ids of a chat rendered with the GGUF's template, ending with the assistant prompt."""
+        """Ids of a chat in the checkpoint's template, ending with the assistant prompt."""
         encoded = self._tok.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True, return_dict=True
         )
@@ -66,10 +70,13 @@ class Tokenizer:
 
 
 def load_tokenizer(gguf_path: str | Path, *, use_cache: bool = True) -> Tokenizer:
-    """Tokenizer of a GGUF file, from the cache when the same file was converted before."""
+    """Tokenizer of a GGUF file (from the cache when the same file was converted before)
+    or of an HF checkpoint directory (``tokenizer.json``, ``tokenizer_config.json``)."""
     from transformers import AutoTokenizer
 
     gguf_path = Path(gguf_path)
+    if gguf_path.is_dir():
+        return _load_hf_tokenizer(gguf_path)
     if not gguf_path.is_file():
         raise GGUFLoadError(f"GGUF file not found: {gguf_path}")
     cached = cache_root() / "tokenizers" / _file_digest(gguf_path) if use_cache else None
@@ -85,6 +92,18 @@ def load_tokenizer(gguf_path: str | Path, *, use_cache: bool = True) -> Tokenize
     if cached is not None:
         _save(backend, cached)
     return Tokenizer(backend)
+
+
+def _load_hf_tokenizer(directory: Path) -> Tokenizer:
+    from transformers import AutoTokenizer
+
+    try:
+        backend = AutoTokenizer.from_pretrained(directory)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot read a tokenizer from {directory}: {exc}") from exc
+    if getattr(backend, "chat_template", None) is None:
+        log.warning("%s has no chat template: chat requests will fail", directory)
+    return Tokenizer(backend, add_special_tokens=True)
 
 
 def _save(backend: Any, target: Path) -> None:
