@@ -163,7 +163,7 @@ def bench_one(scale: Scale, mode: str, passes: Passes) -> dict[str, Any]:
     if not scheduler.queue.target.is_initialised:
         raise RuntimeError(f"{mode} {scale.name}: admission target X not initialised in warm-up")
 
-    counters = scheduler.policy.counters
+    counters = scheduler.pausing.counters
     victims_before = dict(counters.victims)
     forced_before = counters.forced_resumes
     step_ns: list[int] = []
@@ -178,7 +178,7 @@ def bench_one(scale: Scale, mode: str, passes: Passes) -> dict[str, Any]:
     }
     b = scheduler.max_batch_size
     h = scheduler.slots.resident_headroom()
-    p = scheduler.policy.paused_cap
+    p = scheduler.knobs.paused_cap
     gc.collect()
     for _ in range(passes.measured):
         # Gauges as the pass sees them (before it runs), taken outside the timing.

@@ -104,10 +104,6 @@ class AdmissionQueue:
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._index
 
-    @property
-    def num_keyed(self) -> int:
-        return len(self._keyed)
-
     def can_push(self) -> bool:
         return len(self._index) < self.max_length
 

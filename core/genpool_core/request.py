@@ -103,10 +103,6 @@ class GenRequest:
         return self.arrival_time is not None
 
     @property
-    def is_resident(self) -> bool:
-        return self.status in (RequestStatus.ACTIVE, RequestStatus.PAUSED)
-
-    @property
     def num_remaining_tokens(self) -> int:
         return self.max_tokens - self.num_output_tokens
 

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from genpool_core import ttft_histogram
 from genpool_core.admission import AdaptiveTarget, AdmissionQueue
+from genpool_core.knobs import Knobs
+from genpool_core.live import LiveConfig
 from genpool_core.plan import GenPlan
 from genpool_core.preemption import (
     GenCapacity,
     GenPreemptionSettings,
+    PauseLane,
+    PreemptionMode,
     PreemptionPolicy,
     Victim,
     create_gen_preemption,
@@ -46,7 +50,11 @@ class GenScheduler:
         if not (math.isfinite(self.config.stat_interval_s) and self.config.stat_interval_s > 0):
             raise ValueError(f"stat_interval_s must be > 0, got {self.config.stat_interval_s}")
         self.policy = policy
+        self.pausing = PauseLane()
         cap = policy.capacity
+        self._knobs = Knobs(cap.resident_headroom, cap.paused_cap)
+        self._is_preemption_on = policy.mode is not PreemptionMode.OFF
+        self._per_pass_budget = policy.settings.per_pass_budget
         settings = policy.settings
         self.max_batch_size = cap.max_batch_size
         self.slots = SlotPool(cap.max_batch_size, cap.resident_headroom, cap.max_resident_headroom)
@@ -139,40 +147,28 @@ class GenScheduler:
         if plan.batch_ids:
             self._num_steps += 1
             self._batch_sum += len(plan.batch_ids)
-            self.policy.observe_step_time(now - plan.now)
+            self.policy.on_step_time(now - plan.now)
 
-    def set_knobs(
-        self,
-        *,
-        resident_headroom: int | None = None,
-        paused_cap: int | None = None,
-        slack_s: float | None = None,
-        admission_target_min_s: float | None = None,
-        admission_target_max_s: float | None = None,
-    ) -> None:
-        """Live changes (operator). All values are checked before any is applied."""
-        headroom = (
-            self.slots.resident_headroom() if resident_headroom is None else resident_headroom
-        )
-        cap = self.policy.paused_cap if paused_cap is None else paused_cap
+    @property
+    def knobs(self) -> Knobs:
+        """The knobs as last set (a live decrease applies as residents finish)."""
+        return self._knobs
+
+    def live_config(self) -> LiveConfig:
         target = self.queue.target
-        x_min = target.x_min if admission_target_min_s is None else admission_target_min_s
-        x_max = target.x_max if admission_target_max_s is None else admission_target_max_s
-        ceiling = self.slots.max_resident_headroom()
-        if not 0 <= headroom <= ceiling:
-            raise ValueError(f"resident_headroom={headroom} must be within [0, {ceiling}]")
-        if cap > 0 and not self.policy.is_enabled:
-            raise ValueError("paused_cap must be 0 while preemption is off")
-        if cap < 0 or cap > headroom:
-            raise ValueError(f"paused_cap={cap} must be within [0, resident_headroom={headroom}]")
-        if slack_s is not None and not (math.isfinite(slack_s) and slack_s >= 0.0):
-            raise ValueError(f"slack_s must be a finite value >= 0, got {slack_s}")
-        AdaptiveTarget(x_min, x_max)  # validates the bounds without touching state
-        self.slots.set_resident_headroom(headroom)
-        self.policy.paused_cap = cap
-        target.set_bounds(x_min, x_max)
-        if slack_s is not None:
-            self.queue.slack_s = slack_s
+        return LiveConfig(self._knobs, self.queue.slack_s, target.x_min, target.x_max)
+
+    def reconfigure(self, config: LiveConfig) -> None:
+        """Apply a live change (operator, tuner); all of it is checked before any applies."""
+        config.check(self.slots.max_resident_headroom(), self._is_preemption_on)
+        self._knobs = config.knobs
+        self.slots.set_resident_headroom(config.knobs.resident_headroom)
+        self.queue.target.set_bounds(config.admission_target_min_s, config.admission_target_max_s)
+        self.queue.slack_s = config.slack_s
+
+    def set_knobs(self, knobs: Knobs) -> None:
+        """Apply new knobs (H and P together), checked as a pair."""
+        self.reconfigure(replace(self.live_config(), knobs=knobs))
 
     # -- the pass ------------------------------------------------------------------
 
@@ -190,7 +186,7 @@ class GenScheduler:
         resumed += swapped_in + self._resume(now, due_only=False)
         paused = swapped_out + paused
         active = list(self._active.values())
-        paused_now = list(self.policy.lane)
+        paused_now = list(self.pausing)
         plan = GenPlan(
             now=now,
             batch_ids=tuple(r.request_id for r in active),
@@ -211,7 +207,7 @@ class GenScheduler:
         self._pending_finish.clear()
         for request_id, reason in finished:
             request = self._residents.pop(request_id)
-            self.policy.release(request, now)
+            self.pausing.release(request, now)
             self._active.pop(request_id, None)
             assert request.slot is not None
             self.slots.free(request.slot)
@@ -221,19 +217,21 @@ class GenScheduler:
                 self._num_aborted += 1
             else:
                 self._num_completed += 1
-                self.policy.on_complete(request, now)
+                is_below_target = self.policy.on_complete(request, now)
+                if is_below_target is not None:
+                    self.pausing.count_completion(is_below_target)
         return [request_id for request_id, _ in finished]
 
     def _resume(self, now: float, *, due_only: bool) -> list[str]:
         """Due resumes take free batch positions first; later, idle positions go early."""
         resumed: list[str] = []
-        lane = self.policy.lane
+        lane = self.pausing
         while len(self._active) < self.max_batch_size and (
             lane.is_head_due(now) if due_only else len(lane) > 0
         ):
             request = lane.peek()
             assert request is not None
-            self.policy.resume(request, now)
+            lane.resume(request, now)
             self._active[request.request_id] = request
             resumed.append(request.request_id)
         return resumed
@@ -258,22 +256,21 @@ class GenScheduler:
         ``per_pass_budget`` swaps per pass; hysteresis and the pause limits stop
         ping-pong.
         """
-        lane = self.policy.lane
+        lane = self.pausing
         # Over a live-lowered cap, pausing stops: due requests wait for free positions.
-        if not lane.is_head_due(now) or self.policy.num_paused > self.policy.paused_cap:
+        if not lane.is_head_due(now) or len(lane) > self._knobs.paused_cap:
             return [], []
         victims = self._victims(now)
         out: list[str] = []
         into: list[str] = []
-        while len(out) < self.policy.settings.per_pass_budget and lane.is_head_due(now):
+        while len(out) < self._per_pass_budget and lane.is_head_due(now):
             victim = next(victims, None)
             if victim is None:
                 break
             due = lane.peek()
             assert due is not None
-            self.policy.pause(victim, now)
-            del self._active[victim.request.request_id]
-            self.policy.resume(due, now)
+            self._pause(victim, now)
+            lane.resume(due, now)
             self._active[due.request_id] = due
             out.append(victim.request.request_id)
             into.append(due.request_id)
@@ -292,18 +289,18 @@ class GenScheduler:
         request.resident_since = now
         request.tokens_at_admission = request.num_output_tokens
         request.is_slo_counted = request.is_keyed and is_after_warmup
-        self.policy.start_run(request, now)
+        self.pausing.start_run(request, now)
         self._active[request.request_id] = request
         self._residents[request.request_id] = request
         return request.request_id
 
     def _pause_for_at_risk(self, now: float) -> tuple[list[str], list[str]]:
-        if not self.policy.is_enabled or not self.queue.is_head_at_risk(now):
+        if not self._is_preemption_on or not self.queue.is_head_at_risk(now):
             return [], []
         budget = min(
             self.queue.num_at_risk(now),
-            self.policy.settings.per_pass_budget,
-            self.policy.paused_cap - self.policy.num_paused,
+            self._per_pass_budget,
+            self._knobs.paused_cap - len(self.pausing),
             self.slots.num_free,
         )
         paused: list[str] = []
@@ -317,11 +314,15 @@ class GenScheduler:
             victim = next(victims, None)
             if victim is None:
                 break
-            self.policy.pause(victim, now)
-            del self._active[victim.request.request_id]
+            self._pause(victim, now)
             paused.append(victim.request.request_id)
             admitted.append(self._admit_head(now))
         return paused, admitted
+
+    def _pause(self, victim: Victim, now: float) -> None:
+        self.pausing.pause(victim, now)
+        self.policy.on_pause(victim)
+        del self._active[victim.request.request_id]
 
     def _maybe_stat_line(self, now: float) -> str | None:
         interval = self.config.stat_interval_s
@@ -352,7 +353,7 @@ class GenScheduler:
 
     @property
     def num_paused(self) -> int:
-        return self.policy.num_paused
+        return len(self.pausing)
 
     @property
     def num_residents(self) -> int:
@@ -376,10 +377,10 @@ class GenScheduler:
         """(H, P) in force: a live decrease applies as residents finish, never evicting."""
         paused = self.num_paused
         headroom = max(self.slots.resident_headroom(), self.num_residents - self.max_batch_size)
-        return max(headroom, paused), max(self.policy.paused_cap, paused)
+        return max(headroom, paused), max(self._knobs.paused_cap, paused)
 
     def make_stats(self, now: float) -> SchedulerStats:
-        counters = self.policy.counters
+        counters = self.pausing.counters
         return SchedulerStats(
             t=now,
             mode=self.policy.mode.value,
@@ -387,7 +388,7 @@ class GenScheduler:
             residents=self.num_residents,
             active=self.num_active,
             paused=self.num_paused,
-            paused_cap=self.policy.paused_cap,
+            paused_cap=self._knobs.paused_cap,
             resident_headroom=self.slots.resident_headroom(),
             waiters=self.num_waiting,
             at_risk=self.queue.num_at_risk(now),
@@ -405,5 +406,5 @@ class GenScheduler:
             steps=self._num_steps,
             batch_sum=self._batch_sum,
             ttft_counts=tuple(self._ttft_counts),
-            mode_fields=self.policy.stat_fields(now, self.policy.lane),
+            mode_fields=self.policy.stat_fields(now, self.pausing),
         )

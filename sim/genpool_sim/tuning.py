@@ -47,7 +47,7 @@ class SimTuner:
     def attach(self, cluster: Cluster) -> None:
         """Start-up knobs clamped into the bounds, as the operator writes worker.json."""
         scheduler = cluster.workers[0].scheduler
-        start = Knobs(scheduler.slots.resident_headroom(), scheduler.policy.paused_cap)
+        start = scheduler.knobs
         self.knobs = self.config.bounds.clamp(start)
         if self.knobs != start:
             self._push(cluster)
@@ -77,9 +77,7 @@ class SimTuner:
     def _push(self, cluster: Cluster) -> None:
         assert self.knobs is not None
         for worker in cluster.workers:
-            worker.scheduler.set_knobs(
-                resident_headroom=self.knobs.resident_headroom, paused_cap=self.knobs.paused_cap
-            )
+            worker.scheduler.set_knobs(self.knobs)
 
     @property
     def num_changes(self) -> int:

@@ -2,7 +2,12 @@
 
 import pytest
 
-from genpool_core.preemption import GenCapacity, TpotBudgetPolicy, create_gen_preemption
+from genpool_core.preemption import (
+    GenCapacity,
+    PauseLane,
+    TpotBudgetPolicy,
+    create_gen_preemption,
+)
 from genpool_core.request import VictimKind
 from tests.unit.support import make_active
 
@@ -41,8 +46,8 @@ def finish_paused(policy: TpotBudgetPolicy, paused: float, unpaused: float) -> N
     request = make_active("c", max_tokens=50, gen_tokens=49, now=unpaused, unpaused=unpaused)
     request.num_pauses = 1
     request.paused_time = paused
-    policy.release(request, unpaused)
-    policy.on_complete(request, unpaused)
+    PauseLane().release(request, unpaused)
+    assert policy.on_complete(request, unpaused) is None  # no rate target in this mode
 
 
 def test_window_law_lengthens_when_under_budget_and_shortens_over() -> None:

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from genpool_core.admission import QueueFullError
+from genpool_core.knobs import Knobs
 from genpool_core.request import FinishReason, RequestStatus
 from genpool_core.scheduler import GenScheduler, UnknownRequestError
 from genpool_core.statline import parse_statline
@@ -58,7 +59,7 @@ def test_tpot_request_paused_twice_then_third_pause_refused() -> None:
     assert r1.num_pauses == 2 and r1.paused_time == pytest.approx(0.25)
     # r4 has been at risk since 3.25, but r1 is at max_pauses_per_request = 2.
     assert scheduler.num_waiting == 1 and scheduler.queue.is_head_at_risk(5.0)
-    assert scheduler.policy.counters.pauses == 2
+    assert scheduler.pausing.counters.pauses == 2
 
 
 def test_slo_full_pass_pauses_the_laxity_victim_and_keeps_its_slot() -> None:
@@ -81,8 +82,8 @@ def test_slo_full_pass_pauses_the_laxity_victim_and_keeps_its_slot() -> None:
     r2 = scheduler.get_request("r2")
     assert r2.status is RequestStatus.PAUSED and r2.slot == 1
     assert r2.resume_due == pytest.approx(1.5 + min(7.5 - 0.2, 0.35 * 20))
-    assert scheduler.policy.counters.victims == {"laxity": 1}
-    assert scheduler.policy.counters.laxity_sum == pytest.approx(7.5)
+    assert scheduler.pausing.counters.victims == {"laxity": 1}
+    assert scheduler.pausing.counters.laxity_sum == pytest.approx(7.5)
     check_invariants(scheduler)
 
 
@@ -138,8 +139,8 @@ def test_due_resumes_take_free_positions_before_admissions_in_due_order() -> Non
     events = drive(scheduler, 11.5, {}, start=1.5625)
     resumes = [(t, p.resumed_ids, p.admitted_ids, p.paused_ids) for t, p in events if p.resumed_ids]
     assert resumes == [(8.5, ("b",), (), ("x1",)), (11.0, ("a",), (), ())]
-    assert scheduler.policy.counters.forced_resumes == 1  # b; a came back early
-    assert scheduler.policy.counters.laxity_resumes == 2
+    assert scheduler.pausing.counters.forced_resumes == 1  # b; a came back early
+    assert scheduler.pausing.counters.laxity_resumes == 2
 
 
 def test_unkeyed_and_warmup_requests_never_trigger_pauses() -> None:
@@ -163,7 +164,7 @@ def test_preemption_off_never_pauses() -> None:
     for i in range(100):
         plan = run_pass(scheduler, 0.05 * i, 0.05)
         assert plan.paused_ids == () and len(plan.batch_ids) <= 2
-    assert scheduler.slots.num_slots == 2 and scheduler.policy.counters.pauses == 0
+    assert scheduler.slots.num_slots == 2 and scheduler.pausing.counters.pauses == 0
 
 
 def test_stat_line_every_interval_of_the_pass_clock() -> None:
@@ -212,7 +213,7 @@ def test_plans_are_rank_identical_for_identical_inputs() -> None:
             stops = tuple(rid for rid in plan.batch_ids if hash(rid) % 97 == 0)
             scheduler.postprocess(plan, now + DT, stops)
             digests.append(plan.digest())
-        assert scheduler.policy.counters.pauses > 0  # the run exercises pausing
+        assert scheduler.pausing.counters.pauses > 0  # the run exercises pausing
         return digests
 
     assert replay() == replay()
@@ -300,21 +301,29 @@ def test_live_knobs_validate_then_apply() -> None:
             "max_resident_headroom": 4,
         },
     )
+    config = scheduler.live_config()
     with pytest.raises(ValueError, match=r"within \[0, 4\]"):
-        scheduler.set_knobs(resident_headroom=5)
+        scheduler.set_knobs(Knobs(resident_headroom=5, paused_cap=2))
     with pytest.raises(ValueError, match="paused_cap=3"):
-        scheduler.set_knobs(paused_cap=3)
+        scheduler.set_knobs(Knobs(resident_headroom=2, paused_cap=3))
     with pytest.raises(ValueError, match="slack_s"):
-        scheduler.set_knobs(paused_cap=1, slack_s=math.nan)
-    assert scheduler.policy.paused_cap == 2  # nothing applied from the failed call
+        scheduler.reconfigure(config.updated({"paused_cap": 1, "slack_s": math.nan}))
+    assert scheduler.knobs == Knobs(2, 2)  # nothing applied from the failed call
+    assert scheduler.live_config() == config
     with pytest.raises(ValueError, match="bounds"):
-        scheduler.set_knobs(admission_target_min_s=9.0, admission_target_max_s=1.0)
-    scheduler.set_knobs(resident_headroom=4, paused_cap=3, slack_s=1.0)
-    assert scheduler.slots.num_slots == 6 and scheduler.policy.paused_cap == 3
+        scheduler.reconfigure(
+            config.updated({"admission_target_min_s": 9.0, "admission_target_max_s": 1.0})
+        )
+    with pytest.raises(ValueError, match="not live fields: generation"):
+        config.updated({"generation": 3})
+    with pytest.raises(TypeError, match="paused_cap must be an integer"):
+        config.updated({"paused_cap": 1.5})
+    scheduler.reconfigure(config.updated({"resident_headroom": 4, "paused_cap": 3, "slack_s": 1}))
+    assert scheduler.slots.num_slots == 6 and scheduler.knobs == Knobs(4, 3)
     assert scheduler.queue.slack_s == 1.0
     off = make_scheduler(2)
     with pytest.raises(ValueError, match="preemption is off"):
-        off.set_knobs(paused_cap=1)
+        off.set_knobs(Knobs(resident_headroom=0, paused_cap=1))
 
 
 def test_lowering_the_cap_below_paused_stops_new_pauses_without_eviction() -> None:
@@ -325,7 +334,7 @@ def test_lowering_the_cap_below_paused_stops_new_pauses_without_eviction() -> No
     scheduler.add_request(keyed("r2", 0.5, max_tokens=400), 1.5)
     run_pass(scheduler, 1.5, DT)
     assert scheduler.num_paused == 1
-    scheduler.set_knobs(resident_headroom=0, paused_cap=0)
+    scheduler.set_knobs(Knobs(resident_headroom=0, paused_cap=0))
     assert scheduler.capacity_in_force() == (1, 1)
     check_invariants(scheduler)
     assert scheduler.get_request("r1").status is RequestStatus.PAUSED  # not evicted
@@ -354,4 +363,4 @@ def test_due_resume_swaps_with_a_fresh_victim_in_a_full_batch() -> None:
     ]
     r1 = scheduler.get_request("r1")
     assert r1.num_pauses == 2 and r1.paused_time == 0.25  # held one window, not to r2's end
-    assert scheduler.policy.counters.forced_resumes == 2
+    assert scheduler.pausing.counters.forced_resumes == 2

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from genpool_core.admission import QueueFullError
+from genpool_core.knobs import Knobs
 from genpool_core.request import GenRequest, RequestStatus
 from genpool_core.scheduler import GenScheduler
 from tests.unit.support import check_invariants, make_scheduler
@@ -59,7 +60,7 @@ def run(mode: dict[str, object], events: list[tuple[object, ...]], b: int) -> li
                 scheduler.abort(target.request_id)
         elif kind == "knobs" and mode:
             headroom = int(x)
-            scheduler.set_knobs(resident_headroom=headroom, paused_cap=min(int(y), headroom))
+            scheduler.set_knobs(Knobs(headroom, min(int(y), headroom)))
         elif kind == "step":
             for _ in range(int(x)):
                 plan = scheduler.step(now)

@@ -50,7 +50,7 @@ def test_pipeline_parallel_is_fine_with_preemption_off() -> None:
     policy = create_gen_preemption({}, GenCapacity(8, pipeline_parallel_size=4))
     assert policy.mode is PreemptionMode.OFF
     assert policy.enabled_line() == "gen_preemption disabled"
-    assert policy.capacity.resident_headroom == 0 and policy.paused_cap == 0
+    assert policy.capacity.resident_headroom == 0 and policy.capacity.paused_cap == 0
 
 
 def test_defaults_follow_the_capacity_model() -> None:

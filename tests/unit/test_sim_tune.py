@@ -92,7 +92,7 @@ def _tuned_run(bounds: Bounds, seed: int = 0) -> tuple[SimTuner, list[tuple[int,
     tuner = SimTuner(TuneConfig(bounds, interval_s=10.0))
     config = replace(SMALL, max_resident_headroom=bounds.max_resident_headroom)
     cluster = simulate(config, workload, seed, tuner)
-    knobs = [(w.scheduler.slots.resident_headroom(), w.scheduler.policy.paused_cap)
+    knobs = [(w.scheduler.slots.resident_headroom(), w.scheduler.knobs.paused_cap)
              for w in cluster.workers]  # fmt: skip
     return tuner, knobs
 

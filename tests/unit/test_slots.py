@@ -26,7 +26,7 @@ def test_headroom_is_zero_when_preemption_off() -> None:
 
 def test_default_headroom_is_the_paused_cap_when_on() -> None:
     scheduler = GenScheduler.from_settings({"target_output_tps": 10.0}, GenCapacity(16))
-    assert scheduler.policy.paused_cap == 6  # floor(0.375 * 16)
+    assert scheduler.knobs.paused_cap == 6  # floor(0.375 * 16)
     assert scheduler.slots.resident_headroom() == 6
     assert scheduler.slots.dummy_slot == 22
 

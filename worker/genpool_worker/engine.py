@@ -177,7 +177,7 @@ class GenEngine:
         self._config_futures = []
         for update, future in zip(inputs.configs, futures, strict=True):
             try:
-                self.scheduler.set_knobs(**update)
+                self.scheduler.reconfigure(self.scheduler.live_config().updated(update))
                 future.set_result(self.config())
             except (ValueError, TypeError) as exc:
                 future.set_exception(exc)
@@ -318,7 +318,7 @@ class GenEngine:
             "mode": scheduler.policy.mode.value,
             "resident_headroom": scheduler.slots.resident_headroom(),
             "max_resident_headroom": scheduler.slots.max_resident_headroom(),
-            "paused_cap": scheduler.policy.paused_cap,
+            "paused_cap": scheduler.knobs.paused_cap,
             "slack_s": scheduler.queue.slack_s,
             "admission_target_min_s": target.x_min,
             "admission_target_max_s": target.x_max,

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from genpool_core.preemption.base import PreemptionCounters, PreemptionPolicy, Victim
+from genpool_core.preemption.base import OffPolicy, PolicyBase, PreemptionPolicy
+from genpool_core.preemption.pausing import (
+    PauseLane,
+    PreemptionCounters,
+    Victim,
+    is_in_hysteresis,
+)
 from genpool_core.preemption.settings import (
     GenCapacity,
     GenPreemptionConfigError,
@@ -15,8 +21,8 @@ from genpool_core.preemption.settings import (
 from genpool_core.preemption.slo import TargetOutputTpsPolicy
 from genpool_core.preemption.tpot import TpotBudgetPolicy
 
-_POLICIES: dict[PreemptionMode, type[PreemptionPolicy]] = {
-    PreemptionMode.OFF: PreemptionPolicy,
+_POLICIES: dict[PreemptionMode, type[PolicyBase]] = {
+    PreemptionMode.OFF: OffPolicy,
     PreemptionMode.TPOT_BUDGET: TpotBudgetPolicy,
     PreemptionMode.TARGET_OUTPUT_TPS: TargetOutputTpsPolicy,
 }
@@ -38,6 +44,9 @@ __all__ = [
     "GenCapacity",
     "GenPreemptionConfigError",
     "GenPreemptionSettings",
+    "OffPolicy",
+    "PauseLane",
+    "PolicyBase",
     "PreemptionCounters",
     "PreemptionMode",
     "PreemptionPolicy",
@@ -46,4 +55,5 @@ __all__ = [
     "TpotBudgetPolicy",
     "Victim",
     "create_gen_preemption",
+    "is_in_hysteresis",
 ]

@@ -9,10 +9,11 @@ exactly the SLO budget that on-target completions leave unused.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import ClassVar
 
-from genpool_core.preemption.base import PreemptionPolicy, Victim
+from genpool_core.preemption.base import PolicyBase
+from genpool_core.preemption.pausing import Victim, is_in_hysteresis
 from genpool_core.preemption.settings import (
     GenPreemptionSettings,
     PreemptionMode,
@@ -21,7 +22,7 @@ from genpool_core.preemption.settings import (
 from genpool_core.request import GenRequest, VictimKind
 
 
-class TargetOutputTpsPolicy(PreemptionPolicy):
+class TargetOutputTpsPolicy(PolicyBase):
     mode: ClassVar[PreemptionMode] = PreemptionMode.TARGET_OUTPUT_TPS
     EPS: ClassVar[float] = 0.2
     MIN_LAXITY_FRACTION: ClassVar[float] = 0.02
@@ -33,12 +34,15 @@ class TargetOutputTpsPolicy(PreemptionPolicy):
     CREDIT_BOUND: ClassVar[float] = 3000 * 0.2
     RATE_PRIOR_TOKENS: ClassVar[int] = 4
     HYSTERESIS_FRACTION: ClassVar[float] = 0.02
+    # Weight of the newest step interval in the step-time EMA (the rate prior).
+    STEP_TIME_EMA_WEIGHT: ClassVar[float] = 0.1
 
     def __init__(self, settings: GenPreemptionSettings, capacity: ResolvedCapacity) -> None:
         super().__init__(settings, capacity)
         assert settings.target_output_tps is not None
         self.target_tps = settings.target_output_tps
         self.credit = 0.0
+        self.step_time_s: float | None = None
 
     # -- the request's SLO clock ---------------------------------------------------
 
@@ -63,32 +67,32 @@ class TargetOutputTpsPolicy(PreemptionPolicy):
         finish_at = now + request.num_remaining_tokens / self.decode_rate(request, now, prior)
         return request.output_start_time() + self.decode_span(request) - finish_at
 
+    def on_step_time(self, seconds: float) -> None:
+        if seconds <= 0.0:
+            return
+        if self.step_time_s is None:
+            self.step_time_s = seconds
+        else:
+            w = self.STEP_TIME_EMA_WEIGHT
+            self.step_time_s = (1.0 - w) * self.step_time_s + w * seconds
+
     def is_in_hysteresis(self, request: GenRequest, now: float) -> bool:
-        if super().is_in_hysteresis(request, now):
-            return True
-        if request.run_started_at is None:
-            return False
-        return now - request.run_started_at < self.HYSTERESIS_FRACTION * self.decode_span(request)
+        """The shared token hysteresis, or less than a fraction of its span since it
+        (re)entered the batch."""
+        min_run_s = self.HYSTERESIS_FRACTION * self.decode_span(request)
+        return is_in_hysteresis(request, now, min_run_s)
 
     # -- victims -------------------------------------------------------------------
 
-    def choose_victims(self, active: Iterable[GenRequest], now: float) -> Iterator[Victim]:
+    def choose_victims(self, active: Sequence[GenRequest], now: float) -> Iterator[Victim]:
         """Laxity victims (most laxity first), then below-target, then sacrifices."""
         laxity: list[tuple[float, int, GenRequest]] = []
         below: list[GenRequest] = []
         sacrifices: list[GenRequest] = []
-        # The hot loop of a pass under overload: cheap token hysteresis first, the
-        # prior computed once (same arithmetic as is_in_hysteresis / laxity).
-        prior = self.prior_rate()
-        min_tokens = self.HYSTERESIS_TOKENS
+        prior = self.prior_rate()  # once per pass
         for order, request in enumerate(active):
-            if request.num_output_tokens - request.tokens_at_run_start < min_tokens:
-                continue
             span = self.decode_span(request)
-            started = request.run_started_at
-            if span <= 0.0 or (
-                started is not None and now - started < self.HYSTERESIS_FRACTION * span
-            ):
+            if span <= 0.0 or is_in_hysteresis(request, now, self.HYSTERESIS_FRACTION * span):
                 continue
             lax = self.laxity(request, now, prior)
             if (
@@ -132,8 +136,7 @@ class TargetOutputTpsPolicy(PreemptionPolicy):
                 due = now + self.WINDOW_FRACTION * self.decode_span(request)
                 yield Victim(request, VictimKind.SACRIFICED, due)
 
-    def pause(self, victim: Victim, now: float) -> None:
-        super().pause(victim, now)
+    def on_pause(self, victim: Victim) -> None:
         if victim.kind is VictimKind.SACRIFICED:
             victim.request.is_sacrificed = True
             self.credit -= 1.0
@@ -144,14 +147,13 @@ class TargetOutputTpsPolicy(PreemptionPolicy):
         rate = request.realised_output_rate()
         return rate is not None and rate < self.target_tps
 
-    def on_complete(self, request: GenRequest, now: float) -> None:
+    def on_complete(self, request: GenRequest, now: float) -> bool | None:
         if not request.is_slo_counted:
-            return
+            return None
         below = self.is_below_target(request)
-        self.counters.slo_completed += 1
-        self.counters.below_target += int(below)
         credit = self.credit + self.EPS - float(below) + float(request.is_sacrificed)
         self.credit = min(self.CREDIT_BOUND, max(-self.CREDIT_BOUND, credit))
+        return below
 
     # -- reporting -----------------------------------------------------------------
 

@@ -12,10 +12,11 @@ their budget); overshoot shortens it. Bounded steps and bounds keep it stable.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import ClassVar
 
-from genpool_core.preemption.base import PreemptionPolicy, Victim
+from genpool_core.preemption.base import PolicyBase
+from genpool_core.preemption.pausing import Victim, is_in_hysteresis
 from genpool_core.preemption.settings import (
     GenPreemptionSettings,
     PreemptionMode,
@@ -24,7 +25,7 @@ from genpool_core.preemption.settings import (
 from genpool_core.request import GenRequest, VictimKind
 
 
-class TpotBudgetPolicy(PreemptionPolicy):
+class TpotBudgetPolicy(PolicyBase):
     mode: ClassVar[PreemptionMode] = PreemptionMode.TPOT_BUDGET
     INITIAL_WINDOW_S: ClassVar[float] = 0.25
     MIN_WINDOW_S: ClassVar[float] = 0.02
@@ -46,11 +47,11 @@ class TpotBudgetPolicy(PreemptionPolicy):
     def budget_left(self, request: GenRequest, now: float) -> float:
         return self.budget * request.unpaused_time(now) - request.paused_time
 
-    def choose_victims(self, active: Iterable[GenRequest], now: float) -> Iterator[Victim]:
+    def choose_victims(self, active: Sequence[GenRequest], now: float) -> Iterator[Victim]:
         """Most budget left first (at least one window of it)."""
         ranked: list[tuple[float, int, GenRequest]] = []
         for order, request in enumerate(active):
-            if request.num_pauses >= self.max_pauses or self.is_in_hysteresis(request, now):
+            if request.num_pauses >= self.max_pauses or is_in_hysteresis(request, now):
                 continue
             left = self.budget_left(request, now)
             if left >= self.window_s:
@@ -59,11 +60,11 @@ class TpotBudgetPolicy(PreemptionPolicy):
         due = now + self.window_s
         return (Victim(request, VictimKind.WAIT, due) for _, _, request in ranked)
 
-    def on_complete(self, request: GenRequest, now: float) -> None:
-        if request.num_pauses == 0 or request.unpaused_decode_time <= 0.0:
-            return
-        self._period_inflation_sum += request.paused_time / request.unpaused_decode_time
-        self._period_victims += 1
+    def on_complete(self, request: GenRequest, now: float) -> bool | None:
+        if request.num_pauses > 0 and request.unpaused_decode_time > 0.0:
+            self._period_inflation_sum += request.paused_time / request.unpaused_decode_time
+            self._period_victims += 1
+        return None  # no output-rate target in this mode
 
     def on_stat_period(self, now: float) -> None:
         if self._period_victims == 0:
