@@ -1,8 +1,12 @@
 """The one registry of kopf handlers. Handlers are thin: they parse, delegate to
-``reconcile`` / ``statsloop`` and turn outcomes into Events."""
+``reconcile`` / ``statsloop`` and turn outcomes into Events.
+
+Each GenPool has one stats daemon; it alone runs the pool's rounds. The reconcile
+handler wakes it after a spec change, for a round that pushes the live fields."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -20,9 +24,10 @@ from genpool_operator.reconcile import (
     mirror_statefulset,
     record_spec_status,
 )
+from genpool_operator.round_plan import round_events, round_interval
 from genpool_operator.scrape import WorkerClient
 from genpool_operator.spec import GenPoolSpec
-from genpool_operator.statsloop import PoolMemory, RoundResult, run_round
+from genpool_operator.statsloop import PoolMemory, RoundReport, run_round
 
 DEFAULT_WORKER_IMAGE = "genpool/worker:0.1.0"
 log = logging.getLogger("genpool.operator")
@@ -96,10 +101,10 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     changed = [f"{c.kind}/{c.name} {c.action}" for c in changes if c.action != "unchanged"]
     if changed:
         kopf.info(body, reason="ChildrenApplied", message=", ".join(changed))
-    # Live fields (knobs, slack, admission target) reach running pods now, no rollout.
-    memory = runtime.memory(body["metadata"]["uid"])
+    # Live fields (knobs, slack, admission target) reach running pods now, no rollout:
+    # the pool's daemon runs a round without tuning as soon as it is woken.
+    runtime.memory(body["metadata"]["uid"]).wake.set()
     # Nothing is returned: kopf would store it in status, which belongs to us.
-    await run_round(runtime.kube, runtime.workers, raw, memory, now=time.monotonic(), tune=False)
 
 
 @kopf.on.event("apps", "v1", "statefulsets", labels={MANAGED_BY_LABEL: MANAGED_BY})
@@ -113,37 +118,56 @@ async def statefulset_changed(body: kopf.Body, type: str | None, memo: kopf.Memo
 async def stats_daemon(
     body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: Any, **_: Any
 ) -> None:
-    """Every ``tuning.intervalSeconds`` (re-read each round: the body is live)."""
+    """A tuning round every ``tuning.intervalSeconds`` (re-read each round: the body is
+    live), and a round without tuning whenever the reconcile handler wakes it."""
     runtime: Runtime = memo.runtime
     memory = runtime.memory(body["metadata"]["uid"])
+    due = time.monotonic()  # when the next tuning round is due
     while not stopped and not runtime.closing:
-        interval = _interval(body)
-        try:
-            result = await run_round(
-                runtime.kube, runtime.workers, dict(body), memory, now=time.monotonic()
-            )
-        except Exception as exc:  # one bad round must not kill the pool's daemon
-            if stopped or runtime.closing:
-                return
-            logger.warning("stats round failed: %s", exc)
-            result = None
-        if result is not None:
-            _post_round_events(body, result)
-        await stopped.wait(interval)
+        is_tuning = time.monotonic() >= due
+        memory.wake.clear()  # this round covers every wake so far
+        spec = _valid_spec(body)
+        report = None
+        if spec is not None:
+            try:
+                report = await run_round(
+                    runtime.kube, runtime.workers, dict(body), spec, memory,
+                    now=time.monotonic(), tune=is_tuning,
+                )  # fmt: skip
+            except Exception as exc:  # one bad round must not kill the pool's daemon
+                if stopped or runtime.closing:
+                    return
+                logger.warning("stats round failed: %s", exc)
+        if report is not None:
+            _post_round_events(body, report)
+        if is_tuning:
+            due = time.monotonic() + round_interval(spec)
+        await _sleep_until_woken(stopped, memory.wake, due - time.monotonic())
 
 
-def _interval(body: kopf.Body) -> float:
-    tuning = (body.get("spec") or {}).get("tuning") or {}
+def _valid_spec(body: kopf.Body) -> GenPoolSpec | None:
+    """The spec, or None when invalid (the reconcile handler reports that)."""
     try:
-        return max(1.0, float(tuning.get("intervalSeconds", 30)))
-    except (TypeError, ValueError):
-        return 30.0
+        return GenPoolSpec.from_body(dict(body.get("spec") or {}))
+    except ValueError:
+        return None
 
 
-def _post_round_events(body: kopf.Body, result: RoundResult) -> None:
-    decision = result.decision
-    if decision is not None and decision.changed:
-        kopf.info(body, reason="Tuned", message=result.change_text())
-    if result.push_errors:
-        detail = "; ".join(f"{p}: {e}" for p, e in sorted(result.push_errors.items()))
-        kopf.warn(body, reason="ConfigPushFailed", message=detail[:1000])
+async def _sleep_until_woken(
+    stopped: kopf.DaemonStopped, wake: asyncio.Event, timeout: float
+) -> None:
+    """Sleep ``timeout`` seconds, or less if the daemon is stopped or woken."""
+    if timeout <= 0 or wake.is_set():
+        return
+    waits = [asyncio.ensure_future(stopped.wait()), asyncio.ensure_future(wake.wait())]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
+
+
+def _post_round_events(body: kopf.Body, report: RoundReport) -> None:
+    for event in round_events(report.plan, report.push):
+        post = kopf.info if event.type == "Normal" else kopf.warn
+        post(body, reason=event.reason, message=event.message)

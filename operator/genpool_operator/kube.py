@@ -60,12 +60,13 @@ def load_config(kubeconfig: str | None = None) -> KubeConfig:
 
     cfg = client.Configuration()
     if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        # The kubernetes client ships no type hints for its config loaders.
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
     else:
         try:
-            config.load_incluster_config(client_configuration=cfg)
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         except config.ConfigException:
-            config.load_kube_config(client_configuration=cfg)
+            config.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     auth = cfg.get_api_key_with_prefix("authorization") or cfg.get_api_key_with_prefix(
         "BearerToken"
     )
@@ -101,7 +102,9 @@ class Kube:
         verify: Any = config.verify
         if config.verify and config.ca_file:
             verify = ssl.create_default_context(cafile=config.ca_file)
-        cert = (config.cert_file, config.key_file) if config.cert_file else None
+        cert: str | tuple[str, str] | None = config.cert_file or None  # cert and key in one...
+        if config.cert_file and config.key_file:
+            cert = (config.cert_file, config.key_file)  # ...or the two files
         headers = {"Authorization": f"Bearer {config.token}"} if config.token else {}
         self._http = httpx.AsyncClient(
             base_url=config.server,

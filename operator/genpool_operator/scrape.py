@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from genpool_core.names import WORKER_PORT
+from genpool_core.names import GENERATION_FIELD, WORKER_PORT
 from genpool_core.statline import StatLine, parse_statline
 from genpool_operator.kube import Kube, KubeError
 
@@ -105,7 +105,7 @@ class WorkerClient:
         try:
             response = await self._http.put(
                 self._url(target, "/config"),
-                json={"generation": generation, **live},
+                json={GENERATION_FIELD: generation, **live},
                 headers=self._admin_headers(),
                 timeout=self._timeout,
             )
@@ -128,7 +128,7 @@ async def statline_from_log(kube: Kube, namespace: str, pod: str) -> StatLine | 
 
 def in_sync(config: dict[str, Any] | None, generation: int, live: dict[str, Any]) -> bool:
     """A pod is in sync when it reports our generation and every live value we set."""
-    if config is None or config.get("generation") != generation:
+    if config is None or config.get(GENERATION_FIELD) != generation:
         return False
     return all(_same(config.get(key), value) for key, value in live.items())
 

@@ -1,0 +1,252 @@
+"""One stats round for one pool as a plan: what to push and what to record, with no I/O.
+
+``statsloop`` gathers the inputs (the pool's stat lines), calls :func:`plan_round`,
+pushes ``plan.live`` to the pods, then writes :func:`status_patch` and posts
+:func:`round_events`. Everything a round decides is here, so it is tested without
+a cluster, pods or a clock (``now`` is passed in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+from genpool_core import tuner
+from genpool_core.aggregate import PoolStats, aggregate
+from genpool_core.knobs import KnobBounds, Knobs
+from genpool_core.names import DEFAULT_STAT_INTERVAL_S
+from genpool_core.statline import StatLine
+from genpool_operator.conditions import Condition, merge_conditions
+from genpool_operator.spec import GenPoolSpec
+
+HISTORY_LIMIT = 10  # status.tuning.history keeps this many knob changes
+STALE_INTERVALS = 2  # stats are stale when no pod's line moved for this many intervals
+
+
+def round_interval(spec: GenPoolSpec | None) -> float:
+    """Seconds between tuning rounds: ``tuning.intervalSeconds``, the CRD's default for an
+    invalid spec (its daemon keeps ticking so a fixed spec is picked up)."""
+    return float(spec.tuning.interval_seconds if spec else DEFAULT_STAT_INTERVAL_S)
+
+
+@dataclass(frozen=True, slots=True)
+class LineClock:
+    """What the operator has seen of each pod's stat lines (not persisted: after a
+    restart the first round simply counts as fresh)."""
+
+    last_t: Mapping[str, float] = field(default_factory=dict)  # each pod's newest line time
+    last_advance: Mapping[str, float] = field(default_factory=dict)  # when it last moved
+    started_at: float | None = None
+
+
+class Freshness(NamedTuple):
+    seen: LineClock
+    is_stale: bool  # no pod's line moved for STALE_INTERVALS intervals
+    has_advanced: bool  # some pod has a line the tuner has not seen
+
+
+def observe(
+    seen: LineClock, lines: Mapping[str, StatLine], *, now: float, interval: float
+) -> Freshness:
+    """Stale when no pod's line moved for two intervals; advanced when some pod has a
+    line the tuner has not seen (so it never counts one twice)."""
+    last_t, last_advance = dict(seen.last_t), dict(seen.last_advance)
+    has_advanced = False
+    for pod, line in lines.items():
+        if last_t.get(pod) != line.t:
+            last_t[pod], last_advance[pod] = line.t, now
+            has_advanced = True
+    started_at = now if seen.started_at is None else seen.started_at
+    clock = LineClock(last_t, last_advance, started_at)
+    newest = max((last_advance.get(pod, 0.0) for pod in lines), default=None)
+    if newest is None:
+        # Nothing reports: stale once we have waited long enough to expect a line.
+        return Freshness(clock, now - started_at > STALE_INTERVALS * interval, False)
+    return Freshness(clock, now - newest > STALE_INTERVALS * interval, has_advanced)
+
+
+def knobs_in_force(spec: GenPoolSpec, tuning_status: Mapping[str, Any]) -> Knobs:
+    """The tuner's last knobs (status survives restarts), else the spec's start values,
+    clamped into the spec's current bounds."""
+    start = spec.start_knobs()
+    if not spec.preemption_on:
+        return start
+    return spec.bounds().clamp(Knobs.from_json(tuning_status, start))
+
+
+def live_config(spec: GenPoolSpec, knobs: Knobs) -> dict[str, Any]:
+    """PUT /config's body (less the generation): the knobs and the spec's live fields."""
+    return {
+        "resident_headroom": knobs.resident_headroom,
+        "paused_cap": knobs.paused_cap,
+        **spec.live_config(),
+    }
+
+
+def desired_generation(tuning_status: Mapping[str, Any], live: Mapping[str, Any]) -> int:
+    """A new config generation whenever the live values change; workers refuse older ones."""
+    generation = int(tuning_status.get("appliedGeneration", 0))
+    return generation if tuning_status.get("liveConfig") == live else generation + 1
+
+
+@dataclass(frozen=True, slots=True)
+class RoundPlan:
+    """What one round decided before it touched a pod."""
+
+    seen: LineClock
+    stats: PoolStats | None
+    is_stale: bool
+    decision: tuner.Decision | None  # None: the tuner did not run this round
+    knobs_before: Knobs
+    bounds: KnobBounds
+    live: dict[str, Any]  # pushed with PUT /config to every pod not yet in sync
+    generation: int
+
+    @property
+    def knobs(self) -> Knobs:
+        return self.decision.knobs if self.decision else self.knobs_before
+
+    def change_text(self) -> str:
+        """``raise-cap-budget-unspent: headroom 1 -> 2, cap 1 -> 2`` for Events."""
+        if self.decision is None:
+            return ""
+        before, after = self.knobs_before, self.decision.knobs
+        return (
+            f"{self.decision.reason}: headroom {before.resident_headroom} -> "
+            f"{after.resident_headroom}, cap {before.paused_cap} -> {after.paused_cap}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PushOutcome:
+    """What pushing ``plan.live`` achieved."""
+
+    num_in_sync: int
+    num_targets: int
+    errors: Mapping[str, str] = field(default_factory=dict)  # by pod
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+def plan_round(
+    spec: GenPoolSpec,
+    tuning_status: Mapping[str, Any],
+    lines: Mapping[str, StatLine],
+    seen: LineClock,
+    *,
+    now: float,
+    tune: bool,
+) -> RoundPlan:
+    """Aggregate, tune (when ``tune`` and a line is new or the stats went stale) and
+    choose the live config and its generation."""
+    fresh = observe(seen, lines, now=now, interval=round_interval(spec))
+    stats = aggregate(list(lines.values()))
+    before = knobs_in_force(spec, tuning_status)
+    bounds = spec.bounds()
+    decision = None
+    is_due = tune and (fresh.is_stale or fresh.has_advanced)
+    if is_due and spec.tuning.enabled and spec.preemption_on:
+        state = tuner.TunerState.from_status(tuning_status)
+        settings = tuner.TunerSettings(cooldown_intervals=spec.tuning.cooldown_intervals)
+        decision = tuner.tune(before, bounds, stats, state, settings, stale=fresh.is_stale)
+    knobs = decision.knobs if decision else before
+    live = live_config(spec, knobs)
+    generation = desired_generation(tuning_status, live)
+    return RoundPlan(fresh.seen, stats, fresh.is_stale, decision, before, bounds, live, generation)
+
+
+def tuning_record(
+    tuning_status: Mapping[str, Any], plan: RoundPlan, push: PushOutcome, now_text: str
+) -> dict[str, Any]:
+    """``status.tuning`` after a round: knobs, sync, tuner state, bounded history."""
+    decision = plan.decision
+    record = dict(tuning_status)
+    record.update(
+        **plan.knobs.to_json(),
+        appliedGeneration=plan.generation,
+        liveConfig=plan.live,
+        podsInSync=f"{push.num_in_sync}/{push.num_targets}",
+    )
+    if decision is not None:
+        record.update(decision.state.to_status())
+        record["lastReason"] = decision.reason
+    if decision is not None and decision.changed:
+        change = {
+            "time": now_text,
+            "reason": decision.reason,
+            "from": plan.knobs_before.to_json(),
+            "to": decision.knobs.to_json(),
+        }
+        record["lastChange"] = change
+        record["history"] = [*list(tuning_status.get("history") or []), change][-HISTORY_LIMIT:]
+    return record
+
+
+def round_conditions(plan: RoundPlan, push: PushOutcome) -> list[Condition]:
+    knobs, bounds = plan.knobs, plan.bounds
+    is_at_bound = knobs.resident_headroom >= bounds.max_resident_headroom
+    is_synced = push.num_in_sync == push.num_targets
+    reporting = plan.stats.workers_reporting if plan.stats else 0
+    return [
+        Condition(
+            "StatsStale",
+            plan.is_stale,
+            "NoFreshStatLines" if plan.is_stale else "StatLinesFresh",
+            f"{reporting} workers reporting",
+        ),
+        Condition(
+            "TuningInSync",
+            is_synced,
+            "AllPodsInSync" if is_synced else "PodsOutOfSync",
+            "; ".join(f"{p}: {e}" for p, e in sorted(push.errors.items()))
+            or f"{push.num_in_sync}/{push.num_targets} pods at generation {plan.generation}",
+        ),
+        Condition(
+            "HeadroomAtBound",
+            is_at_bound,
+            "HeadroomAtMax" if is_at_bound else "HeadroomBelowMax",
+            f"headroom {knobs.resident_headroom} of max {bounds.max_resident_headroom}",
+        ),
+    ]
+
+
+def status_patch(
+    plan: RoundPlan,
+    push: PushOutcome,
+    status: Mapping[str, Any],
+    *,
+    observed_generation: int | None,
+    now_text: str,
+) -> dict[str, Any]:
+    """The GenPool status patch, computed against the status as freshly read."""
+    stats = plan.stats
+    patch: dict[str, Any] = {
+        "tuning": tuning_record(dict(status.get("tuning") or {}), plan, push, now_text),
+        "workersReporting": stats.workers_reporting if stats else 0,
+        "conditions": merge_conditions(
+            status.get("conditions"),
+            round_conditions(plan, push),
+            now_iso=now_text,
+            observed_generation=observed_generation,
+        ),
+    }
+    if stats is not None and not plan.is_stale:
+        patch["preemption"] = stats.to_status()
+        patch["statsUpdatedAt"] = now_text
+    return patch
+
+
+def round_events(plan: RoundPlan, push: PushOutcome) -> list[Event]:
+    events = []
+    if plan.decision is not None and plan.decision.changed:
+        events.append(Event("Normal", "Tuned", plan.change_text()))
+    if push.errors:
+        detail = "; ".join(f"{p}: {e}" for p, e in sorted(push.errors.items()))
+        events.append(Event("Warning", "ConfigPushFailed", detail[:1000]))
+    return events
