@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.genpool-dev-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit lint format bench clean devcluster demo
+.PHONY: setup test unit test-model test-worker test-cluster test-e2e lint format bench clean \
+	devcluster demo
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -18,11 +19,21 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# Tests come in tiers, one marker each, set by directory (tests/conftest.py): unit, model,
+# worker, cluster (integration + chart), e2e. The unit tier runs with torch, kubernetes and
+# kopf blocked (tests/unit/conftest.py), so it proves it needs none of them.
+UNIT_PURE := GENPOOL_UNIT_PURE=1
+
+# Everything (CI): lint, the unit tier on its own (blocked imports), then every other tier.
 test: lint
-	$(PY) -m pytest -q --durations=10 tests $(PYTEST_ARGS)
+	$(UNIT_PURE) $(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=10 -m 'not unit' tests $(PYTEST_ARGS)
 
 unit: setup
-	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+	$(UNIT_PURE) $(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+
+test-model test-worker test-cluster test-e2e: setup
+	$(PY) -m pytest -q --durations=10 -m $(@:test-%=%) tests $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -40,8 +51,8 @@ bench: setup
 # Local control plane (docs/devcluster.md): builds the binaries once (tens of minutes), then
 # starts etcd, kube-apiserver, kube-controller-manager and the pod runner in the background.
 devcluster: setup
-	$(PY) -m genpool_devcluster up
-	@$(PY) -m genpool_devcluster env
+	$(VENV)/bin/genpool devcluster up
+	@$(VENV)/bin/genpool devcluster env
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

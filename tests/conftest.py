@@ -1,8 +1,17 @@
-"""A real control plane for the integration, chart and e2e tests.
+"""Test tiers, and the one session-wide control plane the cluster tiers share.
 
-See docs/design.md#local-control-plane.
+Tiers (a marker per test, from its directory, so `pytest -m TIER` selects one):
 
-One session-wide cluster serves every directory: the fixtures live here, at the top.
+    unit     tests/unit          pure: no torch, no kubernetes, no kopf (`make unit` enforces it)
+    model    tests/model         the torch model against references
+    worker   tests/worker        a real worker process around the synthetic model
+    cluster  tests/integration,  a real control plane (devcluster) and the Helm chart
+             tests/chart
+    e2e      tests/e2e           the whole product on the devcluster
+
+The cluster fixtures live here, at the top, so integration, chart and e2e tests share one
+cluster per session; they import kubernetes and the devcluster only when a test asks for them,
+so collecting the unit tier imports neither.
 
 `cluster` reuses the cluster that GENPOOL_KUBECONFIG points at when it answers, else builds (or
 reuses cached) binaries and starts a fresh one in a temp state dir. A cluster that cannot start
@@ -17,14 +26,39 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from kubernetes import client, config
 
-from genpool_devcluster import build
-from genpool_devcluster.cluster import Cluster
+if TYPE_CHECKING:
+    from kubernetes import client
 
+TESTS = Path(__file__).resolve().parent
+TIER_OF_DIR = {
+    "unit": "unit",
+    "model": "model",
+    "worker": "worker",
+    "integration": "cluster",
+    "chart": "cluster",
+    "e2e": "e2e",
+}
 START_TIMEOUT_S = 300.0
+
+
+def tier_of(path: Path) -> str:
+    """The tier of a test file: its first directory under tests/ decides."""
+    parts = path.resolve().relative_to(TESTS).parts
+    if len(parts) < 2 or parts[0] not in TIER_OF_DIR:
+        raise pytest.UsageError(
+            f"{path}: every test lives in a tier directory ({', '.join(sorted(TIER_OF_DIR))});"
+            " add the new directory to TIER_OF_DIR in tests/conftest.py"
+        )
+    return TIER_OF_DIR[parts[0]]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(tier_of(item.path))
 
 
 @dataclass(frozen=True)
@@ -38,6 +72,8 @@ Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
 
 def _answers(kubeconfig: str) -> bool:
+    from kubernetes import client, config
+
     try:
         api = config.new_client_from_config(config_file=kubeconfig)
         with api:
@@ -49,6 +85,9 @@ def _answers(kubeconfig: str) -> bool:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    from genpool_devcluster import build
+    from genpool_devcluster.cluster import Cluster
+
     existing = os.environ.get("GENPOOL_KUBECONFIG")
     if existing and _answers(existing):
         yield DevCluster(Path(existing), build.ensure_tools(), None)
@@ -64,6 +103,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
 
 @pytest.fixture(scope="session")
 def kube_api(cluster: DevCluster) -> Iterator[client.ApiClient]:
+    from kubernetes import config
+
     api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
     with api:
         yield api
@@ -88,6 +129,8 @@ def kubectl(cluster: DevCluster) -> Kubectl:
 @pytest.fixture
 def namespace(kube_api: client.ApiClient) -> Iterator[str]:
     """A fresh namespace, deleted afterwards (not waited for: the namespace controller finishes)."""
+    from kubernetes import client
+
     name = f"it-{uuid.uuid4().hex[:8]}"
     core = client.CoreV1Api(kube_api)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))

@@ -83,23 +83,6 @@ def test_worker_config_mode_off_reserves_no_headroom() -> None:
     assert config["max_resident_headroom"] == 0 and config["device"] == "cuda"
 
 
-@pytest.mark.parametrize(
-    "fields",
-    [
-        {},
-        {"preemption": TPS},
-        {"preemption": {"mode": "TpotBudget", "tpotBudget": 0.1}},
-        {"preemption": TPS, "engine": {"maxBatchSize": 8, "maxNumActiveRequests": 24},
-         "tuning": {"residentHeadroom": {"min": 2, "max": 12}, "pausedCap": {"max": 10}}},
-    ],
-)  # fmt: skip
-def test_the_worker_accepts_worker_config(fields: dict[str, Any]) -> None:
-    from genpool_worker.worker_cli import WorkerConfig, build_scheduler
-
-    config = WorkerConfig.model_validate({**spec_of(**fields).worker_config(), "device": "cpu"})
-    build_scheduler(config)  # raises on a capacity or preemption rule the worker enforces
-
-
 @pytest.mark.parametrize("case", INVALID_GENPOOLS, ids=lambda case: case.name)
 def test_invalid_specs_are_rejected_with_a_clear_message(case: InvalidGenPool) -> None:
     with pytest.raises(GenPoolSpecError) as raised:
