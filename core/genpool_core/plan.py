@@ -1,7 +1,9 @@
-"""The result of one scheduling pass (docs/design.md#scheduling-pass): what runs, what stays paused.
+"""The result of one scheduling pass (docs/design.md#scheduling-pass): what runs, what
+stays paused, who needs a prefill, who finished and why.
 
 The scheduler returns it; the engine, the simulator and every per-slot consumer read
-it. Its digest is how tensor-parallel ranks prove they decided the same thing.
+it and never re-derive a decision from their own state. Its digest is how
+tensor-parallel ranks prove they decided the same thing.
 """
 
 from __future__ import annotations
@@ -9,21 +11,36 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from genpool_core.request import FinishReason
+from genpool_core.statline import StatLine, format_statline
+
 
 @dataclass(frozen=True, slots=True)
 class GenPlan:
-    """What one pass decided. Per-slot consumers must keep ``paused_in_place`` slots."""
+    """What one pass decided. Per-slot consumers must keep ``paused_in_place`` slots.
+
+    ``prefill_ids`` are the batch members with no output token yet (this worker does
+    their prefill; its token is their token for the pass). ``finish_reasons`` is
+    aligned with ``finished_ids``. ``stat`` is the pass's stat line, when one is due.
+    """
 
     now: float
     batch_ids: tuple[str, ...]
     batch_slots: tuple[int, ...]
+    prefill_ids: tuple[str, ...]
     paused_in_place_ids: tuple[str, ...]
     paused_in_place_slots: tuple[int, ...]
     admitted_ids: tuple[str, ...]
     resumed_ids: tuple[str, ...]
     paused_ids: tuple[str, ...]
     finished_ids: tuple[str, ...]
-    stat_line: str | None = None
+    finish_reasons: tuple[FinishReason, ...]
+    stat: StatLine | None = None
+
+    @property
+    def stat_line(self) -> str | None:
+        """The stat line as logged (``stat`` formatted)."""
+        return None if self.stat is None else format_statline(self.stat)
 
     def digest(self) -> str:
         """Rank-identity fingerprint: equal plans on every rank give equal digests."""

@@ -28,7 +28,7 @@ from genpool_core.preemption import (
 )
 from genpool_core.request import FinishReason, GenRequest, RequestStatus, is_valid_time
 from genpool_core.slots import SlotPool
-from genpool_core.statline import format_statline, make_statline
+from genpool_core.statline import StatLine, make_statline
 from genpool_core.stats import SchedulerStats
 
 
@@ -140,10 +140,11 @@ class GenScheduler:
                     self._ttft_counts[ttft_histogram.bucket_of(now - request.arrival_time)] += 1
             if request.first_token_time is None:  # this worker did the prefill
                 request.first_token_time = now
-            if request.num_output_tokens >= request.max_tokens:
-                self._pending_finish.setdefault(request_id, FinishReason.LENGTH)
-            elif request_id in stops:
+            # EOS on the last permitted token is a stop (as OpenAI servers report it).
+            if request_id in stops:
                 self._pending_finish.setdefault(request_id, FinishReason.STOP)
+            elif request.num_output_tokens >= request.max_tokens:
+                self._pending_finish.setdefault(request_id, FinishReason.LENGTH)
         if plan.batch_ids:
             self._num_steps += 1
             self._batch_sum += len(plan.batch_ids)
@@ -191,18 +192,20 @@ class GenScheduler:
             now=now,
             batch_ids=tuple(r.request_id for r in active),
             batch_slots=tuple(r.slot for r in active if r.slot is not None),
+            prefill_ids=tuple(r.request_id for r in active if r.num_output_tokens == 0),
             paused_in_place_ids=tuple(r.request_id for r in paused_now),
             paused_in_place_slots=tuple(r.slot for r in paused_now if r.slot is not None),
             admitted_ids=tuple(admitted + at_risk_admitted),
             resumed_ids=tuple(resumed),
             paused_ids=tuple(paused),
-            finished_ids=tuple(finished),
-            stat_line=self._maybe_stat_line(now),
+            finished_ids=tuple(request_id for request_id, _ in finished),
+            finish_reasons=tuple(reason for _, reason in finished),
+            stat=self._maybe_stat_line(now),
         )
         self._last_plan = plan
         return plan
 
-    def _observe(self, now: float) -> list[str]:
+    def _observe(self, now: float) -> list[tuple[str, FinishReason]]:
         finished = list(self._pending_finish.items())
         self._pending_finish.clear()
         for request_id, reason in finished:
@@ -220,7 +223,7 @@ class GenScheduler:
                 is_below_target = self.policy.on_complete(request, now)
                 if is_below_target is not None:
                     self.pausing.count_completion(is_below_target)
-        return [request_id for request_id, _ in finished]
+        return finished
 
     def _resume(self, now: float, *, due_only: bool) -> list[str]:
         """Due resumes take free batch positions first; later, idle positions go early."""
@@ -324,7 +327,7 @@ class GenScheduler:
         self.policy.on_pause(victim)
         del self._active[victim.request.request_id]
 
-    def _maybe_stat_line(self, now: float) -> str | None:
+    def _maybe_stat_line(self, now: float) -> StatLine | None:
         interval = self.config.stat_interval_s
         if self._next_stat_at is None:
             self._next_stat_at = now + interval
@@ -334,7 +337,7 @@ class GenScheduler:
         while self._next_stat_at <= now:
             self._next_stat_at += interval
         stats = self.make_stats(now)
-        line = format_statline(make_statline(stats, self._last_stats))
+        line = make_statline(stats, self._last_stats)
         self._last_stats = stats
         self.policy.on_stat_period(now)
         return line

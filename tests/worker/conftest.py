@@ -17,7 +17,7 @@ import uvicorn
 from genpool_worker.engine import GenEngine
 from genpool_worker.metrics import WorkerMetrics
 from genpool_worker.server import create_app
-from genpool_worker.worker_cli import WorkerConfig, build_model, build_scheduler
+from genpool_worker.worker_cli import WorkerConfig, build_runner, build_scheduler
 
 
 @dataclass
@@ -38,9 +38,9 @@ def run_worker(admin_token: str | None = None, **overrides: object) -> Iterator[
         {"model": "synthetic:test", "synthetic_time_scale": 0.2, **overrides}
     )
     scheduler = build_scheduler(config)
-    model, tokenizer = build_model(config, scheduler.slots.pool_size)
-    metrics = WorkerMetrics(model.name, model.is_synthetic)
-    engine = GenEngine(model, tokenizer, scheduler, on_step=metrics.observe_step)
+    runner, tokenizer = build_runner(config, scheduler.slots.pool_size)
+    metrics = WorkerMetrics(runner.info.name, runner.info.is_synthetic)
+    engine = GenEngine(runner, tokenizer, scheduler, on_step=metrics.observe_step)
     app = create_app(engine, tokenizer, metrics, admin_token=admin_token,
                      stamp_arrival=config.stamp_arrival)  # fmt: skip
     sock = socket.socket()

@@ -6,9 +6,11 @@ import multiprocessing
 import time
 from typing import Any
 
-from genpool_worker.engine import EngineRequest, GenEngine
+from genpool_worker.engine import GenEngine
+from genpool_worker.engine_io import Arrival, EngineRequest
 from genpool_worker.multirank import DistCoordinator, init_process_group
-from genpool_worker.worker_cli import WorkerConfig, build_model, build_scheduler
+from genpool_worker.worker_cli import WorkerConfig, build_runner, build_scheduler
+from tests.worker.recording import PlanRecorder
 
 SETTINGS: dict[str, Any] = {
     "max_batch_size": 2,
@@ -36,18 +38,19 @@ def script(long_tokens: int) -> list[tuple[float, str, list[int] | str, int]]:
     return steps
 
 
-def drive(engine: GenEngine, tokenizer: Any, long_tokens: int) -> None:
+def drive(engine: GenEngine, recorder: PlanRecorder, tokenizer: Any, long_tokens: int) -> None:
     expected = 0
     for delay, request_id, prompt, max_tokens in script(long_tokens):
         time.sleep(delay)
         ids = tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
-        engine.submit(EngineRequest(request_id, ids, max_tokens, None, arrival_time=time.time()))
+        arrival = Arrival(request_id, ids, max_tokens, arrival_time=time.time())
+        engine.submit(EngineRequest(arrival))
         expected += 1
         if request_id == "w33":  # let the warm-up finish so X is initialised
-            while len(engine.completed) < 34:
+            while len(recorder.completed) < 34:
                 time.sleep(0.01)
     deadline = time.monotonic() + 600
-    while len(engine.completed) < expected and time.monotonic() < deadline:
+    while len(recorder.completed) < expected and time.monotonic() < deadline:
         time.sleep(0.02)
 
 
@@ -64,15 +67,15 @@ def run_rank(
     if world_size > 1:
         init_process_group(rank, world_size, port)
     scheduler = build_scheduler(config)
-    decode_model, tokenizer = build_model(config, scheduler.slots.pool_size, tp_rank=rank)
+    runner, tokenizer = build_runner(config, scheduler.slots.pool_size, tp_rank=rank)
     coordinator = DistCoordinator(rank) if world_size > 1 else None
-    engine = GenEngine(decode_model, tokenizer, scheduler, coordinator=coordinator)
-    engine.record_history = True
+    recorder = PlanRecorder()
+    engine = GenEngine(runner, tokenizer, scheduler, coordinator=coordinator, observer=recorder)
     if rank == 0:
         engine.start()
-        drive(engine, tokenizer, 120 if decode_model.is_synthetic else 40)
+        drive(engine, recorder, tokenizer, 120 if runner.info.is_synthetic else 40)
         engine.stop(timeout=60)
     else:
         engine.run()
     stats = scheduler.make_stats(0.0)
-    results.put((rank, engine.plan_digests, engine.completed, stats.pauses, engine.error))
+    results.put((rank, recorder.plan_digests, recorder.completed, stats.pauses, engine.error))

@@ -18,7 +18,7 @@ def sse_texts(raw: str) -> tuple[str, list[dict[str, object]]]:
     chunks = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
     assert chunks[-1] == "[DONE]"
     events = [json.loads(c) for c in chunks[:-1]]
-    text = "".join(e["choices"][0]["text"] for e in events)  # type: ignore[index]
+    text = "".join(e["choices"][0]["text"] for e in events)
     return text, events
 
 

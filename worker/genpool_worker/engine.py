@@ -1,8 +1,11 @@
-"""The GEN engine loop: schedule (the pass) -> run the model on the batch -> postprocess.
+"""The GEN engine loop: each pass schedules (``GenScheduler.step``), runs the model
+runner on the plan, and processes the outputs (stream text, finish requests).
 
-One thread owns the scheduler and the model; HTTP handlers talk to it only through
+One thread owns the scheduler and the runner; HTTP handlers talk to it only through
 ``submit`` / ``abort`` / ``reconfigure`` (thread-safe inboxes) and read the snapshot it
-publishes after every pass. Tokens stream back through each request's asyncio queue.
+publishes after every pass. Events go back through each request's asyncio queue. The
+loop imports no torch: every model decision is the runner's, every scheduling
+decision (prefill or decode, finish reasons) the plan's.
 """
 
 from __future__ import annotations
@@ -10,28 +13,27 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-import torch
-
 from genpool_core.admission import QueueFullError
 from genpool_core.plan import GenPlan
-from genpool_core.request import GenRequest
+from genpool_core.request import FinishReason, GenRequest
 from genpool_core.scheduler import GenScheduler
-from genpool_core.statline import format_statline, make_statline
+from genpool_core.statline import StatLine, make_statline
 from genpool_worker.engine_io import (
-    Arrival,
     Coordinator,
-    DecodeModel,
+    EngineObserver,
     EngineRequest,
     EngineSnapshot,
     LocalCoordinator,
+    ModelRunner,
     PassInputs,
     Tokenizer,
 )
+from genpool_worker.events import Accepted, Failed, Rejected
+from genpool_worker.output_processor import OutputProcessor
 
 STAT_LOGGER = logging.getLogger("genpool.gen_preemption")
 log = logging.getLogger("genpool.worker")
@@ -41,20 +43,23 @@ IDLE_PASS_S = 0.25  # an idle worker still passes, so its stat line keeps coming
 class GenEngine:
     def __init__(
         self,
-        model: DecodeModel,
+        runner: ModelRunner,
         tokenizer: Tokenizer,
         scheduler: GenScheduler,
         *,
         clock: Callable[[], float] = time.time,
         on_step: Callable[[float, int], None] | None = None,
         coordinator: Coordinator | None = None,
+        observer: EngineObserver | None = None,
     ) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
+        self.runner = runner
+        self.model_info = runner.info
         self.scheduler = scheduler
         self.coordinator: Coordinator = coordinator or LocalCoordinator()
+        self.output = OutputProcessor(tokenizer, runner.info.eos_token_id)
         self._clock = clock
         self._on_step = on_step
+        self._observer = observer
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._inbox: list[EngineRequest] = []
@@ -68,11 +73,7 @@ class GenEngine:
         self._inflight = 0
         self._tokens_total = 0
         self._passes = 0
-        self._last_line: str | None = None
-        # Tests of rank identity record every plan's digest and every output.
-        self.record_history = False
-        self.plan_digests: list[str] = []
-        self.completed: dict[str, list[int]] = {}
+        self._last_stat: StatLine | None = None
         self.generation = 0
         self.is_draining = False
         self.error: BaseException | None = None
@@ -134,14 +135,14 @@ class GenEngine:
                 inputs = self.coordinator.exchange(self._collect() if is_leader else None)
                 if inputs.stop:
                     return
-                self._pass(inputs)
+                self.step(inputs)
         except BaseException as exc:  # the worker must report, not hang: /health goes red
             self.error = exc
             log.exception("engine loop died")
             with self._lock:
                 pending = list(self._requests.values()) + self._inbox
             for request in pending:
-                request.emit("error", 500, f"engine failure: {exc}")
+                request.emit(Failed(f"engine failure: {exc}"))
             if self.coordinator.rank != 0:
                 raise
 
@@ -160,19 +161,63 @@ class GenEngine:
         return PassInputs(
             now=self._now(),
             prev_end=self._prev_end,
-            arrivals=[request.arrival() for request in inbox],
+            arrivals=[request.arrival for request in inbox],
             aborts=aborts,
             configs=[update for update, _ in configs],
             stop=not self._running,
         )
 
+    def step(self, inputs: PassInputs) -> None:
+        """One pass: finish the previous model step, apply inputs, schedule, run, stream."""
+        if self._pending is not None:
+            previous, tokens = self._pending
+            self._pending = None
+            assert inputs.prev_end is not None
+            self.scheduler.postprocess(previous, inputs.prev_end, self._stop_ids(tokens))
+        self._apply(inputs)
+        plan = self._schedule(inputs.now)
+        started = time.perf_counter()
+        tokens = self.runner.execute(plan) if plan.batch_ids else {}
+        self._prev_end = self._now()
+        # The next pass postprocesses at this step's end (``prev_end``): no extra wait here.
+        if tokens:
+            self._pending = (plan, tokens)
+        else:
+            self.scheduler.postprocess(plan, inputs.now)
+        for request_id, token in tokens.items():
+            self.output.on_token(self._requests[request_id], token)
+        self._tokens_total += len(tokens)
+        self._passes += 1
+        if plan.batch_ids and self._on_step is not None:
+            self._on_step(time.perf_counter() - started, len(plan.batch_ids))
+        self.snapshot = self._make_snapshot(inputs.now)
+
+    def _schedule(self, now: float) -> GenPlan:
+        plan = self.scheduler.step(now)
+        if self._observer is not None:
+            self._observer.on_plan(plan)
+        for request_id, reason in zip(plan.finished_ids, plan.finish_reasons, strict=True):
+            self._finish(request_id, reason)
+        if plan.stat is not None:
+            self._last_stat = plan.stat
+            if self.coordinator.rank == 0:
+                STAT_LOGGER.info(plan.stat_line)
+        return plan
+
+    def _stop_ids(self, tokens: dict[str, int]) -> tuple[str, ...]:
+        eos = self.model_info.eos_token_id
+        return tuple(request_id for request_id, token in tokens.items() if token == eos)
+
     def _apply(self, inputs: PassInputs) -> None:
         for arrival in inputs.arrivals:
-            request = self._requests.get(arrival.request_id) or arrival.to_request()
+            request = self._requests.get(arrival.request_id) or EngineRequest(arrival)
             self._admit_to_queue(request, inputs.now)
         for request_id in inputs.aborts:
             if request_id in self._requests:
+                is_waiting = request_id in self.scheduler.queue
                 self.scheduler.abort(request_id)
+                if is_waiting:  # a waiter leaves at once: it will be in no plan
+                    self._finish(request_id, FinishReason.ABORT)
         futures = self._config_futures or [Future() for _ in inputs.configs]
         self._config_futures = []
         for update, future in zip(inputs.configs, futures, strict=True):
@@ -183,129 +228,38 @@ class GenEngine:
                 future.set_exception(exc)
 
     def _admit_to_queue(self, request: EngineRequest, now: float) -> None:
+        arrival = request.arrival
         gen = GenRequest(
-            request_id=request.request_id,
-            prompt_len=len(request.prompt_ids),
-            max_tokens=request.max_tokens,
-            arrival_time=None if request.arrival_time is None else min(request.arrival_time, now),
-            first_token_time=request.first_token_time,
+            request_id=arrival.request_id,
+            prompt_len=len(arrival.prompt_ids),
+            max_tokens=arrival.max_tokens,
+            arrival_time=None if arrival.arrival_time is None else min(arrival.arrival_time, now),
+            first_token_time=arrival.first_token_time,
             num_output_tokens=0,
         )
         try:
             self.scheduler.add_request(gen, now)
         except (QueueFullError, ValueError) as exc:
-            self._requests.pop(request.request_id, None)
+            self._requests.pop(arrival.request_id, None)
             with self._lock:
                 self._inflight -= 1
-            request.emit("rejected", 429 if isinstance(exc, QueueFullError) else 400, str(exc))
+            status = 429 if isinstance(exc, QueueFullError) else 400
+            request.emit(Rejected(status, str(exc)))
             return
-        if request.temperature > 0.0:
-            # A stable seed (not hash()): every rank must draw the same tokens.
-            seed = (
-                request.seed
-                if request.seed is not None
-                else zlib.crc32(request.request_id.encode())
-            )
-            request.generator = torch.Generator().manual_seed(seed)
-        self._requests[request.request_id] = request
-        request.emit("accepted")
+        self.runner.add_request(arrival)
+        self._requests[arrival.request_id] = request
+        request.emit(Accepted())
 
-    def _pass(self, inputs: PassInputs) -> None:
-        if self._pending is not None:
-            previous, tokens = self._pending
-            self._pending = None
-            assert inputs.prev_end is not None
-            self.scheduler.postprocess(previous, inputs.prev_end, self._stops(tokens))
-        self._apply(inputs)
-        plan = self.scheduler.step(inputs.now)
-        if self.record_history:
-            self.plan_digests.append(plan.digest())
-        for request_id in plan.finished_ids:
-            self._finish(request_id)
-        if plan.stat_line is not None:
-            self._last_line = plan.stat_line
-            if self.coordinator.rank == 0:
-                STAT_LOGGER.info(plan.stat_line)
-        started = time.perf_counter()
-        tokens = self._run_model(plan) if plan.batch_ids else {}
-        self._prev_end = self._now()
-        if tokens:
-            self._pending = (plan, tokens)
-        else:
-            self.scheduler.postprocess(plan, inputs.now)
-        for request_id, token in tokens.items():
-            self._stream(self._requests[request_id], token)
-        self._tokens_total += len(tokens)
-        self._passes += 1
-        if plan.batch_ids and self._on_step is not None:
-            self._on_step(time.perf_counter() - started, len(plan.batch_ids))
-        self.snapshot = self._make_snapshot(inputs.now)
-
-    def _stops(self, tokens: dict[str, int]) -> tuple[str, ...]:
-        eos = self.model.eos_token_id
-        return tuple(request_id for request_id, token in tokens.items() if token == eos)
-
-    def _run_model(self, plan: GenPlan) -> dict[str, int]:
-        """Prefill the newly admitted (their token this pass), decode the rest."""
-        logits: dict[str, torch.Tensor] = {}
-        slots, last, positions, ids = [], [], [], []
-        for request_id, slot in zip(plan.batch_ids, plan.batch_slots, strict=True):
-            request = self._requests[request_id]
-            if not request.output_ids:
-                logits[request_id] = self.model.prefill(slot, request.prompt_ids)
-                continue
-            ids.append(request_id)
-            slots.append(slot)
-            last.append(request.output_ids[-1])
-            positions.append(len(request.prompt_ids) + len(request.output_ids) - 1)
-        if ids:
-            batch_logits = self.model.decode(slots, last, positions)
-            logits.update(zip(ids, batch_logits, strict=True))
-        return {rid: self._sample(self._requests[rid], row) for rid, row in logits.items()}
-
-    @staticmethod
-    def _sample(request: EngineRequest, logits: torch.Tensor) -> int:
-        if request.temperature <= 0.0:
-            return int(torch.argmax(logits))
-        probs = torch.softmax(logits.float() / request.temperature, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=request.generator))
-
-    def _stream(self, request: EngineRequest, token: int) -> None:
-        request.output_ids.append(token)
-        ids = request.output_ids
-        if ids[-1] == self.model.eos_token_id:
-            ids = ids[:-1]
-        text = self.tokenizer.decode(ids)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the rest
-            return
-        if len(text) > request.text_sent:
-            request.emit("token", text[request.text_sent :])
-            request.text_sent = len(text)
-
-    def _finish(self, request_id: str) -> None:
+    def _finish(self, request_id: str, reason: FinishReason) -> None:
         request = self._requests.pop(request_id, None)
         if request is None:
             return
-        if self.record_history:
-            self.completed[request_id] = list(request.output_ids)
+        self.runner.remove_request(request_id)
         with self._lock:
             self._inflight -= 1
-        eos = self.model.eos_token_id
-        reason = "stop" if request.output_ids and request.output_ids[-1] == eos else "length"
-        if len(request.output_ids) < request.max_tokens and reason != "stop":
-            reason = "abort"
-        text = self.tokenizer.decode([t for t in request.output_ids if t != eos])
-        if len(text) > request.text_sent:
-            request.emit("token", text[request.text_sent :])
-        request.emit(
-            "done",
-            reason,
-            {
-                "prompt_tokens": len(request.prompt_ids),
-                "completion_tokens": len(request.output_ids),
-                "total_tokens": len(request.prompt_ids) + len(request.output_ids),
-            },
-        )
+        if self._observer is not None:
+            self._observer.on_finished(request, reason)
+        self.output.on_finished(request, reason)
 
     # -- views ------------------------------------------------------------------------
 
@@ -327,20 +281,7 @@ class GenEngine:
 
     def _make_snapshot(self, now: float) -> EngineSnapshot:
         stats = self.scheduler.make_stats(now)
-        line = self._last_line or format_statline(make_statline(stats, None))
+        stat = self._last_stat or make_statline(stats, None)
         return EngineSnapshot(
-            stats, line, self.config(), self._inflight, self._tokens_total, self._passes
+            stats, stat, self.config(), self._inflight, self._tokens_total, self._passes
         )
-
-
-__all__ = [
-    "Arrival",
-    "Coordinator",
-    "DecodeModel",
-    "EngineRequest",
-    "EngineSnapshot",
-    "GenEngine",
-    "LocalCoordinator",
-    "PassInputs",
-    "Tokenizer",
-]

@@ -1,5 +1,6 @@
-"""What crosses the engine's boundary: model and tokenizer protocols, a request's
-engine state, and the per-pass inputs that rank 0 broadcasts (docs/design.md#multi-rank)."""
+"""What crosses the engine's boundary: the model runner and tokenizer protocols, a
+request's engine state, the per-pass inputs that rank 0 broadcasts
+(docs/design.md#multi-rank) and the snapshot the HTTP side reads. No torch here."""
 
 from __future__ import annotations
 
@@ -7,64 +8,31 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import torch
-
+from genpool_core.plan import GenPlan
+from genpool_core.request import FinishReason
+from genpool_core.statline import StatLine, format_statline
 from genpool_core.stats import SchedulerStats
-
-
-class DecodeModel(Protocol):
-    name: str
-    is_synthetic: bool
-    eos_token_id: int | None
-    num_slots: int
-    max_seq_len: int
-
-    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor: ...
-
-    def decode(
-        self, slots: list[int], token_ids: list[int], positions: list[int]
-    ) -> torch.Tensor: ...
+from genpool_worker.events import EngineEvent
 
 
 class Tokenizer(Protocol):
-    eos_token_id: int | None
+    @property
+    def eos_token_id(self) -> int | None: ...
 
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
 
 
-@dataclass(eq=False)
-class EngineRequest:
-    """One request's engine state; on rank 0 events go back to its HTTP handler."""
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What the loop and the HTTP side know of the model (``vocab_size`` None: unknown)."""
 
-    request_id: str
-    prompt_ids: list[int]
-    max_tokens: int
-    loop: asyncio.AbstractEventLoop | None
-    temperature: float = 0.0
-    seed: int | None = None
-    arrival_time: float | None = None
-    first_token_time: float | None = None
-    events: asyncio.Queue[tuple[Any, ...]] = field(default_factory=asyncio.Queue)
-    output_ids: list[int] = field(default_factory=list)
-    text_sent: int = 0
-    generator: torch.Generator | None = None
-
-    def emit(self, *event: Any) -> None:
-        if self.loop is not None:  # followers (ranks > 0) have no client
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-
-    def arrival(self) -> Arrival:
-        return Arrival(
-            self.request_id,
-            self.prompt_ids,
-            self.max_tokens,
-            self.temperature,
-            self.seed,
-            self.arrival_time,
-            self.first_token_time,
-        )
+    name: str
+    is_synthetic: bool
+    max_seq_len: int
+    eos_token_id: int | None
+    vocab_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -74,27 +42,48 @@ class Arrival:
     request_id: str
     prompt_ids: list[int]
     max_tokens: int
-    temperature: float
-    seed: int | None
-    arrival_time: float | None
-    first_token_time: float | None
+    temperature: float = 0.0
+    seed: int | None = None
+    arrival_time: float | None = None
+    first_token_time: float | None = None
 
-    def to_request(self) -> EngineRequest:
-        return EngineRequest(
-            self.request_id,
-            self.prompt_ids,
-            self.max_tokens,
-            None,
-            self.temperature,
-            self.seed,
-            self.arrival_time,
-            self.first_token_time,
-        )
+
+class ModelRunner(Protocol):
+    """Owns the model: prefill, decode, sampling and each request's generator."""
+
+    info: ModelInfo
+
+    def add_request(self, arrival: Arrival) -> None: ...
+
+    def remove_request(self, request_id: str) -> None: ...
+
+    def execute(self, plan: GenPlan) -> dict[str, int]:
+        """One token for every batch member: ``plan.prefill_ids`` prefill, the rest decode."""
+        ...
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    """One request's engine state; on rank 0 events go back to its HTTP handler."""
+
+    arrival: Arrival
+    loop: asyncio.AbstractEventLoop | None = None  # None on followers: no client
+    events: asyncio.Queue[EngineEvent] = field(default_factory=asyncio.Queue)
+    output_ids: list[int] = field(default_factory=list)
+    text_sent: int = 0
+
+    @property
+    def request_id(self) -> str:
+        return self.arrival.request_id
+
+    def emit(self, event: EngineEvent) -> None:
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
 @dataclass(frozen=True)
 class PassInputs:
-    """Everything a pass depends on besides the model's outputs (docs/design.md#multi-rank).
+    """Everything a pass depends on besides the model's outputs.
 
     Rank 0 fills it from its clock and inboxes; with N ranks it is broadcast, so every
     rank's scheduler sees bit-identical inputs and makes identical decisions.
@@ -125,11 +114,26 @@ class LocalCoordinator:
         return inputs
 
 
+class EngineObserver(Protocol):
+    """Sees every plan and every finished request (tests of rank identity record them)."""
+
+    def on_plan(self, plan: GenPlan) -> None: ...
+
+    def on_finished(self, request: EngineRequest, reason: FinishReason) -> None: ...
+
+
 @dataclass(frozen=True)
 class EngineSnapshot:
+    """Published after every pass. ``stat`` is the latest periodic stat line, or a
+    since-start line before the first period."""
+
     stats: SchedulerStats
-    stat_line: str
+    stat: StatLine
     config: dict[str, Any]
     inflight: int
     tokens_total: int
     passes: int
+
+    @property
+    def stat_line(self) -> str:
+        return format_statline(self.stat)

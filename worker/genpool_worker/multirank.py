@@ -28,7 +28,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from genpool_worker.engine import PassInputs
+from genpool_worker.engine_io import PassInputs
 
 log = logging.getLogger("genpool.worker")
 SUPPORTED_TP = (1, 3)  # SmolLM2: 9 query heads, 3 KV heads
@@ -80,7 +80,7 @@ def spawn_followers(
 ) -> list[multiprocessing.process.BaseProcess]:
     """Start ranks 1..N-1 (spawned, so no torch state is inherited)."""
     context = multiprocessing.get_context("spawn")
-    processes = []
+    processes: list[multiprocessing.process.BaseProcess] = []
     for rank in range(1, world_size):
         process = context.Process(
             target=target, args=(rank, world_size, port, os.getpid(), *args), daemon=True

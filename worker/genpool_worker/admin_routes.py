@@ -1,0 +1,53 @@
+"""The operator's endpoints: read and change the live knobs, drain before exit."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from genpool_worker.api import ConfigUpdate, DrainRequest
+from genpool_worker.http_common import ApiError, context_of, read_json, require_admin
+
+DRAIN_POLL_S = 0.05
+router = APIRouter()
+
+
+@router.get("/config")
+async def get_config(request: Request) -> Response:
+    return JSONResponse(context_of(request).engine.snapshot.config)
+
+
+@router.put("/config")
+async def put_config(request: Request) -> Response:
+    """Apply knobs tagged with the operator's generation; an older generation is a 409."""
+    require_admin(request)
+    context = context_of(request)
+    engine = context.engine
+    update = await read_json(request, ConfigUpdate)
+    async with context.config_lock:
+        if update.generation < engine.generation:
+            raise ApiError(409, f"stale generation {update.generation} < {engine.generation}")
+        future = engine.reconfigure(update.knobs())
+        try:
+            config = await asyncio.wrap_future(future)
+        except (ValueError, TypeError) as exc:
+            raise ApiError(422, str(exc)) from None
+        engine.generation = update.generation
+        config["generation"] = update.generation
+        return JSONResponse(config)
+
+
+@router.post("/drain")
+async def drain(request: Request) -> Response:
+    """Stop admitting, then wait until every accepted request finished or the timeout."""
+    require_admin(request)
+    engine = context_of(request).engine
+    body = await read_json(request, DrainRequest, optional=True)
+    engine.is_draining = True
+    deadline = time.monotonic() + body.timeout_s
+    while engine.inflight > 0 and time.monotonic() < deadline:
+        await asyncio.sleep(DRAIN_POLL_S)
+    return JSONResponse({"drained": engine.inflight == 0, "inflight": engine.inflight})

@@ -1,0 +1,64 @@
+"""What the engine tells one request's HTTP handler, in this order: ``Accepted`` or
+``Rejected``; then ``TokenDelta`` events; then ``Finished`` (or ``Failed`` if the
+engine loop died). Typed, so the server matches on types instead of tuple positions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from genpool_core.request import FinishReason
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """The scheduler queued the request."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The scheduler refused the request: ``status`` is the HTTP status to answer."""
+
+    status: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class TokenDelta:
+    """Newly decoded text (complete UTF-8 only)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The last event of a request that ran: why it ended and what it used."""
+
+    reason: FinishReason
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The engine loop died; the request will get nothing more."""
+
+    message: str
+
+
+EngineEvent = Accepted | Rejected | TokenDelta | Finished | Failed

@@ -1,0 +1,38 @@
+"""Detokenize and stream: each sampled token becomes a text delta for its client, and
+a finished request gets its last text and a ``Finished`` event. No torch here."""
+
+from __future__ import annotations
+
+from genpool_core.request import FinishReason
+from genpool_worker.engine_io import EngineRequest, Tokenizer
+from genpool_worker.events import Finished, TokenDelta, Usage
+
+INCOMPLETE_UTF8 = "\ufffd"  # what a decoder shows for a partial UTF-8 sequence
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer, eos_token_id: int | None) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_id = eos_token_id
+
+    def on_token(self, request: EngineRequest, token: int) -> None:
+        """Append ``token`` and send the text that is new and complete."""
+        request.output_ids.append(token)
+        ids = request.output_ids
+        if ids[-1] == self.eos_token_id:
+            ids = ids[:-1]
+        text = self.tokenizer.decode(ids)
+        if text.endswith(INCOMPLETE_UTF8):  # wait for the rest of the sequence
+            return
+        if len(text) > request.text_sent:
+            request.emit(TokenDelta(text[request.text_sent :]))
+            request.text_sent = len(text)
+
+    def on_finished(self, request: EngineRequest, reason: FinishReason) -> None:
+        """Flush any held-back text, then close the stream with the plan's reason."""
+        ids = [t for t in request.output_ids if t != self.eos_token_id]
+        text = self.tokenizer.decode(ids)
+        if len(text) > request.text_sent:
+            request.emit(TokenDelta(text[request.text_sent :]))
+        usage = Usage(len(request.arrival.prompt_ids), len(request.output_ids))
+        request.emit(Finished(reason, usage))
