@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from genpool_core.names import SLO_MODE, TPOT_MODE
+from genpool_core.names import SLO_MODE, TPOT_MODE, WORKER_PORT
 from genpool_core.preemption import GenCapacity, GenPreemptionConfigError
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
 from genpool_worker.engine import GenEngine
@@ -49,7 +49,7 @@ class WorkerConfig(BaseModel):
         "(no weights, simulated step times)",
     )
     host: str = Field(default="127.0.0.1", description="HTTP listen address")
-    port: int = Field(default=8000, ge=0, le=65535, description="HTTP port (0-65535)")
+    port: int = Field(default=WORKER_PORT, ge=0, le=65535, description="HTTP port (0-65535)")
     device: str = Field(default="cpu", description="torch device: cpu or cuda")
     tensor_parallel_size: int = Field(
         default=1, ge=1, le=64, description="ranks (processes) sharding the model (1 or 3)"
