@@ -29,32 +29,22 @@ class PoolStats:
     """Sums over the reporting workers, and ratios weighted by what they count."""
 
     workers_reporting: int
-    newest_t: float
     mode: str
-    residents: int
-    active: int
     paused: int
     cap: int
     headroom: int
     waiters: int
     at_risk: int
     completed_window: int
-    completed_total: int
     pauses_window: int
-    pauses_total: int
     laxity_resumes: int
-    forced_resumes: int
     victims: Mapping[str, int] = field(default_factory=dict)
     below_target_window: float | None = None
     below_target_total: float | None = None
-    # Credit is a per-worker bucket: the sum is the pool's SLO budget, the min is the
-    # worker closest to (or deepest in) deficit. The tuner wants both.
-    credit_sum: float | None = None
-    credit_min: float | None = None
+    credit_sum: float | None = None  # per-worker credit buckets: the pool's SLO budget
     mean_laxity: float | None = None
     paused_below_target: int | None = None
     admission_target_mean_s: float | None = None
-    admission_target_max_s: float | None = None
     # the replica scaler's inputs: window sums, step-weighted batch, summed TTFT histogram
     arrivals_window: int = 0
     steps_window: int = 0
@@ -137,19 +127,14 @@ def _sum_victims(lines: list[StatLine]) -> dict[str, int]:
 
 # Per-worker counts whose pool value is their sum.
 SUMMED_COUNTS = (
-    "residents",
-    "active",
     "paused",
     "cap",
     "headroom",
     "waiters",
     "at_risk",
     "completed_window",
-    "completed_total",
     "pauses_window",
-    "pauses_total",
     "laxity_resumes",
-    "forced_resumes",
     "arrivals_window",
     "steps_window",
 )
@@ -166,7 +151,6 @@ def aggregate(lines: Iterable[StatLine | None]) -> PoolStats | None:
     paused_below = [line.paused_below_target for line in good]
     return PoolStats(
         workers_reporting=len(good),
-        newest_t=max(line.t for line in good),
         mode=modes.pop() if len(modes) == 1 else MIXED_MODE,
         **{name: sum(getattr(line, name) for line in good) for name in SUMMED_COUNTS},
         victims=_sum_victims(good),
@@ -177,7 +161,6 @@ def aggregate(lines: Iterable[StatLine | None]) -> PoolStats | None:
             (line.below_target_total, line.completed_total) for line in good
         ),
         credit_sum=sum(credits) if credits else None,
-        credit_min=min(credits) if credits else None,
         # mean_laxity is a mean over the window's laxity victims: weighting by their
         # count gives the exact pooled mean.
         mean_laxity=_weighted_mean(
@@ -187,7 +170,6 @@ def aggregate(lines: Iterable[StatLine | None]) -> PoolStats | None:
             None if all(v is None for v in paused_below) else sum(v or 0 for v in paused_below)
         ),
         admission_target_mean_s=sum(targets) / len(targets) if targets else None,
-        admission_target_max_s=max(targets) if targets else None,
         batch_mean=_weighted_mean((line.batch_mean, line.steps_window) for line in good),
         ttft_hist=ttft_histogram.summed(line.ttft_hist for line in good),
     )

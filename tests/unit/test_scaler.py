@@ -26,10 +26,9 @@ def hist(seconds: float, n: int) -> tuple[int, ...]:
 def pool(**overrides: object) -> PoolStats:
     """Ten workers at half occupancy, the SLO comfortably met."""
     base = PoolStats(
-        workers_reporting=10, newest_t=0.0, mode="target_output_tps", residents=80,
-        active=80, paused=0, cap=60, headroom=60, waiters=0, at_risk=0,
-        completed_window=100, completed_total=1000, pauses_window=0, pauses_total=0,
-        laxity_resumes=0, forced_resumes=0, below_target_window=0.05,
+        workers_reporting=10, mode="target_output_tps", paused=0, cap=60, headroom=60,
+        waiters=0, at_risk=0, completed_window=100, pauses_window=0, laxity_resumes=0,
+        below_target_window=0.05,
         arrivals_window=100, steps_window=3000, batch_mean=8.0, ttft_hist=hist(0.2, 100),
     )  # fmt: skip
     return replace(base, **overrides)  # type: ignore[arg-type]
