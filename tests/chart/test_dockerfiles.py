@@ -1,14 +1,22 @@
 """The two Dockerfiles, parsed (no Docker engine here to build them): non-root final
 stages, entrypoints that exist as console scripts, the right extras, no baked secrets,
-and COPY sources that exist and are not hidden by .dockerignore."""
+COPY sources that exist and are not hidden by .dockerignore, and what each image installs:
+its build context is rebuilt from its COPY lines and turned into a wheel as `pip install .`
+would, so the packages inside are the ones the image gets (operator: core + operator, no
+torch; worker: core + worker; the devcluster in neither)."""
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import json
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 import tomllib
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,6 +96,11 @@ IMAGES = {
     "worker": ("worker/Dockerfile", "genpool-worker", "worker", "nvidia/cuda:"),
     "operator": ("operator/Dockerfile", "genpool-operator", "operator", "python:3.11-slim"),
 }
+# The packages each image installs, and the package folders its build stage copies.
+PACKAGES = {
+    "worker": {"genpool_core": "core", "genpool_worker": "worker"},
+    "operator": {"genpool_core": "core", "genpool_operator": "operator"},
+}
 
 
 @pytest.mark.parametrize("image", sorted(IMAGES))
@@ -166,5 +179,97 @@ def test_dockerignore_keeps_local_state_out() -> None:
     patterns = dockerignore()
     for path in (".venv", ".git", "tests", "worker/genpool.egg-info", "x/__pycache__", ".env"):
         assert ignored(path, patterns), path
-    for path in ("pyproject.toml", "worker/genpool_worker/engine.py"):
+    for path in ("devcluster/genpool_devcluster/cli.py", "sim/genpool_sim/cli.py", "cli"):
+        assert ignored(path, patterns), path  # in no image
+    for path in (
+        "pyproject.toml",
+        "core/genpool_core/scheduler.py",
+        "worker/genpool_worker/engine.py",
+        "operator/genpool_operator/main.py",
+    ):
         assert not ignored(path, patterns), path
+
+
+def build_copies(image: str) -> list[tuple[str, str]]:
+    """(source, destination) of the build stage's COPY lines from the build context."""
+    _, stages = parse(REPO / IMAGES[image][0])
+    (build,) = [s for s in stages if s.name == "build"]
+    copies = []
+    for arg in build.all("COPY"):
+        *sources, dest = shlex.split(arg)
+        assert not sources[0].startswith("--"), f"{image}: COPY {arg} in the build stage"
+        copies += [(src, dest) for src in sources]
+    return copies
+
+
+@pytest.mark.parametrize("image", sorted(IMAGES))
+def test_build_stage_copies_only_its_package_folders(image: str) -> None:
+    wanted = {("pyproject.toml", "./")} | {
+        (f"{folder}/{package}", f"{folder}/{package}")
+        for package, folder in PACKAGES[image].items()
+    }
+    assert set(build_copies(image)) == wanted
+
+
+def _context(image: str, root: Path) -> Path:
+    """The image's /src as its COPY lines fill it (without what .dockerignore drops)."""
+    patterns = dockerignore()
+    src = root / "src"
+    src.mkdir()
+    for source, dest in build_copies(image):
+        target = src / dest / Path(source).name if dest.endswith("/") else src / dest
+        if (REPO / source).is_dir():
+            shutil.copytree(
+                REPO / source,
+                target,
+                ignore=lambda d, names: [
+                    n for n in names if ignored(str(Path(d, n).relative_to(REPO)), patterns)
+                ],
+            )
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(REPO / source, target)
+    return src
+
+
+@pytest.mark.parametrize("image", sorted(IMAGES))
+def test_the_image_installs_only_its_packages(image: str, tmp_path: Path) -> None:
+    src = _context(image, tmp_path)
+    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-index",
+           "--no-build-isolation", "-w", str(tmp_path / "wheel"), str(src)]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (wheel,) = (tmp_path / "wheel").glob("genpool-*.whl")
+    with zipfile.ZipFile(wheel) as whl:
+        tops = {name.split("/")[0] for name in whl.namelist() if not name.startswith("genpool-")}
+    assert tops == set(PACKAGES[image])
+    assert "genpool_devcluster" not in tops  # test-only: in no production image
+
+
+def _imports(folder: Path) -> set[str]:
+    """Top-level names every module under folder imports, at any depth (lazy imports too)."""
+    names: set[str] = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.partition(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.partition(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("image", sorted(IMAGES))
+def test_the_image_packages_import_no_package_left_out(image: str) -> None:
+    imported: set[str] = set()
+    for package, folder in PACKAGES[image].items():
+        imported |= _imports(REPO / folder / package)
+    ours = {name for name in imported if name.startswith("genpool_")}
+    assert ours <= set(PACKAGES[image]), ours - set(PACKAGES[image])
+
+
+def test_the_operator_image_has_no_torch() -> None:
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    deps = " ".join(extras["dependencies"] + extras["optional-dependencies"]["operator"])
+    assert "torch" not in deps and "genpool[" not in deps
+    imported = set().union(*(_imports(REPO / f / p) for p, f in PACKAGES["operator"].items()))
+    assert not imported & {"torch", "numpy", "transformers", "gguf", "tokenizers"}
