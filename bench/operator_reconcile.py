@@ -15,6 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from genpool_core.names import (
+    API_GROUP,
+    API_KIND,
+    API_PLURAL,
+    API_VERSION,
+    GROUP_VERSION,
+    pool_label_selector,
+)
+
 CHILDREN = 6  # StatefulSet, 2 Services, ConfigMap, PDB, admin Secret
 CRD = Path(__file__).resolve().parents[1] / "crds" / "genpool.dev_genpools.yaml"
 
@@ -22,7 +31,7 @@ CRD = Path(__file__).resolve().parents[1] / "crds" / "genpool.dev_genpools.yaml"
 def _count_children(api: Any, namespace: str, pool: str) -> int:
     from kubernetes import client
 
-    selector = f"genpool.dev/pool={pool}"
+    selector = pool_label_selector(pool)
     core, apps, policy = client.CoreV1Api(api), client.AppsV1Api(api), client.PolicyV1Api(api)
     lists = (
         apps.list_namespaced_stateful_set(namespace, label_selector=selector),
@@ -38,14 +47,14 @@ def _one(api: Any, namespace: str, name: str, timeout_s: float = 60.0) -> float:
     from kubernetes import client
 
     body = {
-        "apiVersion": "genpool.dev/v1alpha1",
-        "kind": "GenPool",
+        "apiVersion": GROUP_VERSION,
+        "kind": API_KIND,
         "metadata": {"name": name},
         "spec": {"replicas": 0, "model": "synthetic:tiny", "accelerator": "none"},
     }
     objs = client.CustomObjectsApi(api)
     start = time.perf_counter()
-    objs.create_namespaced_custom_object("genpool.dev", "v1alpha1", namespace, "genpools", body)
+    objs.create_namespaced_custom_object(API_GROUP, API_VERSION, namespace, API_PLURAL, body)
     while time.perf_counter() - start < timeout_s:
         if _count_children(api, namespace, name) >= CHILDREN:
             return time.perf_counter() - start

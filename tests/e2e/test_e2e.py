@@ -14,7 +14,14 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from genpool_core.names import API_GROUP, API_PLURAL, API_VERSION
+from genpool_core.names import (
+    API_GROUP,
+    API_KIND,
+    API_PLURAL,
+    API_VERSION,
+    GROUP_VERSION,
+    pool_label_selector,
+)
 from genpool_devcluster.demo import DEMO_SPEC, run_load
 from tests.conftest import DevCluster, Kubectl
 from tests.integration.operator_harness import get_pool, ready_pods
@@ -97,8 +104,8 @@ def test_helm_install_genpool_load_scale_delete(
         what="operator Deployment ready under the pod runner",
     )
     pool = {
-        "apiVersion": "genpool.dev/v1alpha1",
-        "kind": "GenPool",
+        "apiVersion": GROUP_VERSION,
+        "kind": API_KIND,
         "metadata": {"name": POOL},
         "spec": POOL_SPEC,
     }
@@ -169,7 +176,7 @@ def test_helm_install_genpool_load_scale_delete(
                 "-n",
                 namespace,
                 "-l",
-                f"genpool.dev/pool={POOL}",
+                pool_label_selector(POOL),
                 "-o",
                 "name",
             ).stdout.strip()

@@ -6,14 +6,13 @@ import dataclasses
 
 from hypothesis import strategies as st
 
+from genpool_core.names import OFF_MODE, SLO_MODE, TPOT_MODE
 from genpool_core.statline import (
     StatLine,
 )
 from genpool_core.stats import SchedulerStats
 
-SLO = "target_output_tps"
-TPOT = "tpot_budget"
-OFF = "off"
+SLO, TPOT, OFF = SLO_MODE, TPOT_MODE, OFF_MODE
 
 # The example line of docs/design.md#stat-line, verbatim.
 DESIGN_EXAMPLE = (
