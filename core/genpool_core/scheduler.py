@@ -16,6 +16,7 @@ from genpool_core import ttft_histogram
 from genpool_core.admission import AdaptiveTarget, AdmissionQueue
 from genpool_core.knobs import Knobs
 from genpool_core.live import LiveConfig
+from genpool_core.names import DEFAULT_STAT_INTERVAL_S
 from genpool_core.plan import GenPlan
 from genpool_core.preemption import (
     GenCapacity,
@@ -39,7 +40,7 @@ class UnknownRequestError(KeyError):
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     max_queue_length: int = 1024
-    stat_interval_s: float = 30.0
+    stat_interval_s: float = float(DEFAULT_STAT_INTERVAL_S)
     guard_factor: float = 2.0
     target_quantile: float = 0.9
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from genpool_core.knobs import DEFAULT_PAUSED_CAP_FRACTION, default_paused_cap
-from genpool_core.names import OFF_MODE, SLO_MODE, TPOT_MODE
+from genpool_core.names import DEFAULT_STAT_INTERVAL_S, OFF_MODE, SLO_MODE, TPOT_MODE
 from genpool_core.plan import GenPlan
 from genpool_core.preemption import GenCapacity
 from genpool_core.request import FinishReason, GenRequest
@@ -36,7 +36,7 @@ class ClusterConfig:
     target_output_tps: float | None = None
     tpot_budget: float = 0.1
     paused_cap_fraction: float = DEFAULT_PAUSED_CAP_FRACTION
-    stat_interval_s: float = 30.0
+    stat_interval_s: float = float(DEFAULT_STAT_INTERVAL_S)
     step_model: StepModel = DEFAULT_STEP_MODEL
     max_evictions_per_request: int = 1
     max_resident_headroom: int | None = None  # the ceiling a tuner may raise H to

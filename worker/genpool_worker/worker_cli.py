@@ -13,7 +13,16 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from genpool_core.names import SLO_MODE, TPOT_MODE, WORKER_PORT
+from genpool_core.names import (
+    DEFAULT_ADMISSION_TARGET_MAX_S,
+    DEFAULT_ADMISSION_TARGET_MIN_S,
+    DEFAULT_MAX_PAUSES_PER_REQUEST,
+    DEFAULT_SLACK_S,
+    DEFAULT_STAT_INTERVAL_S,
+    SLO_MODE,
+    TPOT_MODE,
+    WORKER_PORT,
+)
 from genpool_core.preemption import GenCapacity, GenPreemptionConfigError
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
 from genpool_worker.engine import GenEngine
@@ -76,16 +85,24 @@ class WorkerConfig(BaseModel):
         default=None, gt=0, description="budget for tpot_budget mode (seconds per token)"
     )
     slack_s: float = Field(
-        default=0.5, ge=0, description="a waiter is at risk within this of X (seconds)"
+        default=DEFAULT_SLACK_S,
+        ge=0,
+        description="a waiter is at risk within this of X (seconds)",
     )
     max_pauses_per_request: int = Field(
-        default=2, ge=1, description="pauses one request may take (count)"
+        default=DEFAULT_MAX_PAUSES_PER_REQUEST,
+        ge=1,
+        description="pauses one request may take (count)",
     )
     admission_target_min_s: float = Field(
-        default=0.25, gt=0, description="lower bound of the adaptive target X (seconds)"
+        default=DEFAULT_ADMISSION_TARGET_MIN_S,
+        gt=0,
+        description="lower bound of the adaptive target X (seconds)",
     )
     admission_target_max_s: float = Field(
-        default=30.0, gt=0, description="upper bound of the adaptive target X (seconds)"
+        default=DEFAULT_ADMISSION_TARGET_MAX_S,
+        gt=0,
+        description="upper bound of the adaptive target X (seconds)",
     )
     resident_headroom: int | None = Field(
         default=None, ge=0, description="H: residents allowed beyond B (requests)"
@@ -99,7 +116,9 @@ class WorkerConfig(BaseModel):
         default=None, ge=0, description="P: requests paused in place at once (requests)"
     )
     stat_interval_s: float = Field(
-        default=30.0, gt=0, description="period of the gen_preemption stat line (seconds)"
+        default=float(DEFAULT_STAT_INTERVAL_S),
+        gt=0,
+        description="period of the gen_preemption stat line (seconds)",
     )
     stamp_arrival: bool = Field(
         default=False,

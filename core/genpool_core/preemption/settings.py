@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from genpool_core.knobs import default_paused_cap
-from genpool_core.names import OFF_MODE, SLO_MODE, TPOT_MODE
+from genpool_core.names import (
+    DEFAULT_ADMISSION_TARGET_MAX_S,
+    DEFAULT_ADMISSION_TARGET_MIN_S,
+    DEFAULT_MAX_PAUSES_PER_REQUEST,
+    DEFAULT_SLACK_S,
+    OFF_MODE,
+    SLO_MODE,
+    TPOT_MODE,
+)
 
 
 class GenPreemptionConfigError(ValueError):
@@ -34,11 +42,15 @@ class GenPreemptionSettings(BaseModel):
 
     tpot_budget: float | None = Field(default=None, description="Allowed relative TPOT inflation")
     target_output_tps: float | None = Field(default=None, description="Output-rate floor T, tok/s")
-    slack_s: float = Field(default=0.5, ge=0.0, description="At-risk slack threshold, seconds")
-    max_pauses_per_request: int = Field(default=2, ge=1, description="tpot_budget pause limit")
+    slack_s: float = Field(
+        default=DEFAULT_SLACK_S, ge=0.0, description="At-risk slack threshold, seconds"
+    )
+    max_pauses_per_request: int = Field(
+        default=DEFAULT_MAX_PAUSES_PER_REQUEST, ge=1, description="tpot_budget pause limit"
+    )
     per_pass_budget: int = Field(default=4, ge=1, description="Most pauses in one pass")
-    admission_target_min_s: float = Field(default=0.25, gt=0.0)
-    admission_target_max_s: float = Field(default=30.0, gt=0.0)
+    admission_target_min_s: float = Field(default=DEFAULT_ADMISSION_TARGET_MIN_S, gt=0.0)
+    admission_target_max_s: float = Field(default=DEFAULT_ADMISSION_TARGET_MAX_S, gt=0.0)
     resident_headroom: int | None = Field(default=None, ge=0)
     max_resident_headroom: int | None = Field(default=None, ge=0)
     paused_cap: int | None = Field(default=None, ge=0)
