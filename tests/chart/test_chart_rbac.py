@@ -9,6 +9,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from genpool_core.names import API_GROUP, API_PLURAL
+
 from .conftest import (
     CASES,
     CHART,
@@ -30,8 +32,8 @@ from .conftest import (
 POOL_VERBS = frozenset({"get", "list", "watch", "create", "patch", "update", "delete"})
 # (apiGroup, resource) -> verbs: the whole of what the operator may do to pool resources.
 POOL_RULES: dict[tuple[str, str], frozenset[str]] = {
-    ("genpool.dev", "genpools"): frozenset({"get", "list", "watch", "patch", "update"}),
-    ("genpool.dev", "genpools/status"): frozenset({"get", "patch", "update"}),
+    (API_GROUP, API_PLURAL): frozenset({"get", "list", "watch", "patch", "update"}),
+    (API_GROUP, f"{API_PLURAL}/status"): frozenset({"get", "patch", "update"}),
     ("", "events"): frozenset({"create", "patch"}),
     ("events.k8s.io", "events"): frozenset({"create", "patch"}),
     ("apps", "statefulsets"): POOL_VERBS,
