@@ -192,6 +192,30 @@ def test_client_disconnect_frees_the_request(worker_factory: Factory) -> None:
         assert client.get("/stats").json()["aborted"] == 1
 
 
+def test_a_waiting_client_that_disconnects_leaves_the_queue(worker_factory: Factory) -> None:
+    worker = worker_factory(max_batch_size=1)
+
+    async def scenario() -> httpx.Response:
+        async with worker.async_client() as client:
+            body = {"prompt": "a", "max_tokens": 60}
+            running = asyncio.create_task(client.post("/v1/completions", json=body))
+            await asyncio.sleep(0.2)  # admitted: the next request waits for the one slot
+            waiting = {"prompt": "b", "max_tokens": 5, "stream": True}
+            async with client.stream("POST", "/v1/completions", json=waiting) as reply:
+                assert reply.status_code == 200  # accepted into the queue, no token yet
+            return await running  # the waiter's client went away meanwhile
+
+    running = asyncio.run(scenario())
+    assert running.json()["usage"]["completion_tokens"] == 60
+    deadline = time.monotonic() + 5
+    while worker.engine.inflight and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert worker.engine.inflight == 0  # the waiter finished too: nothing leaks
+    with worker.client() as client:
+        stats = client.get("/stats").json()
+        assert stats["aborted"] == 1 and stats["waiters"] == 0
+
+
 def test_admin_endpoints_need_the_token(worker_factory: Factory) -> None:
     worker = worker_factory(admin_token="s3cret", preemption_mode="tpot_budget", tpot_budget=0.1)
     with worker.client() as client:

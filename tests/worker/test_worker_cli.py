@@ -39,3 +39,12 @@ def test_flags_map_to_the_config() -> None:
     assert config.stamp_arrival is True
     assert config.preemption_settings()["target_output_tps"] == 18.5
     assert config.preemption_settings()["max_resident_headroom"] == 6
+
+
+def test_every_flag_has_help_text() -> None:
+    from genpool_worker.worker_cli import build_parser
+
+    actions = [a for a in build_parser()._actions if a.dest != "help"]
+    assert len(actions) > 20
+    missing = [a.option_strings[0] for a in actions if not (a.help or "").strip()]
+    assert missing == []

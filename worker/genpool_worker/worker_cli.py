@@ -54,8 +54,8 @@ class WorkerConfig(BaseModel):
 
     model: str = Field(
         default="smollm2-135m",
-        description="smollm2-135m (the packaged GGUF), a .gguf path, or synthetic:<name> "
-        "(no weights, simulated step times)",
+        description="smollm2-135m (the packaged GGUF), a .gguf file, a Hugging Face "
+        "checkpoint directory, or synthetic:<name> (no weights, simulated step times)",
     )
     host: str = Field(default="127.0.0.1", description="HTTP listen address")
     port: int = Field(default=WORKER_PORT, ge=0, le=65535, description="HTTP port (0-65535)")
@@ -165,9 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
         if field.annotation is bool:
             parser.add_argument(flag, action="store_true", default=None, help=field.description)
         else:
-            parser.add_argument(
-                flag, default=None, help=f"{field.description} [default: {field.default}]"
-            )
+            shown = "" if field.default is None else f" [default: {field.default}]"
+            parser.add_argument(flag, default=None, help=f"{field.description}{shown}")
     return parser
 
 

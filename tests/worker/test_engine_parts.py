@@ -1,0 +1,106 @@
+"""The engine's parts on their own: the model runner follows the plan's prefill ids,
+the output processor streams only complete text and closes with the plan's reason."""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from genpool_core.plan import GenPlan
+from genpool_core.request import FinishReason
+from genpool_worker.engine_io import Arrival, EngineRequest
+from genpool_worker.events import EngineEvent, Finished, TokenDelta, Usage
+from genpool_worker.model_runner import TorchModelRunner
+from genpool_worker.output_processor import OutputProcessor
+
+VOCAB = 8
+
+
+class RecordingModel:
+    """Logits that pick ``(last input token + 1) % VOCAB``; records every call."""
+
+    name = "fake"
+    is_synthetic = True
+    eos_token_id = 0
+    max_seq_len = 64
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
+        self.calls.append(("prefill", (slot, list(token_ids))))
+        return torch.nn.functional.one_hot(torch.tensor((token_ids[-1] + 1) % VOCAB), VOCAB)
+
+    def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
+        self.calls.append(("decode", (list(slots), list(token_ids), list(positions))))
+        nxt = torch.tensor([(t + 1) % VOCAB for t in token_ids])
+        return torch.nn.functional.one_hot(nxt, VOCAB).float()
+
+
+def plan(batch: tuple[str, ...], slots: tuple[int, ...], prefill: tuple[str, ...]) -> GenPlan:
+    return GenPlan(0.0, batch, slots, prefill, (), (), (), (), (), (), (), None)
+
+
+def test_runner_prefills_the_plans_prefill_ids_and_decodes_the_rest() -> None:
+    model = RecordingModel()
+    runner = TorchModelRunner(model)
+    runner.add_request(Arrival("a", [3, 4], 8))
+    runner.add_request(Arrival("b", [5], 8))
+    assert runner.execute(plan(("a",), (0,), ("a",))) == {"a": 5}
+    assert runner.execute(plan(("a", "b"), (0, 1), ("b",))) == {"b": 6, "a": 6}
+    assert model.calls == [
+        ("prefill", (0, [3, 4])),
+        ("prefill", (1, [5])),
+        ("decode", ([0], [5], [2])),  # a's first output token sits at position 2
+    ]
+    runner.remove_request("a")
+    assert runner.execute(plan(("b",), (1,), ())) == {"b": 7}
+    assert model.calls[-1] == ("decode", ([1], [6], [1]))
+
+
+def test_seeded_sampling_is_reproducible_per_request() -> None:
+    def draw(seed: int | None) -> list[int]:
+        runner = TorchModelRunner(RecordingModel())
+        runner.add_request(Arrival("r", [1], 8, temperature=2.0, seed=seed))
+        tokens = [runner.execute(plan(("r",), (0,), ("r",)))["r"]]
+        tokens += [runner.execute(plan(("r",), (0,), ()))["r"] for _ in range(5)]
+        return tokens
+
+    assert draw(7) == draw(7)
+    assert draw(None) == draw(None)  # no seed: derived from the request id, still stable
+
+
+class ByteTokenizer:
+    eos_token_id = 0
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if i).decode("utf-8", errors="replace")
+
+
+def drain(request: EngineRequest) -> list[EngineEvent]:
+    events = []
+    while not request.events.empty():
+        events.append(request.events.get_nowait())
+    return events
+
+
+def test_output_waits_for_complete_utf8_and_closes_with_the_plans_reason() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        request = EngineRequest(Arrival("r", [65], 5), loop=loop)
+        output = OutputProcessor(ByteTokenizer(), eos_token_id=0)
+        for token in [104, 0xC3, 0xA9, 0]:  # "h", then "é" in two bytes, then EOS
+            output.on_token(request, token)
+        output.on_finished(request, FinishReason.STOP)
+        loop.run_until_complete(asyncio.sleep(0))  # deliver the thread-safe callbacks
+        assert drain(request) == [
+            TokenDelta("h"),
+            TokenDelta("é"),
+            Finished(FinishReason.STOP, Usage(prompt_tokens=1, completion_tokens=4)),
+        ]
+    finally:
+        loop.close()
