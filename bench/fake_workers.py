@@ -33,7 +33,9 @@ class FakeWorker:
     puts: int = 0
 
 
-async def _handle(worker: FakeWorker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+async def _handle(
+    worker: FakeWorker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")

@@ -96,7 +96,8 @@ def measure_reconcile(*, repeats: int) -> dict[str, Any]:
             stderr=subprocess.DEVNULL,
         )
         try:
-            api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+            kubeconfig = str(cluster.kubeconfig)
+            api = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
             _one(api, "bench", "warmup")  # the operator's first watch and login
             samples = [_one(api, "bench", f"pool-{i}") for i in range(repeats)]
         finally:
