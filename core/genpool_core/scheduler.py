@@ -187,16 +187,19 @@ class GenScheduler:
         paused, at_risk_admitted = self._pause_for_at_risk(now)
         resumed += swapped_in + self._resume(now, due_only=False)
         paused = swapped_out + paused
-        active = list(self._active.values())
+        active = self._active
         paused_now = list(self.pausing)
+        admitted_ids = tuple(admitted + at_risk_admitted)
         plan = GenPlan(
             now=now,
-            batch_ids=tuple(r.request_id for r in active),
-            batch_slots=tuple(r.slot for r in active if r.slot is not None),
-            prefill_ids=tuple(r.request_id for r in active if r.num_output_tokens == 0),
-            paused_in_place_ids=tuple(r.request_id for r in paused_now),
-            paused_in_place_slots=tuple(r.slot for r in paused_now if r.slot is not None),
-            admitted_ids=tuple(admitted + at_risk_admitted),
+            batch_ids=tuple(active),  # keys are the request ids, in batch order
+            batch_slots=tuple([r.slot for r in active.values() if r.slot is not None]),
+            # postprocess gives every batch member a token, so a member without one
+            # joined in this pass (admitted; admissions stay in the batch all pass).
+            prefill_ids=tuple(i for i in admitted_ids if active[i].num_output_tokens == 0),
+            paused_in_place_ids=tuple([r.request_id for r in paused_now]),
+            paused_in_place_slots=tuple([r.slot for r in paused_now if r.slot is not None]),
+            admitted_ids=admitted_ids,
             resumed_ids=tuple(resumed),
             paused_ids=tuple(paused),
             finished_ids=tuple(request_id for request_id, _ in finished),
@@ -212,7 +215,8 @@ class GenScheduler:
         for request_id, reason in finished:
             request = self._residents.pop(request_id)
             self.pausing.release(request, now)
-            self._active.pop(request_id, None)
+            if request_id in self._active:
+                self._leave_batch(request)
             assert request.slot is not None
             self.slots.free(request.slot)
             request.status = RequestStatus.FINISHED
@@ -236,19 +240,19 @@ class GenScheduler:
             request = lane.peek()
             assert request is not None
             lane.resume(request, now)
-            self._active[request.request_id] = request
+            self._enter_batch(request)
             resumed.append(request.request_id)
         return resumed
 
     def _victims(self, now: float) -> Iterator[Victim]:
-        """This pass's ranked victims: one scan serves both the swaps and the pauses.
+        """This pass's ranked victims: one ranking serves both the swaps and the pauses.
 
         Valid for the whole pass: standings do not change at the same ``now``, each
         victim is yielded once, and requests that enter the batch during the pass are
-        in hysteresis (never candidates).
+        in hysteresis (never candidates). Lazy: a pass that takes no victim ranks nothing.
         """
         if self._pass_victims is None:
-            self._pass_victims = self.policy.choose_victims(list(self._active.values()), now)
+            self._pass_victims = self.policy.choose_victims(now)
         return self._pass_victims
 
     def _swap_for_due(self, now: float) -> tuple[list[str], list[str]]:
@@ -275,7 +279,7 @@ class GenScheduler:
             assert due is not None
             self._pause(victim, now)
             lane.resume(due, now)
-            self._active[due.request_id] = due
+            self._enter_batch(due)
             out.append(victim.request.request_id)
             into.append(due.request_id)
         return out, into
@@ -294,7 +298,7 @@ class GenScheduler:
         request.tokens_at_admission = request.num_output_tokens
         request.is_slo_counted = request.is_keyed and is_after_warmup
         self.pausing.start_run(request, now)
-        self._active[request.request_id] = request
+        self._enter_batch(request)
         self._residents[request.request_id] = request
         return request.request_id
 
@@ -326,7 +330,16 @@ class GenScheduler:
     def _pause(self, victim: Victim, now: float) -> None:
         self.pausing.pause(victim, now)
         self.policy.on_pause(victim)
-        del self._active[victim.request.request_id]
+        self._leave_batch(victim.request)
+
+    def _enter_batch(self, request: GenRequest) -> None:
+        """The one place a request joins the batch (at its end: batch order is entry order)."""
+        self._active[request.request_id] = request
+        self.policy.on_batch_enter(request)
+
+    def _leave_batch(self, request: GenRequest) -> None:
+        del self._active[request.request_id]
+        self.policy.on_batch_leave(request)
 
     def _maybe_stat_line(self, now: float) -> StatLine | None:
         interval = self.config.stat_interval_s

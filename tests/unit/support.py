@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from genpool_core.plan import GenPlan
-from genpool_core.preemption import GenCapacity
+from genpool_core.preemption import GenCapacity, PolicyBase, Victim
 from genpool_core.request import GenRequest
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
 
@@ -97,3 +99,14 @@ def make_active(
     request.tokens_at_run_start = 1
     request.is_slo_counted = True
     return request
+
+
+def choose_victim(policy: PolicyBase, batch: Sequence[GenRequest], now: float) -> Victim | None:
+    """The policy's first victim with ``batch`` (in batch order) as its batch."""
+    for request in batch:
+        policy.on_batch_enter(request)
+    try:
+        return policy.choose_victim(now)
+    finally:
+        for request in batch:
+            policy.on_batch_leave(request)

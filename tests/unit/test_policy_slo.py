@@ -4,7 +4,7 @@ import pytest
 
 from genpool_core.preemption import GenCapacity, TargetOutputTpsPolicy, create_gen_preemption
 from genpool_core.request import FinishReason, VictimKind
-from tests.unit.support import make_active
+from tests.unit.support import choose_victim, make_active
 
 T = 10.0
 
@@ -43,12 +43,12 @@ def test_laxity_victim_is_the_largest_laxity_with_forced_resume_due() -> None:
     big = make_active("big", max_tokens=201, gen_tokens=40, now=now, unpaused=2.0)
     # small: r=15, remaining 70 -> 4.667 s; L = 10 - 6.667 = 3.333
     # big:   r=20, remaining 160 -> 8 s;    L = 20 - 10 = 10, D = 20
-    victim = policy.choose_victim([small, big], now)
+    victim = choose_victim(policy, [small, big], now)
     assert victim is not None and victim.request is big and victim.kind is VictimKind.LAXITY
     assert victim.laxity == pytest.approx(10.0)
     # due = now + min(L - 0.01 D, 0.35 D) = 2 + min(9.8, 7.0)
     assert victim.resume_due == pytest.approx(9.0)
-    only_small = policy.choose_victim([small], now)
+    only_small = choose_victim(policy, [small], now)
     assert only_small is not None
     # the laxity margin branch: 2 + min(3.333 - 0.1, 3.5)
     assert only_small.resume_due == pytest.approx(now + 10.0 - 20.0 / 3 - 0.1)
@@ -59,7 +59,7 @@ def test_laxity_below_the_minimum_fraction_is_not_a_laxity_victim() -> None:
     # r = 10 = T exactly: L = 0 < 0.02 D, and not below target either.
     on_floor = make_active("f", max_tokens=101, gen_tokens=10, now=1.0, unpaused=1.0)
     assert policy.laxity(on_floor, 1.0) == pytest.approx(0.0)
-    assert policy.choose_victim([on_floor], 1.0) is None
+    assert choose_victim(policy, [on_floor], 1.0) is None
 
 
 def test_laxity_pause_limit_then_below_target_class() -> None:
@@ -72,12 +72,12 @@ def test_laxity_pause_limit_then_below_target_class() -> None:
         "late_young", max_tokens=101, gen_tokens=5, now=now, unpaused=1.0, resident_since=0.5
     )
     assert policy.laxity(late_old, now) < 0
-    victim = policy.choose_victim([late_young, rich, late_old], now)
+    victim = choose_victim(policy, [late_young, rich, late_old], now)
     assert victim is not None
     assert victim.request is late_old and victim.kind is VictimKind.BELOW_TARGET
     assert victim.resume_due == pytest.approx(now + 0.15 * 10.0)
     late_old.num_pauses = TargetOutputTpsPolicy.MAX_BELOW_TARGET_PAUSES
-    again = policy.choose_victim([late_young, rich, late_old], now)
+    again = choose_victim(policy, [late_young, rich, late_old], now)
     assert again is not None and again.request is late_young
 
 
@@ -88,9 +88,9 @@ def test_sacrifice_needs_credit_and_spends_it() -> None:
         "young", max_tokens=101, gen_tokens=10, now=now, unpaused=1.0, resident_since=0.5
     )
     old = make_active("old", max_tokens=101, gen_tokens=10, now=now, unpaused=1.0)
-    assert policy.choose_victim([young, old], now) is None  # credit 0
+    assert choose_victim(policy, [young, old], now) is None  # credit 0
     policy.credit = 1.5
-    victim = policy.choose_victim([young, old], now)
+    victim = choose_victim(policy, [young, old], now)
     assert victim is not None and victim.request is old
     assert victim.kind is VictimKind.SACRIFICED and policy.credit == 1.5  # choosing is pure
     policy.on_pause(victim)
@@ -103,7 +103,7 @@ def test_sacrificed_requests_become_below_target_victims() -> None:
     request = make_active("s", max_tokens=101, gen_tokens=10, now=1.0, unpaused=1.0)
     request.is_sacrificed = True
     request.num_pauses = 1
-    victim = policy.choose_victim([request], 1.0)
+    victim = choose_victim(policy, [request], 1.0)
     assert victim is not None and victim.kind is VictimKind.BELOW_TARGET
 
 
@@ -118,7 +118,7 @@ def test_hysteresis_after_resume_in_tokens_and_time() -> None:
     assert policy.is_in_hysteresis(request, now)  # 0.1 s < 0.02 * D = 0.4 s
     request.run_started_at = 1.5
     assert not policy.is_in_hysteresis(request, now)
-    assert policy.choose_victim([request], now) is not None
+    assert choose_victim(policy, [request], now) is not None
 
 
 def completed(
@@ -157,10 +157,10 @@ def test_no_window_controller_in_slo_mode() -> None:
     policy = slo_policy()
     request = make_active("r", max_tokens=101, gen_tokens=10, now=1.0, unpaused=1.0)
     request.is_sacrificed = True
-    before = policy.choose_victim([request], 1.0)
+    before = choose_victim(policy, [request], 1.0)
     for t in range(10):
         policy.on_stat_period(30.0 * t)
-    after = policy.choose_victim([request], 1.0)
+    after = choose_victim(policy, [request], 1.0)
     assert before is not None and after is not None
     assert before.resume_due == after.resume_due == pytest.approx(1.0 + 0.15 * 10.0)
 

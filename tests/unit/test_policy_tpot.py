@@ -1,15 +1,18 @@
 """tpot_budget: wait victims by budget left, pause limit, and the window law."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from genpool_core.preemption import (
     GenCapacity,
     PauseLane,
     TpotBudgetPolicy,
     create_gen_preemption,
+    is_in_hysteresis,
 )
-from genpool_core.request import VictimKind
-from tests.unit.support import make_active
+from genpool_core.request import GenRequest, RequestStatus, VictimKind
+from tests.unit.support import choose_victim, make_active
 
 
 def tpot_policy(budget: float = 0.1) -> TpotBudgetPolicy:
@@ -25,21 +28,21 @@ def test_wait_victim_has_the_most_budget_left_of_at_least_one_window() -> None:
     short_run = make_active("short", max_tokens=500, gen_tokens=20, now=now, unpaused=2.0)
     # budget_left = 0.1 * unpaused - paused: 0.8 vs 0.2 (< window 0.25)
     assert policy.budget_left(long_run, now) == pytest.approx(0.8)
-    victim = policy.choose_victim([short_run, long_run], now)
+    victim = choose_victim(policy, [short_run, long_run], now)
     assert victim is not None and victim.request is long_run
     assert victim.kind is VictimKind.WAIT and victim.resume_due == pytest.approx(now + 0.25)
-    assert policy.choose_victim([short_run], now) is None
+    assert choose_victim(policy, [short_run], now) is None
     long_run.paused_time = 0.6  # 0.8 - 0.6 = 0.2 left: less than a window
-    assert policy.choose_victim([long_run], now) is None
+    assert choose_victim(policy, [long_run], now) is None
 
 
 def test_max_pauses_per_request_refuses_the_third() -> None:
     policy = tpot_policy(0.5)
     request = make_active("r", max_tokens=500, gen_tokens=100, now=10.0, unpaused=10.0)
     request.num_pauses = 2
-    assert policy.choose_victim([request], 10.0) is None
+    assert choose_victim(policy, [request], 10.0) is None
     request.num_pauses = 1
-    assert policy.choose_victim([request], 10.0) is not None
+    assert choose_victim(policy, [request], 10.0) is not None
 
 
 def finish_paused(policy: TpotBudgetPolicy, paused: float, unpaused: float) -> None:
@@ -84,3 +87,64 @@ def test_stat_fields_report_budget_window_and_inflation() -> None:
     finish_paused(policy, paused=0.5, unpaused=10.0)
     policy.on_stat_period(30.0)
     assert policy.stat_fields(30.0, [])["inflation"] == pytest.approx(0.05)
+
+
+def scan_reference(policy: TpotBudgetPolicy, batch: list[GenRequest], now: float) -> list[str]:
+    """The whole-batch scan the kept order replaces (most budget left, then batch order)."""
+    ranked = []
+    for order, request in enumerate(batch):
+        if request.num_pauses >= policy.max_pauses or is_in_hysteresis(request, now):
+            continue
+        left = policy.budget_left(request, now)
+        if left >= policy.window_s:
+            ranked.append((-left, order, request.request_id))
+    return [request_id for _, _, request_id in sorted(ranked)]
+
+
+run_state = st.tuples(
+    st.sampled_from([0.0, 0.5, 3.0, 12.5]),  # unpaused before this run
+    st.sampled_from([0.0, 0.01, 0.2, 1.0]),  # paused time
+    st.integers(0, 3),  # pauses so far
+    st.integers(0, 8),  # tokens this run
+    st.sampled_from([0.0, 1.0, 7.25, 20.0]),  # run started this long before now
+)
+
+
+@given(
+    states=st.lists(run_state, min_size=0, max_size=24),
+    leavers=st.sets(st.integers(0, 23)),
+    epoch=st.sampled_from([0.0, 1e3, 4e6]),
+    budget=st.sampled_from([0.05, 0.1, 1.0]),
+)
+@settings(max_examples=300, deadline=None)
+def test_kept_order_ranks_exactly_as_a_whole_batch_scan(
+    states: list[tuple[float, float, int, int, float]],
+    leavers: set[int],
+    epoch: float,
+    budget: float,
+) -> None:
+    # Many equal states: ties must fall back to batch order as in the scan.
+    policy = tpot_policy(budget)
+    now = epoch + 30.0
+    batch = []
+    for number, (unpaused, paused, pauses, tokens, ran) in enumerate(states):
+        request = GenRequest(f"r{number}", prompt_len=8, max_tokens=500, arrival_time=0.0)
+        request.status = RequestStatus.ACTIVE
+        request.unpaused_decode_time, request.paused_time = unpaused, paused
+        request.num_pauses = pauses
+        request.active_since = request.run_started_at = now - ran
+        request.tokens_at_run_start = 10
+        request.num_output_tokens = 10 + tokens
+        policy.on_batch_enter(request)
+        batch.append(request)
+    for number in sorted(leavers & set(range(len(batch))), reverse=True):
+        policy.on_batch_leave(batch.pop(number))
+    expected = scan_reference(policy, batch, now)
+    got = []
+    for victim in policy.choose_victims(now):
+        got.append(victim.request.request_id)
+        policy.on_batch_leave(victim.request)  # as the scheduler does, mid-ranking
+        joiner = GenRequest(f"j{len(got)}", prompt_len=8, max_tokens=500, arrival_time=0.0)
+        joiner.status, joiner.active_since, joiner.run_started_at = RequestStatus.ACTIVE, now, now
+        policy.on_batch_enter(joiner)  # joins in hysteresis: never ranked this pass
+    assert got == expected

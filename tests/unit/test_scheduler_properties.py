@@ -47,7 +47,8 @@ def run(mode: dict[str, object], events: list[tuple[object, ...]], b: int) -> li
                     8,
                     int(x) + i,
                     arrival_time=now if y else None,
-                    first_token_time=now,
+                    first_token_time=now if i % 2 == 0 else None,
+                    num_output_tokens=1 if i % 2 == 0 else 0,  # odd ones: prefill here
                 )
                 try:
                     scheduler.add_request(request, now)
@@ -70,6 +71,9 @@ def run(mode: dict[str, object], events: list[tuple[object, ...]], b: int) -> li
                     plan.batch_slots
                 ) + len(plan.paused_in_place_slots)
                 assert scheduler.slots.dummy_slot not in plan.batch_slots
+                assert plan.prefill_ids == tuple(
+                    i for i in plan.batch_ids if scheduler.get_request(i).num_output_tokens == 0
+                )
                 stops = tuple(plan.batch_ids[: 1 if y else 0])
                 now += 0.05
                 scheduler.postprocess(plan, now, stops)

@@ -1,14 +1,16 @@
 """What the scheduler asks of a preemption policy, and the ``off`` policy.
 
-A policy ranks victims (:meth:`PreemptionPolicy.choose_victims`, no mutation) and
-reacts to events (a pause it chose, a completion, a step time, a stat period); the
+A policy ranks victims among the batch it is told about (:meth:`on_batch_enter` /
+:meth:`on_batch_leave`, so a ranking can be kept across passes instead of rebuilt),
+without mutating anything (:meth:`choose_victims`), and reacts to events (a pause it
+chose, a completion, a step time, a stat period); the
 pausing itself is :class:`genpool_core.preemption.pausing.PauseLane`, the knobs
 (how many may be paused) are the scheduler's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import ClassVar, Protocol
 
 from genpool_core.preemption.pausing import HYSTERESIS_TOKENS, Victim
@@ -32,13 +34,23 @@ class PreemptionPolicy(Protocol):
     @property
     def capacity(self) -> ResolvedCapacity: ...
 
-    def choose_victims(self, active: Sequence[GenRequest], now: float) -> Iterator[Victim]:
-        """Victims in the order the policy would pause them (``active`` in batch order).
+    def on_batch_enter(self, request: GenRequest) -> None:
+        """``request`` joined the end of the batch (admitted or resumed; its run started)."""
+        ...
+
+    def on_batch_leave(self, request: GenRequest) -> None:
+        """``request`` left the batch (paused, finished or aborted)."""
+        ...
+
+    def choose_victims(self, now: float) -> Iterator[Victim]:
+        """Batch members in the order the policy would pause them.
 
         Pausing one request does not change another's standing at the same ``now``,
-        so one ranking per pass gives what repeated single choices would. Lazy: the
-        scheduler stops taking victims when the head is no longer at risk, and a
-        yielded victim is always paused (then :meth:`on_pause` is called).
+        so one ranking per pass gives what repeated single choices would. Lazy: work
+        starts at the first ``next``; the scheduler stops taking victims when the head
+        is no longer at risk, and a yielded victim is always paused (then
+        :meth:`on_pause` and :meth:`on_batch_leave` are called). Requests that join
+        the batch during the pass are never yielded (they are in hysteresis).
         """
         ...
 
@@ -77,12 +89,18 @@ class PolicyBase:
         self.settings = settings
         self.capacity = capacity
 
-    def choose_victims(self, active: Sequence[GenRequest], now: float) -> Iterator[Victim]:
+    def on_batch_enter(self, request: GenRequest) -> None:
+        return None
+
+    def on_batch_leave(self, request: GenRequest) -> None:
+        return None
+
+    def choose_victims(self, now: float) -> Iterator[Victim]:
         return iter(())
 
-    def choose_victim(self, active: Sequence[GenRequest], now: float) -> Victim | None:
+    def choose_victim(self, now: float) -> Victim | None:
         """The first of :meth:`choose_victims` (tests and tools)."""
-        return next(self.choose_victims(active, now), None)
+        return next(self.choose_victims(now), None)
 
     def on_pause(self, victim: Victim) -> None:
         return None

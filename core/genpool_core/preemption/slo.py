@@ -43,6 +43,7 @@ class TargetOutputTpsPolicy(PolicyBase):
         self.target_tps = settings.target_output_tps
         self.credit = 0.0
         self.step_time_s: float | None = None
+        self._batch: dict[int, GenRequest] = {}  # batch order (entry order)
 
     # -- the request's SLO clock ---------------------------------------------------
 
@@ -84,28 +85,69 @@ class TargetOutputTpsPolicy(PolicyBase):
 
     # -- victims -------------------------------------------------------------------
 
-    def choose_victims(self, active: Sequence[GenRequest], now: float) -> Iterator[Victim]:
-        """Laxity victims (most laxity first), then below-target, then sacrifices."""
+    def on_batch_enter(self, request: GenRequest) -> None:
+        self._batch[id(request)] = request
+
+    def on_batch_leave(self, request: GenRequest) -> None:
+        del self._batch[id(request)]
+
+    def choose_victims(self, now: float) -> Iterator[Victim]:
+        """Laxity victims (most laxity first), then below-target, then sacrifices.
+
+        A generator: the batch is scanned at the first ``next``, and only then (most
+        passes under overload take no victim: the paused cap is reached).
+        """
+        yield from self._ranked(now, *self._candidates(list(self._batch.values()), now))
+
+    def _candidates(
+        self, batch: Sequence[GenRequest], now: float
+    ) -> tuple[list[tuple[float, int, GenRequest]], list[GenRequest], list[GenRequest]]:
+        """One scan of the batch: laxity candidates, below-target ones, sacrificeable ones.
+
+        The hot loop of a pass that needs a victim. It inlines :meth:`decode_span`,
+        :meth:`decode_rate` and :meth:`laxity` (same operations in the same order, so
+        the same floats; ``test_policy_slo`` checks that victims carry
+        ``laxity(request, now)`` exactly): a batch member is running, so its unpaused
+        time is ``unpaused_decode_time + (now - active_since)``.
+        """
         laxity: list[tuple[float, int, GenRequest]] = []
         below: list[GenRequest] = []
         sacrifices: list[GenRequest] = []
         prior = self.prior_rate()  # once per pass
-        for order, request in enumerate(active):
-            span = self.decode_span(request)
-            if span <= 0.0 or is_in_hysteresis(request, now, self.HYSTERESIS_FRACTION * span):
+        target = self.target_tps
+        hysteresis_fraction = self.HYSTERESIS_FRACTION
+        min_laxity_fraction = self.MIN_LAXITY_FRACTION
+        max_laxity_pauses = self.MAX_LAXITY_PAUSES
+        max_below_pauses = self.MAX_BELOW_TARGET_PAUSES
+        min_own_rate_tokens = self.RATE_PRIOR_TOKENS
+        for order, request in enumerate(batch):
+            span = (request.max_tokens - 1) / target
+            if span <= 0.0 or is_in_hysteresis(request, now, hysteresis_fraction * span):
                 continue
-            lax = self.laxity(request, now, prior)
-            if (
-                lax >= self.MIN_LAXITY_FRACTION * span
-                and request.num_pauses < self.MAX_LAXITY_PAUSES
-            ):
+            assert request.active_since is not None
+            unpaused = request.unpaused_decode_time + (now - request.active_since)
+            generated = request.num_output_tokens - request.tokens_at_admission
+            rate = (
+                generated / unpaused
+                if generated >= min_own_rate_tokens and unpaused > 0.0
+                else prior
+            )
+            finish_at = now + (request.max_tokens - request.num_output_tokens) / rate
+            start = request.first_token_time
+            if start is None:
+                start = request.resident_since if request.resident_since is not None else 0.0
+            lax = start + span - finish_at
+            pauses = request.num_pauses
+            if lax >= min_laxity_fraction * span and pauses < max_laxity_pauses:
                 laxity.append((-lax, order, request))
-            is_below = lax < 0.0 or request.is_sacrificed
-            if is_below and request.num_pauses < self.MAX_BELOW_TARGET_PAUSES:
-                below.append(request)
-            if not request.is_sacrificed:
+            if request.is_sacrificed:
+                if pauses < max_below_pauses:
+                    below.append(request)
+            else:
+                if lax < 0.0 and pauses < max_below_pauses:
+                    below.append(request)
                 sacrifices.append(request)
-        return self._ranked(now, laxity, below, sacrifices)
+        return laxity, below, sacrifices
 
     def _ranked(
         self,

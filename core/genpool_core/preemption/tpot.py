@@ -2,6 +2,9 @@
 
 A wait victim is an active request whose pause budget ``b * unpaused - paused`` still
 covers a whole window; the one with the most budget left is paused for one window w.
+While a request runs, its budget left is ``b * now + c`` with ``c`` fixed for the run,
+so the batch is kept ordered by ``c`` across passes and a pass evaluates only the
+head of that order (:class:`BudgetOrder`), not the whole batch.
 
 Window law (once per stat period, only when paused requests completed in it):
 ``w <- clamp(w * clamp((b / m) ** GAIN, 1/MAX_STEP, MAX_STEP), MIN_WINDOW_S, MAX_WINDOW_S)``
@@ -12,7 +15,9 @@ their budget); overshoot shortens it. Bounded steps and bounds keep it stable.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import bisect
+import heapq
+from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
 from genpool_core.preemption.base import PolicyBase
@@ -43,22 +48,22 @@ class TpotBudgetPolicy(PolicyBase):
         self._period_inflation_sum = 0.0
         self._period_victims = 0
         self.last_inflation: float | None = None
+        self._order = BudgetOrder(self.budget)
 
     def budget_left(self, request: GenRequest, now: float) -> float:
         return self.budget * request.unpaused_time(now) - request.paused_time
 
-    def choose_victims(self, active: Sequence[GenRequest], now: float) -> Iterator[Victim]:
-        """Most budget left first (at least one window of it)."""
-        ranked: list[tuple[float, int, GenRequest]] = []
-        for order, request in enumerate(active):
-            if request.num_pauses >= self.max_pauses or is_in_hysteresis(request, now):
-                continue
-            left = self.budget_left(request, now)
-            if left >= self.window_s:
-                ranked.append((-left, order, request))
-        ranked.sort(key=lambda entry: (entry[0], entry[1]))
+    def on_batch_enter(self, request: GenRequest) -> None:
+        self._order.add(request)
+
+    def on_batch_leave(self, request: GenRequest) -> None:
+        self._order.remove(request)
+
+    def choose_victims(self, now: float) -> Iterator[Victim]:
+        """Most budget left first (at least one window of it), ties in batch order."""
         due = now + self.window_s
-        return (Victim(request, VictimKind.WAIT, due) for _, _, request in ranked)
+        for request in self._order.ranked(now, self.window_s, self.max_pauses):
+            yield Victim(request, VictimKind.WAIT, due)
 
     def on_complete(self, request: GenRequest, now: float) -> bool | None:
         if request.num_pauses > 0 and request.unpaused_decode_time > 0.0:
@@ -94,3 +99,69 @@ class TpotBudgetPolicy(PolicyBase):
         if self.last_inflation is not None:
             fields["inflation"] = self.last_inflation
         return fields
+
+
+class BudgetOrder:
+    """The batch ordered by the part of the budget left that is fixed while it runs.
+
+    For a running request ``budget_left(now) = b * (unpaused + now - active_since) -
+    paused = b * now + c`` with ``c = b * (unpaused - active_since) - paused`` fixed
+    until it leaves the batch. Entries are kept sorted by ``(-c, entry number)``
+    (entry number = batch order), so the request with the most budget left is near the
+    head every pass. :meth:`ranked` computes the exact ``budget_left`` (the arithmetic
+    of :meth:`TpotBudgetPolicy.budget_left`) of head entries only, and takes one as
+    the next victim once no entry further down can reach it: ``b * now + c`` and the
+    exact value differ by rounding only, far less than :data:`RELATIVE_MARGIN`.
+    """
+
+    RELATIVE_MARGIN = 1e-9
+
+    def __init__(self, budget: float) -> None:
+        self.budget = budget
+        self._entries: list[tuple[float, int, GenRequest]] = []
+        self._by_request: dict[int, tuple[float, int, GenRequest]] = {}
+        self._num_entered = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(self, request: GenRequest) -> None:
+        assert request.active_since is not None, "only a running request joins the batch"
+        self._num_entered += 1
+        fixed = self.budget * (request.unpaused_decode_time - request.active_since)
+        entry = (-(fixed - request.paused_time), self._num_entered, request)
+        self._by_request[id(request)] = entry
+        bisect.insort(self._entries, entry)  # (-c, entry number) is unique
+
+    def remove(self, request: GenRequest) -> None:
+        entry = self._by_request.pop(id(request))
+        position = bisect.bisect_left(self._entries, entry[:2])
+        assert self._entries[position][2] is request
+        del self._entries[position]
+
+    def ranked(self, now: float, window_s: float, max_pauses: int) -> Iterator[GenRequest]:
+        """Requests with at least ``window_s`` of budget left, most first, ties in batch
+        order; not paused ``max_pauses`` times yet, not in hysteresis. Lazy."""
+        entries = list(self._entries)  # joiners during the pass are in hysteresis anyway
+        base = self.budget * now
+        frontier: list[tuple[float, int, GenRequest]] = []  # exact (-left, number, request)
+        position = 0
+        while True:
+            while position < len(entries):
+                negative_fixed, number, request = entries[position]
+                bound = base - negative_fixed
+                bound += self.RELATIVE_MARGIN * (1.0 + abs(base) + abs(negative_fixed))
+                if bound < window_s:  # nobody from here down has a window of budget
+                    position = len(entries)
+                    break
+                if frontier and bound < -frontier[0][0]:
+                    break  # the frontier's best beats everyone not yet evaluated
+                position += 1
+                if request.num_pauses >= max_pauses or is_in_hysteresis(request, now):
+                    continue
+                left = self.budget * request.unpaused_time(now) - request.paused_time
+                if left >= window_s:
+                    heapq.heappush(frontier, (-left, number, request))
+            if not frontier:
+                return
+            yield heapq.heappop(frontier)[2]
