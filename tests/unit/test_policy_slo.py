@@ -202,7 +202,7 @@ def scan_reference(
             below.append(request)
         if not request.is_sacrificed:
             sacrifices.append(request)
-    ranked = []
+    ranked: list[tuple[str, VictimKind, float, float | None]] = []
     for negative_lax, _, request in sorted(laxity, key=lambda e: (e[0], e[1])):
         span = policy.decode_span(request)
         hold = min(-negative_lax - 0.01 * span, 0.35 * span)
