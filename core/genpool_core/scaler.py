@@ -16,8 +16,9 @@ Rules, first match wins:
    bound, the attainment budget is spent, or the miss is severe) -> up;
 3. attainment misses and the misses come from queueing (victims are laxity
    victims, so a lower cap would not help) -> up;
-4. the SLO holds with slack -> down to the replicas whose batch positions hold
-   the window's load (batch, paused and waiting) at ``max_utilisation``.
+4. the SLO holds with slack -> down to the replicas whose batch positions hold the
+   window's load at the utilisation ceiling (higher with the knob lever: pausing
+   absorbs the bursts a planner must keep headroom for).
 
 Up acts at once (but not while replicas are still starting); down only when every
 recommendation over the last ``down_window_s`` agrees (Kubernetes HPA's
@@ -46,7 +47,8 @@ class ScalerSettings:
     max_step: int = 4
     up_fraction: float = 0.25  # an up step adds this fraction of the replicas (>= 1)
     down_window_s: float = 300.0
-    max_utilisation: float = 0.85  # of n - 1 replicas' batch positions, to scale down
+    max_utilisation: float = 0.85  # of the batch positions, to scale down (no knob lever)
+    max_utilisation_with_pausing: float = 0.95  # the same with the knob lever
     down_ttft_fraction: float = 0.6  # TTFT p90 below this share of the target to scale down
     severe_factor: float = 2.0  # a TTFT miss this far above target scales up regardless
     outrun_margin: float = 0.1  # arrivals above completions by this share...
@@ -66,8 +68,9 @@ class ScalerSettings:
             raise ValueError(f"attainment must be in (0, 1), got {self.attainment}")
         if self.max_batch < 1 or self.max_step < 1:
             raise ValueError("need max batch >= 1 and max step >= 1")
-        if not 0 < self.max_utilisation <= 1 or not 0 < self.down_ttft_fraction < 1:
-            raise ValueError("need 0 < max utilisation <= 1 and 0 < down TTFT fraction < 1")
+        ceilings = (self.max_utilisation, self.max_utilisation_with_pausing)
+        if not all(0 < u <= 1 for u in ceilings) or not 0 < self.down_ttft_fraction < 1:
+            raise ValueError("need 0 < max utilisations <= 1 and 0 < down TTFT fraction < 1")
         if not self.down_window_s >= 0:
             raise ValueError(f"down window must be >= 0 s, got {self.down_window_s}")
 
@@ -131,12 +134,13 @@ def _attainment(stats: PoolStats, settings: ScalerSettings) -> float | None:
 
 def _knobs_can_fix_ttft(stats: PoolStats, settings: ScalerSettings) -> bool:
     """The tuner can still trade attainment for TTFT: cap below its bound, budget left."""
-    if settings.cap_max is None or settings.attainment is None:
+    cap_max, target = settings.cap_max, settings.attainment
+    if cap_max is None or target is None:  # no knob lever
         return False
-    cap_per_worker = stats.cap / max(1, stats.workers_reporting)
+    cap_per_worker = stats.paused_cap / max(1, stats.workers_reporting)
     attainment = _attainment(stats, settings)
-    has_budget = attainment is None or attainment > settings.attainment
-    return cap_per_worker < settings.cap_max and has_budget
+    has_budget = attainment is None or attainment > target
+    return cap_per_worker < cap_max and has_budget
 
 
 def _misses_from_queueing(stats: PoolStats, settings: ScalerSettings) -> bool:
@@ -146,11 +150,25 @@ def _misses_from_queueing(stats: PoolStats, settings: ScalerSettings) -> bool:
     return stats.victim_share("below_target", "sacrificed") < 0.5
 
 
+def _has_knob_lever(settings: ScalerSettings) -> bool:
+    return settings.cap_max is not None and settings.attainment is not None
+
+
 def _needed_for_load(stats: PoolStats, settings: ScalerSettings) -> int:
-    """Replicas whose batch positions hold the window's load at ``max_utilisation``."""
+    """Replicas whose batch positions hold the window's load at the utilisation ceiling.
+
+    Throughput is bounded by the batch positions, pausing or not, so the load is the
+    mean decode batch plus whoever waits (paused or queued). What pausing changes is
+    the margin a pool needs: a burst above the batch is paused through instead of
+    queued, so a pool with the knob lever runs closer to full
+    (``max_utilisation_with_pausing``). This is where pausing saves replicas.
+    """
     batch = stats.batch_mean or 0.0
     load = batch * stats.workers_reporting + stats.paused + stats.waiters
-    return math.ceil(load / (settings.max_utilisation * settings.max_batch))
+    ceiling = settings.max_utilisation
+    if _has_knob_lever(settings):
+        ceiling = settings.max_utilisation_with_pausing
+    return math.ceil(load / (ceiling * settings.max_batch))
 
 
 def _has_slack(stats: PoolStats, settings: ScalerSettings) -> bool:

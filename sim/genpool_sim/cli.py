@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -18,17 +17,19 @@ from pathlib import Path
 
 from genpool_core.knobs import KnobBounds
 from genpool_core.tuner import TunerSettings
+from genpool_sim.autoscale_cli import AutoscaleUsageError, add_autoscale_options, run_autoscale
 from genpool_sim.cluster import MODES, ClusterConfig
 from genpool_sim.datafiles import AZURE_CONV, data_file
 from genpool_sim.experiment import RunResult, Workload, run_seed
 from genpool_sim.report import format_table, summarize
 from genpool_sim.tuning import Phase, TuneConfig, parse_phases
 from genpool_sim.workload import (
+    RatePhase,
     TraceError,
     TraceRequest,
-    gamma_arrivals,
     parse_csv_trace,
     parse_jsonl_trace,
+    parse_rate_phases,
     scale_time,
 )
 
@@ -144,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_output_options(sim)
     _add_tune_options(sim)
+    add_autoscale_options(sim)
     return parser
 
 
@@ -157,6 +159,10 @@ def _add_load_options(sim: argparse.ArgumentParser) -> None:
     )
     load.add_argument(
         "--rate", type=_positive(float), help="open loop: Gamma arrivals at this rate, requests/s"
+    )
+    load.add_argument(
+        "--rate-phases",
+        help="open loop whose rate changes: SECONDS:RATE,... in requests/s (sets the duration)",
     )
     load.add_argument(
         "--replay", action="store_true", help="open loop: the trace's own arrival times"
@@ -283,15 +289,25 @@ def run_sim(ns: argparse.Namespace) -> int:
         raise UsageError("--phases sets the duration; drop --duration")
     if ns.phases is not None:
         ns.duration = sum(phase.duration_s for phase in ns.phases)
+    rate_phases = None
+    if ns.rate_phases is not None:
+        if ns.duration is not None:
+            raise UsageError("--rate-phases sets the duration; drop --duration")
+        try:
+            rate_phases = parse_rate_phases(ns.rate_phases)
+        except ValueError as exc:
+            raise UsageError(f"--rate-phases: {exc}") from None
+        ns.duration = sum(phase.duration_s for phase in rate_phases)
     ns.duration = 600.0 if ns.duration is None else ns.duration
     tune = tune_config(ns)
     if not 0 <= ns.warmup < ns.duration:
         raise UsageError("need 0 <= --warmup < --duration")
     scenarios: list[tuple[str, Workload]] = []
-    if ns.rate is not None:
-        arrivals = gamma_arrivals(ns.rate, ns.cv, trace, random.Random(0), duration_s=ns.duration)
-        scenarios.append((f"rate={ns.rate} cv={ns.cv}", Workload(trace, arrivals=arrivals,
-                          duration_s=ns.duration, warmup_s=ns.warmup)))  # fmt: skip
+    if ns.rate is not None or rate_phases is not None:  # each seed draws its own arrivals
+        name = f"rate={ns.rate}" if ns.rate is not None else f"rate phases {ns.rate_phases}"
+        rate_phases = rate_phases or [RatePhase(ns.duration, ns.rate)]
+        scenarios.append((f"{name} cv={ns.cv}", Workload(trace, rate_phases=rate_phases,
+                          cv=ns.cv, warmup_s=ns.warmup)))  # fmt: skip
     elif ns.replay:
         arrivals = [r for r in scale_time(trace, ns.time_scale) if r.arrival_s < ns.duration]
         scenarios.append((f"replay x{ns.time_scale}", Workload(trace, arrivals=arrivals,
@@ -306,6 +322,12 @@ def run_sim(ns: argparse.Namespace) -> int:
                               warmup_s=ns.warmup)))  # fmt: skip
     base = ClusterConfig(workers=ns.workers, max_batch=ns.max_batch, ctx_servers=ns.ctx_servers,
                          tpot_budget=ns.tpot_budget)  # fmt: skip
+    if ns.autoscale:
+        if len(scenarios) != 1:
+            raise UsageError("--autoscale runs one load: give one --concurrency value")
+        name, workload = scenarios[0]
+        fraction = ns.paused_cap_fraction[0]
+        return run_autoscale(ns, name, workload, replace(base, paused_cap_fraction=fraction), tune)
     modes = list(ns.modes)
     if ns.target_output_tps is None and "target_output_tps" in modes and "off" not in modes:
         modes.insert(0, "off")  # T = auto is defined by the off run
@@ -379,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if ns.command == "sim":
             return run_sim(ns)
-    except (UsageError, TraceError) as exc:
+    except (UsageError, TraceError, AutoscaleUsageError) as exc:
         print(f"genpool: error: {exc}", file=sys.stderr)
         return 2
     return 1

@@ -1,7 +1,11 @@
 """The simulated disaggregated pool: context stage, router, W GEN workers.
 
-A tiny event loop (heap of (time, seq, kind, index)); ties break by insertion
-order, so a run is a pure function of its inputs and seed. Each GEN worker drives
+A tiny event loop (heap of (time, priority, seq, kind, payload)); ties break by
+priority (requests and passes first, then :class:`Tick` callbacks such as phase
+starts, tuner and scaler rounds, in their order) and then insertion order, so a run
+is a pure function of its inputs and seed. Workers come and go: a new one serves
+after its start-up delay, a drained one stops admitting, hands its waiters back to
+the router and retires when its residents have finished. Each GEN worker drives
 the worker's own :class:`GenScheduler` unchanged: ``step(now)``, step time from the
 step model, ``postprocess``. The ``recompute`` baseline evicts instead of pausing.
 """
@@ -24,7 +28,7 @@ from genpool_sim.records import SimRequest
 
 RECOMPUTE_MODE = "recompute"  # the simulator's baseline: evict and recompute, never pause
 MODES = (OFF_MODE, RECOMPUTE_MODE, TPOT_MODE, SLO_MODE)
-_ARRIVAL, _CTX_DONE, _WORKER = 0, 1, 2
+_ARRIVAL, _CTX_DONE, _WORKER, _READY, _TICK = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,14 @@ class ClusterConfig:
         return knobs
 
 
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """A callback at a simulated time, after every request event due at that time."""
+
+    callback: Callable[[float], None]
+    order: int = 0  # among ticks at the same time: lower first
+
+
 @dataclass(eq=False)
 class GenWorker:
     index: int
@@ -64,6 +76,19 @@ class GenWorker:
     plan: GenPlan | None = None
     is_busy: bool = False
     recompute_tokens: dict[str, int] = field(default_factory=dict)
+    started_at: float = 0.0  # replica-seconds count from here (start-up included)
+    is_ready: bool = True  # serving: it has loaded its model
+    is_draining: bool = False  # removed: admits nothing new, finishes its residents
+    retired_at: float | None = None
+
+    @property
+    def is_routable(self) -> bool:
+        return self.is_ready and not self.is_draining
+
+    @property
+    def is_serving(self) -> bool:
+        """Ready and not yet retired: it reports stat lines."""
+        return self.is_ready and self.retired_at is None
 
     @property
     def load(self) -> int:
@@ -73,28 +98,34 @@ class GenWorker:
 class Cluster:
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
-        settings = config.settings()
-        capacity = GenCapacity(config.max_batch)
-        sched_config = SchedulerConfig(
-            max_queue_length=1_000_000, stat_interval_s=config.stat_interval_s
-        )
-        self.workers = [
-            GenWorker(i, GenScheduler.from_settings(settings, capacity, sched_config))
-            for i in range(config.workers)
-        ]
+        self.workers = [GenWorker(i, self._new_scheduler()) for i in range(config.workers)]
         self.requests: dict[str, SimRequest] = {}
         self.stat_lines: list[tuple[int, str]] = []
         self.on_done: Callable[[SimRequest, float], None] | None = None
+        # a controller configures a worker that has just started (the tuner's knobs)
+        self.on_ready: Callable[[GenWorker], None] | None = None
         self.tokens_by_time: list[tuple[float, int]] = []
-        self._events: list[tuple[float, int, int, object]] = []
+        self._events: list[tuple[float, int, int, int, SimRequest | GenWorker | Tick]] = []
         self._seq = 0
         self._ctx_queue: deque[SimRequest] = deque()
         self._ctx_free = config.ctx_servers
         self.now = 0.0
 
-    def schedule(self, at: float, kind: int, payload: object) -> None:
+    def _new_scheduler(self) -> GenScheduler:
+        config = self.config
+        sched_config = SchedulerConfig(
+            max_queue_length=1_000_000, stat_interval_s=config.stat_interval_s
+        )
+        capacity = GenCapacity(config.max_batch)
+        return GenScheduler.from_settings(config.settings(), capacity, sched_config)
+
+    def schedule(self, at: float, kind: int, payload: SimRequest | GenWorker | Tick) -> None:
         self._seq += 1
-        heapq.heappush(self._events, (at, self._seq, kind, payload))
+        priority = 1 + payload.order if isinstance(payload, Tick) else 0
+        heapq.heappush(self._events, (at, priority, self._seq, kind, payload))
+
+    def at(self, time: float, callback: Callable[[float], None], order: int = 0) -> None:
+        self.schedule(time, _TICK, Tick(callback, order))
 
     def submit(self, request: SimRequest) -> None:
         self.requests[request.request_id] = request
@@ -103,17 +134,83 @@ class Cluster:
     def run(self, until: float = float("inf")) -> None:
         events = self._events
         while events and events[0][0] <= until:
-            at, _, kind, payload = heapq.heappop(events)
+            at, _, _, kind, payload = heapq.heappop(events)
             self.now = at
-            if kind == _ARRIVAL:
-                self._ctx_queue.append(payload)  # type: ignore[arg-type]
-                self._start_prefills()
-            elif kind == _CTX_DONE:
-                self._ctx_free += 1
-                self._start_prefills()
-                self._to_gen(payload)  # type: ignore[arg-type]
+            if isinstance(payload, Tick):
+                payload.callback(at)
+            elif isinstance(payload, SimRequest):
+                if kind == _ARRIVAL:
+                    self._ctx_queue.append(payload)
+                    self._start_prefills()
+                else:
+                    self._ctx_free += 1
+                    self._start_prefills()
+                    self._to_gen(payload)
+            elif kind == _READY:
+                self._ready(payload)
             else:
-                self._worker_pass(payload)  # type: ignore[arg-type]
+                self._worker_pass(payload)
+
+    # -- workers coming and going ------------------------------------------------------
+
+    def serving_workers(self) -> list[GenWorker]:
+        return [worker for worker in self.workers if worker.is_serving]
+
+    def add_worker(self, startup_delay_s: float) -> GenWorker:
+        """A new replica: it counts from now and serves after its start-up delay."""
+        worker = GenWorker(len(self.workers), self._new_scheduler(), started_at=self.now)
+        worker.is_ready = False
+        self.workers.append(worker)
+        self.schedule(self.now + startup_delay_s, _READY, worker)
+        return worker
+
+    def remove_worker(self) -> GenWorker | None:
+        """Take one replica away: a starting one is cancelled, else the newest drains.
+
+        The last routable worker is never drained (the router needs somewhere to send).
+        """
+        starting = [w for w in self.workers if not w.is_ready and w.retired_at is None]
+        if starting:
+            worker = starting[-1]
+            worker.retired_at = self.now
+            return worker
+        routable = [w for w in self.workers if w.is_routable]
+        if len(routable) <= 1:
+            return None
+        worker = routable[-1]
+        worker.is_draining = True
+        self._return_waiters(worker)
+        if not worker.is_busy:
+            self._retire_if_empty(worker)
+        return worker
+
+    def _ready(self, worker: GenWorker) -> None:
+        if worker.retired_at is None:  # not cancelled while it was starting
+            worker.is_ready = True
+            if self.on_ready is not None:
+                self.on_ready(worker)
+
+    def _return_waiters(self, worker: GenWorker) -> None:
+        scheduler = worker.scheduler
+        waiting = [r for r in self.requests.values()
+                   if r.worker == worker.index and r.gen is not None
+                   and r.gen.request_id in scheduler.queue]  # fmt: skip
+        for request in waiting:
+            scheduler.abort(request.request_id)
+            self._route(request)
+
+    def _retire_if_empty(self, worker: GenWorker) -> None:
+        scheduler = worker.scheduler
+        if worker.is_draining and scheduler.num_residents == 0 and scheduler.num_waiting == 0:
+            worker.retired_at = self.now
+
+    def replica_seconds(self, start: float, end: float) -> float:
+        """Replica time inside [start, end], start-up and draining included."""
+        total = 0.0
+        for worker in self.workers:
+            stop = end if worker.retired_at is None else min(worker.retired_at, end)
+            total += max(0.0, stop - max(worker.started_at, start))
+        return total
 
     # -- context stage and router ---------------------------------------------------
 
@@ -130,15 +227,20 @@ class Cluster:
             request.last_token = self.now
             self._finish(request)
             return
-        worker = min(self.workers, key=lambda w: (w.load, w.index))
-        request.worker = worker.index
         request.gen_arrival = self.now
+        self._route(request)
+
+    def _route(self, request: SimRequest) -> None:
+        """To the least loaded routable worker; a returned waiter keeps its GEN arrival."""
+        routable = [w for w in self.workers if w.is_routable]
+        worker = min(routable, key=lambda w: (w.load, w.index))
+        request.worker = worker.index
         request.gen = GenRequest(
             request_id=request.request_id,
             prompt_len=request.prompt_tokens,
             max_tokens=request.output_tokens,
-            arrival_time=self.now,
-            first_token_time=self.now,
+            arrival_time=request.gen_arrival,
+            first_token_time=request.first_token_time,
         )
         worker.scheduler.add_request(request.gen, self.now)
         self._wake(worker)
@@ -171,6 +273,7 @@ class Cluster:
         if not plan.batch_ids:
             scheduler.postprocess(plan, now)
             worker.is_busy = False
+            self._retire_if_empty(worker)
             return
         worker.plan = plan
         self.schedule(now + self._step_time(worker, plan), _WORKER, worker)

@@ -11,20 +11,19 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from genpool_core.names import OFF_MODE, SLO_MODE
 from genpool_core.quantiles import percentile
 from genpool_sim.cluster import Cluster, ClusterConfig
 from genpool_sim.records import SimRequest
-from genpool_sim.tuning import (
-    Phase,
-    SimTuner,
-    TuneConfig,
-    clients_at,
-    phase_starts,
-    run_with_checkpoints,
+from genpool_sim.tuning import Phase, SimTuner, TuneConfig, clients_at, phase_starts
+from genpool_sim.workload import (
+    LengthSampler,
+    RatePhase,
+    TraceRequest,
+    phased_gamma_arrivals,
 )
-from genpool_sim.workload import LengthSampler, TraceRequest
 
 AUTO_T_DIVISOR = 1.10
 
@@ -32,7 +31,9 @@ AUTO_T_DIVISOR = 1.10
 @dataclass(frozen=True)
 class Workload:
     """Closed loop (``concurrency`` clients, or ``phases`` of client counts; the phases
-    set the duration) or open loop (``arrivals`` replayed)."""
+    set the duration) or open loop (``arrivals`` replayed, or Gamma arrivals with
+    coefficient of variation ``cv`` at the ``rate_phases``' rates, drawn per seed; the
+    phases set the duration)."""
 
     lengths: Sequence[TraceRequest]
     concurrency: int | None = None
@@ -40,13 +41,16 @@ class Workload:
     duration_s: float = 600.0
     warmup_s: float = 60.0
     phases: Sequence[Phase] | None = None
+    rate_phases: Sequence[RatePhase] | None = None
+    cv: float = 1.0
 
     def __post_init__(self) -> None:
-        kinds = (self.concurrency, self.arrivals, self.phases)
+        kinds = (self.concurrency, self.arrivals, self.phases, self.rate_phases)
         if sum(kind is not None for kind in kinds) != 1:
             raise ValueError("a workload is closed-loop (concurrency or phases) or open-loop")
-        if self.phases is not None:
-            object.__setattr__(self, "duration_s", sum(p.duration_s for p in self.phases))
+        timed = self.phases or self.rate_phases
+        if timed is not None:
+            object.__setattr__(self, "duration_s", sum(p.duration_s for p in timed))
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if not 0 <= self.warmup_s < self.duration_s:
@@ -65,20 +69,26 @@ class RunResult:
 
 
 def simulate(
-    config: ClusterConfig, workload: Workload, seed: int, tuner: SimTuner | None = None
+    config: ClusterConfig,
+    workload: Workload,
+    seed: int,
+    tuner: SimTuner | None = None,
+    controllers: Sequence[Controller] = (),
 ) -> Cluster:
     rng = random.Random(seed)
     cluster = Cluster(config)
     ids = itertools.count()
-    checkpoints: list[tuple[float, int, Callable[[float], None]]] = []
     if tuner is not None:
         tuner.attach(cluster)
-        ticks = int(workload.duration_s // tuner.config.interval_s)
-        for k in range(1, ticks + 1):
-            at = k * tuner.config.interval_s
-            checkpoints.append((at, 1, lambda now: tuner.tick(cluster, now)))
-    if workload.arrivals is not None:
-        for request in workload.arrivals:
+        every(cluster, tuner.config.interval_s, workload.duration_s, tuner.tick, order=1)
+    for controller in controllers:
+        controller.attach(cluster)
+        every(cluster, controller.interval_s, workload.duration_s, controller.tick, order=2)
+    arrivals = workload.arrivals
+    if workload.rate_phases is not None:  # each seed draws its own arrivals and lengths
+        arrivals = phased_gamma_arrivals(workload.rate_phases, workload.cv, workload.lengths, rng)
+    if arrivals is not None:
+        for request in arrivals:
             cluster.submit(
                 SimRequest(
                     f"r{next(ids)}",
@@ -87,7 +97,7 @@ def simulate(
                     request.output_tokens,
                 )
             )
-        run_with_checkpoints(cluster, checkpoints)
+        cluster.run()
         return cluster
     sampler = LengthSampler(workload.lengths, rng)
     phases = workload.phases or [Phase(workload.duration_s, workload.concurrency or 0)]
@@ -109,16 +119,38 @@ def simulate(
     cluster.on_done = lambda request, now: send(request.client or 0, now)
     start_phase(0.0)
     for start in phase_starts(phases)[1:]:
-        checkpoints.append((start, 0, start_phase))
-    run_with_checkpoints(cluster, checkpoints)
+        cluster.at(start, start_phase, order=0)
+    cluster.run()
     return cluster
+
+
+class Controller(Protocol):
+    """Something that acts on the pool every ``interval_s`` (the replica scaler)."""
+
+    interval_s: float
+
+    def attach(self, cluster: Cluster) -> None: ...
+
+    def tick(self, cluster: Cluster, now: float) -> None: ...
+
+
+def every(
+    cluster: Cluster,
+    interval_s: float,
+    duration_s: float,
+    tick: Callable[[Cluster, float], None],
+    order: int,
+) -> None:
+    """``tick`` at interval_s, 2 interval_s, ... up to the duration, via the event heap."""
+    for k in range(1, int(duration_s // interval_s) + 1):
+        cluster.at(k * interval_s, lambda now: tick(cluster, now), order)
 
 
 def measure(
     cluster: Cluster, workload: Workload, target_output_tps: float | None
 ) -> tuple[dict[str, float], list[SimRequest]]:
     start, end = workload.warmup_s, workload.duration_s
-    if workload.arrivals is not None:
+    if workload.arrivals is not None or workload.rate_phases is not None:
         end = max((r.arrival for r in cluster.requests.values()), default=0.0)
     done = [r for r in cluster.requests.values() if r.is_done and start <= r.arrival < end]
     gen = [r for r in done if r.ttft is not None]

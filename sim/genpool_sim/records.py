@@ -4,6 +4,8 @@ Defined once here and in docs/sim.md:
 - ``ttft_ctx``       arrival -> first token from the context stage (``first_token_time``)
 - ``ttft``           arrival -> first token emitted by the GEN worker (first decode step
                      after admission): the latency the policy attacks
+- ``gen_ttft``       GEN arrival -> first token emitted by the GEN worker: the replica
+                     scaler's SLO (what the worker itself can see)
 - ``admission_wait`` GEN arrival -> (first) admission
 - ``tpot``           (last token - first GEN token) / (GEN tokens - 1), pauses included
 - ``e2e``            arrival -> last token
@@ -42,6 +44,12 @@ class SimRequest:
     @property
     def ttft(self) -> float | None:
         return None if self.first_gen_token is None else self.first_gen_token - self.arrival
+
+    @property
+    def gen_ttft(self) -> float | None:
+        if self.first_gen_token is None or self.gen_arrival is None:
+            return None
+        return self.first_gen_token - self.gen_arrival
 
     @property
     def admission_wait(self) -> float | None:

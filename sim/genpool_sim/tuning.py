@@ -12,7 +12,7 @@ of the simulator.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from genpool_core.aggregate import aggregate
@@ -20,7 +20,7 @@ from genpool_core.knobs import KnobBounds, Knobs
 from genpool_core.statline import format_statline, make_statline, parse_statline
 from genpool_core.stats import SchedulerStats
 from genpool_core.tuner import TunerSettings, TunerState, tune
-from genpool_sim.cluster import Cluster
+from genpool_sim.cluster import Cluster, GenWorker
 
 
 @dataclass(frozen=True)
@@ -49,13 +49,14 @@ class SimTuner:
         scheduler = cluster.workers[0].scheduler
         start = scheduler.knobs
         self.knobs = self.config.bounds.clamp(start)
+        cluster.on_ready = self._configure  # a replica that starts later gets the knobs too
         if self.knobs != start:
             self._push(cluster)
 
     def tick(self, cluster: Cluster, now: float) -> None:
         assert self.knobs is not None, "attach() first"
         lines = []
-        for worker in cluster.workers:
+        for worker in cluster.serving_workers():
             stats = worker.scheduler.make_stats(now)
             line = make_statline(stats, self._previous.get(worker.index))
             self._previous[worker.index] = stats
@@ -75,9 +76,12 @@ class SimTuner:
         })  # fmt: skip
 
     def _push(self, cluster: Cluster) -> None:
+        for worker in cluster.serving_workers():
+            self._configure(worker)
+
+    def _configure(self, worker: GenWorker) -> None:
         assert self.knobs is not None
-        for worker in cluster.workers:
-            worker.scheduler.set_knobs(self.knobs)
+        worker.scheduler.set_knobs(self.knobs)
 
     @property
     def num_changes(self) -> int:
@@ -128,18 +132,3 @@ def clients_at(phases: Sequence[Phase], t: float) -> int:
         if start <= t < start + phase.duration_s:
             return phase.clients
     return 0
-
-
-def run_with_checkpoints(
-    cluster: Cluster, checkpoints: Sequence[tuple[float, int, Callable[[float], None]]]
-) -> None:
-    """Run the event loop, stopping at each (time, order, callback) to call it; then drain.
-
-    Events at exactly a checkpoint's time run before its callback, so a callback sees
-    the pool as it is after everything due at that instant.
-    """
-    for at, _, callback in sorted(checkpoints, key=lambda c: (c[0], c[1])):
-        cluster.run(until=at)
-        cluster.now = max(cluster.now, at)
-        callback(at)
-    cluster.run()

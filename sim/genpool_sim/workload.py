@@ -238,3 +238,47 @@ def gamma_arrivals(
         prompt, output = lengths.sample()
         out.append(TraceRequest(now, prompt, output))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class RatePhase:
+    duration_s: float
+    rate: float  # requests/s; 0 is a quiet phase
+
+
+def parse_rate_phases(text: str) -> list[RatePhase]:
+    """``"600:4,600:12,600:4"``: (seconds, requests/s) per phase, in order."""
+    phases = []
+    for index, item in enumerate(text.split(","), start=1):
+        duration, sep, rate = item.strip().partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            phase = RatePhase(float(duration), float(rate))
+        except ValueError:
+            raise ValueError(
+                f"phase {index} {item!r}: expected SECONDS:RATE, two numbers"
+            ) from None
+        if not (math.isfinite(phase.duration_s) and phase.duration_s > 0):
+            raise ValueError(f"phase {index} {item!r}: need SECONDS > 0")
+        if not (math.isfinite(phase.rate) and phase.rate >= 0):
+            raise ValueError(f"phase {index} {item!r}: need RATE >= 0")
+        phases.append(phase)
+    if not any(phase.rate for phase in phases):
+        raise ValueError("rate phases: at least one phase needs a rate above 0")
+    return phases
+
+
+def phased_gamma_arrivals(
+    phases: Sequence[RatePhase], cv: float, trace: Sequence[TraceRequest], rng: random.Random
+) -> list[TraceRequest]:
+    """Gamma arrivals whose rate changes by phase; each phase restarts the renewal
+    process at its start. One phase reproduces :func:`gamma_arrivals` draw for draw."""
+    out: list[TraceRequest] = []
+    start = 0.0
+    for phase in phases:
+        if phase.rate > 0:
+            shifted = gamma_arrivals(phase.rate, cv, trace, rng, duration_s=phase.duration_s)
+            out += [replace(r, arrival_s=start + r.arrival_s) for r in shifted]
+        start += phase.duration_s
+    return out

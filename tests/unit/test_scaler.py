@@ -26,9 +26,9 @@ def hist(seconds: float, n: int) -> tuple[int, ...]:
 def pool(**overrides: object) -> PoolStats:
     """Ten workers at half occupancy, the SLO comfortably met."""
     base = PoolStats(
-        workers_reporting=10, mode="target_output_tps", paused=0, cap=60, headroom=60,
-        waiters=0, at_risk=0, completed_window=100, pauses_window=0, laxity_resumes=0,
-        below_target_window=0.05,
+        workers_reporting=10, mode="target_output_tps", paused=0, paused_cap=60,
+        resident_headroom=60, waiters=0, at_risk=0, completed_window=100, pauses_window=0,
+        laxity_resumes=0, below_target_window=0.05,
         arrivals_window=100, steps_window=3000, batch_mean=8.0, ttft_hist=hist(0.2, 100),
     )  # fmt: skip
     return replace(base, **overrides)  # type: ignore[arg-type]
@@ -72,9 +72,10 @@ def test_arrivals_outrunning_completions_with_a_queue_scale_up_in_proportion() -
 
 
 def test_ttft_miss_waits_for_the_knobs_while_they_can_help() -> None:
-    missed = pool(ttft_hist=hist(1.5, 100), cap=40)  # cap 4 per worker < bound 8, budget left
+    # P = 4 per worker, under the bound 8, with budget left
+    missed = pool(ttft_hist=hist(1.5, 100), paused_cap=40)
     assert recommend(10, missed, SETTINGS) == (10, "hold-knobs-first")
-    at_bound = replace(missed, cap=80)
+    at_bound = replace(missed, paused_cap=80)
     assert recommend(10, at_bound, SETTINGS) == (13, "up-ttft-miss")
     budget_spent = replace(missed, below_target_window=0.25)
     assert recommend(10, budget_spent, SETTINGS) == (13, "up-ttft-miss")
@@ -161,3 +162,9 @@ def test_state_round_trips_and_garbage_restarts_it() -> None:
 def test_bad_settings_are_refused(overrides: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         replace(SETTINGS, **overrides)  # type: ignore[arg-type]
+
+
+def test_the_knob_lever_lets_the_pool_run_closer_to_full() -> None:
+    stats = pool(batch_mean=10.0)  # 100 requests in the batches
+    assert recommend(10, stats, SETTINGS) == (7, "down-utilisation-low")  # 100 / (0.95 * 16)
+    assert recommend(10, stats, PLANNER) == (8, "down-utilisation-low")  # 100 / (0.85 * 16)

@@ -307,8 +307,8 @@ def test_scheduler_lines_carry_the_scalers_load_and_ttft_fields() -> None:
     first_tokens = sum(sum(line.ttft_hist) for line in parsed)
     assert 0 < first_tokens <= sum(stats.ttft_counts) == 60
     # the queue grows by one request per step and drains two: TTFT grows with the backlog
-    assert parsed[-1].ttft_p90 is not None and parsed[0].ttft_p90 is not None
-    assert parsed[-1].ttft_p90 > parsed[0].ttft_p90
+    p90s = [line.ttft_p90 for line in parsed if line.ttft_p90 is not None]
+    assert len(p90s) >= 3 and p90s[-1] > p90s[0]
 
 
 def test_a_line_without_the_scaler_fields_parses_with_zeros() -> None:

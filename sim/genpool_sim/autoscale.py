@@ -1,0 +1,226 @@
+"""Replicas that come and go (``genpool sim --autoscale``): the replica scaler in the
+simulator's loop and the three policies it is measured with.
+
+Every ``interval_s`` :class:`SimScaler` does what the operator will do: one stat line
+per serving worker (formatted and parsed back, so it sees the operator's numbers),
+``aggregate``, then the pure :func:`genpool_core.scaler.scale`; the cluster adds
+replicas (serving after the start-up delay) or drains them.
+
+Policies, on the same seeds:
+
+- ``static``: ``--workers`` fixed, pausing on (the SLO mode), no tuner: sized for
+  the peak, the cost ceiling;
+- ``replicas-only``: pausing off, the scaler on the TTFT target alone (the planner
+  idea of Dynamo, llm-d, KEDA);
+- ``genpool``: pausing, the knob tuner and the scaler on both parts of the SLO.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from genpool_core.aggregate import aggregate
+from genpool_core.names import OFF_MODE, SLO_MODE
+from genpool_core.quantiles import percentile
+from genpool_core.scaler import ScalerSettings, ScalerState, scale
+from genpool_core.statline import format_statline, make_statline, parse_statline
+from genpool_core.stats import SchedulerStats
+from genpool_sim.cluster import Cluster, ClusterConfig
+from genpool_sim.experiment import Workload, measure, simulate
+from genpool_sim.report import mean_ci
+from genpool_sim.tuning import SimTuner, TuneConfig
+
+POLICIES = ("static", "replicas-only", "genpool")
+SUMMARY_METRICS = (
+    "replica_seconds",
+    "slo_windows_met",
+    "ttft_p90",
+    "below_target",
+    "tpot_mean",
+    "output_tokens_per_s",
+)
+
+
+@dataclass(frozen=True)
+class AutoscaleConfig:
+    slo_ttft_p90_s: float
+    target_output_tps: float  # T: attainment is the share of requests at or above it
+    min_replicas: int
+    max_replicas: int
+    attainment: float = 0.8
+    startup_delay_s: float = 60.0
+    interval_s: float = 30.0
+    slo_window_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.startup_delay_s) and self.startup_delay_s >= 0):
+            raise ValueError(f"start-up delay must be >= 0 s, got {self.startup_delay_s}")
+        if not (math.isfinite(self.target_output_tps) and self.target_output_tps > 0):
+            raise ValueError(f"T must be > 0 tok/s, got {self.target_output_tps}")
+        self.scaler_settings(1)  # validates the SLO and the replica bounds
+
+    def scaler_settings(
+        self, max_batch: int, *, knobs: bool = True, cap_max: int | None = None
+    ) -> ScalerSettings:
+        """``knobs=False``: the replica-only planner (TTFT alone, no knob lever)."""
+        return ScalerSettings(
+            ttft_p90_s=self.slo_ttft_p90_s,
+            min_replicas=self.min_replicas,
+            max_replicas=self.max_replicas,
+            max_batch=max_batch,
+            attainment=self.attainment if knobs else None,
+            cap_max=cap_max if knobs else None,
+        )
+
+
+class SimScaler:
+    """One per simulated pool; ``timeline`` is the replica log for JSON and plots.
+
+    ``is_acting=False`` only observes (the static policy's timeline).
+    """
+
+    def __init__(
+        self, settings: ScalerSettings, config: AutoscaleConfig, is_acting: bool = True
+    ) -> None:
+        self.settings = settings
+        self.interval_s = config.interval_s
+        self.startup_delay_s = config.startup_delay_s
+        self.is_acting = is_acting
+        self.state = ScalerState()
+        self.desired = 0
+        self.timeline: list[dict[str, object]] = []
+        self._previous: dict[int, SchedulerStats] = {}
+
+    def attach(self, cluster: Cluster) -> None:
+        self.desired = len(cluster.workers)
+        self.timeline.append({"t": 0.0, "desired": self.desired, "ready": self.desired,
+                              "reason": "start", "ttft_p90": None})  # fmt: skip
+
+    def tick(self, cluster: Cluster, now: float) -> None:
+        lines = []
+        for worker in cluster.serving_workers():
+            stats = worker.scheduler.make_stats(now)
+            line = make_statline(stats, self._previous.get(worker.index))
+            self._previous[worker.index] = stats
+            lines.append(parse_statline(format_statline(line)))
+        pool = aggregate(lines)
+        num_ready = sum(1 for worker in cluster.workers if worker.is_routable)
+        reason = "static"
+        if self.is_acting:
+            decision = scale(self.desired, num_ready, pool, self.settings, self.state, now)
+            self.state, reason = decision.state, decision.reason
+            self._apply(cluster, decision.replicas)
+        p90 = None if pool is None else pool.ttft_p90
+        self.timeline.append({
+            "t": now, "desired": self.desired, "ready": num_ready, "reason": reason,
+            "ttft_p90": None if p90 is None else round(p90, 4),
+        })  # fmt: skip
+
+    def _apply(self, cluster: Cluster, desired: int) -> None:
+        current = sum(1 for w in cluster.workers if w.retired_at is None and not w.is_draining)
+        for _ in range(desired - current):
+            cluster.add_worker(self.startup_delay_s)
+        for _ in range(current - desired):
+            if cluster.remove_worker() is None:
+                break
+        self.desired = sum(1 for w in cluster.workers if w.retired_at is None and not w.is_draining)
+
+
+@dataclass
+class PolicyRun:
+    policy: str
+    seed: int
+    metrics: dict[str, float]
+    timeline: list[dict[str, object]] = field(default_factory=list)
+
+
+def run_policy(
+    policy: str,
+    base: ClusterConfig,
+    workload: Workload,
+    seed: int,
+    auto: AutoscaleConfig,
+    tune: TuneConfig,
+) -> PolicyRun:
+    """One policy on one seed. ``base.workers`` is the static pool's size."""
+    slo = replace(base, mode=SLO_MODE, target_output_tps=auto.target_output_tps)
+    tuner = None
+    if policy == "static":
+        config = slo
+        scaler = SimScaler(auto.scaler_settings(base.max_batch), auto, is_acting=False)
+    elif policy == "replicas-only":
+        config = replace(base, mode=OFF_MODE, workers=auto.min_replicas)
+        scaler = SimScaler(auto.scaler_settings(base.max_batch, knobs=False), auto)
+    elif policy == "genpool":
+        bounds = tune.bounds
+        config = replace(slo, workers=auto.min_replicas,
+                         max_resident_headroom=bounds.max_resident_headroom)  # fmt: skip
+        tuner = SimTuner(tune)
+        settings = auto.scaler_settings(base.max_batch, cap_max=bounds.max_paused_cap)
+        scaler = SimScaler(settings, auto)
+    else:
+        raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    cluster = simulate(config, workload, seed, tuner, [scaler])
+    return PolicyRun(policy, seed, policy_metrics(cluster, workload, auto), scaler.timeline)
+
+
+def policy_metrics(cluster: Cluster, workload: Workload, auto: AutoscaleConfig) -> dict[str, float]:
+    """The summary's metrics; TTFT here is the SLO's: GEN arrival -> first GEN token."""
+    base, done = measure(cluster, workload, auto.target_output_tps)
+    start, end = workload.warmup_s, workload.duration_s
+    gen_ttft = [r.gen_ttft for r in done if r.gen_ttft is not None]
+    windows = slo_windows(cluster, auto, start, end)
+    return {
+        "replica_seconds": cluster.replica_seconds(start, end),
+        "mean_replicas": cluster.replica_seconds(start, end) / (end - start),
+        "slo_windows_met": sum(windows) / len(windows) if windows else math.nan,
+        "ttft_p90": percentile(gen_ttft, 90),
+        "ttft_p99": percentile(gen_ttft, 99),
+        "ttft_from_arrival_p90": base["ttft_p90"],
+        "below_target": base.get("below_target", math.nan),
+        "tpot_mean": base["tpot_mean"],
+        "output_tokens_per_s": base["output_tokens_per_s"],
+        "requests": base["requests"],
+    }
+
+
+def slo_windows(cluster: Cluster, auto: AutoscaleConfig, start: float, end: float) -> list[bool]:
+    """Per ``slo_window_s`` window in [start, end): GEN TTFT p90 of the first tokens in
+    it <= target and attainment of the requests finishing in it >= target (an empty
+    part counts as met)."""
+    width = auto.slo_window_s
+    count = max(0, int((end - start) // width))
+    ttfts: list[list[float]] = [[] for _ in range(count)]
+    rates: list[list[float]] = [[] for _ in range(count)]
+    for request in cluster.requests.values():
+        ttft, first = request.gen_ttft, request.first_gen_token
+        if ttft is not None and first is not None and start <= first < start + count * width:
+            ttfts[int((first - start) // width)].append(ttft)
+        rate, last = request.output_rate, request.last_token
+        if rate is not None and last is not None and start <= last < start + count * width:
+            rates[int((last - start) // width)].append(rate)
+    met = []
+    for window_ttfts, window_rates in zip(ttfts, rates, strict=True):
+        ttft_ok = not window_ttfts or percentile(window_ttfts, 90) <= auto.slo_ttft_p90_s
+        at_target = sum(1 for r in window_rates if r >= auto.target_output_tps)
+        attained = not window_rates or at_target / len(window_rates) >= auto.attainment
+        met.append(ttft_ok and attained)
+    return met
+
+
+def summarize_policies(
+    runs: Sequence[PolicyRun],
+) -> dict[str, dict[str, dict[str, float]]]:
+    """{policy: {metric: {mean, ci95}}} over the seeds."""
+    summary: dict[str, dict[str, dict[str, float]]] = {}
+    for policy in POLICIES:
+        mine = [run for run in runs if run.policy == policy]
+        if not mine:
+            continue
+        summary[policy] = {}
+        for name in (*SUMMARY_METRICS, "mean_replicas", "ttft_p99", "ttft_from_arrival_p90"):
+            mean, ci = mean_ci([run.metrics[name] for run in mine])
+            summary[policy][name] = {"mean": mean, "ci95": ci}
+    return summary
