@@ -14,7 +14,8 @@ import time
 import httpx
 import pytest
 
-from genpool_worker.multirank import check_tensor_parallel_size, free_port
+from genpool_worker.multirank import free_port
+from genpool_worker.worker_config import check_tensor_parallel_size
 from tests.worker.multirank_harness import run_rank
 
 SYNTHETIC = "synthetic:tp"

@@ -48,3 +48,17 @@ def test_every_flag_has_help_text() -> None:
     assert len(actions) > 20
     missing = [a.option_strings[0] for a in actions if not (a.help or "").strip()]
     assert missing == []
+
+
+def test_help_loads_no_torch() -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from genpool_worker.worker_cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit as exit:\n    assert exit.code == 0\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "--max-batch-size" in out.stdout and out.stdout.strip().endswith("False")

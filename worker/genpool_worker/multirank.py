@@ -31,7 +31,6 @@ import torch.distributed as dist
 from genpool_worker.engine_io import PassInputs
 
 log = logging.getLogger("genpool.worker")
-SUPPORTED_TP = (1, 3)  # SmolLM2: 9 query heads, 3 KV heads
 COLLECTIVE_TIMEOUT_S = 60.0
 WATCH_INTERVAL_S = 0.2
 
@@ -48,14 +47,6 @@ class DistCoordinator:
         result = box[0]
         assert isinstance(result, PassInputs)
         return result
-
-
-def check_tensor_parallel_size(size: int, num_heads: int = 9, num_kv_heads: int = 3) -> None:
-    if size < 1 or num_heads % size or num_kv_heads % size:
-        raise ValueError(
-            f"tensor_parallel_size={size} must divide the model's {num_heads} query heads and "
-            f"{num_kv_heads} KV heads (SmolLM2-135M: 1 or 3)"
-        )
 
 
 def free_port() -> int:

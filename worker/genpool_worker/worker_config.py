@@ -1,0 +1,200 @@
+"""The worker's configuration: ``WorkerConfig`` (every field a flag, with its help
+text and unit), read from GENPOOL_WORKER_CONFIG and the command line, and the scheduler
+it builds. No torch here, so ``genpool-worker --help`` and config errors are fast."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from genpool_core.names import (
+    DEFAULT_ADMISSION_TARGET_MAX_S,
+    DEFAULT_ADMISSION_TARGET_MIN_S,
+    DEFAULT_MAX_PAUSES_PER_REQUEST,
+    DEFAULT_SLACK_S,
+    DEFAULT_STAT_INTERVAL_S,
+    SLO_MODE,
+    TPOT_MODE,
+    WORKER_PORT,
+)
+from genpool_core.preemption import GenCapacity
+from genpool_core.scheduler import GenScheduler, SchedulerConfig
+
+DESCRIPTION = "One GEN worker process: model, engine and HTTP API."
+CONFIG_ENV = "GENPOOL_WORKER_CONFIG"
+Mode = Literal["off", "tpot_budget", "target_output_tps"]
+
+
+def check_tensor_parallel_size(size: int, num_heads: int = 9, num_kv_heads: int = 3) -> None:
+    if size < 1 or num_heads % size or num_kv_heads % size:
+        raise ValueError(
+            f"tensor_parallel_size={size} must divide the model's {num_heads} query heads and "
+            f"{num_kv_heads} KV heads (SmolLM2-135M: 1 or 3)"
+        )
+
+
+class WorkerConfig(BaseModel):
+    """Everything the CRD's engine and preemption sections can set, checked once."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(
+        default="smollm2-135m",
+        description="smollm2-135m (the packaged GGUF), a .gguf file, a Hugging Face "
+        "checkpoint directory, or synthetic:<name> (no weights, simulated step times)",
+    )
+    host: str = Field(default="127.0.0.1", description="HTTP listen address")
+    port: int = Field(default=WORKER_PORT, ge=0, le=65535, description="HTTP port (0-65535)")
+    device: str = Field(default="cpu", description="torch device: cpu or cuda")
+    tensor_parallel_size: int = Field(
+        default=1, ge=1, le=64, description="ranks (processes) sharding the model (1 or 3)"
+    )
+    max_batch_size: int = Field(
+        default=16, ge=1, le=4096, description="B: requests decoded per pass (requests)"
+    )
+    max_num_active_requests: int | None = Field(
+        default=None, ge=1, description="resident cap (requests; default: B + max headroom)"
+    )
+    max_seq_len: int = Field(
+        default=2048, ge=16, le=1 << 20, description="prompt + output per request (tokens)"
+    )
+    max_queue_length: int = Field(
+        default=1024, ge=1, description="admission queue size before 429 (requests)"
+    )
+    preemption_mode: Mode = Field(
+        default="off", description="off, tpot_budget or target_output_tps"
+    )
+    target_output_tps: float | None = Field(
+        default=None, gt=0, description="T for target_output_tps (tokens/s per request)"
+    )
+    tpot_budget: float | None = Field(
+        default=None, gt=0, description="budget for tpot_budget mode (seconds per token)"
+    )
+    slack_s: float = Field(
+        default=DEFAULT_SLACK_S,
+        ge=0,
+        description="a waiter is at risk within this of X (seconds)",
+    )
+    max_pauses_per_request: int = Field(
+        default=DEFAULT_MAX_PAUSES_PER_REQUEST,
+        ge=1,
+        description="pauses one request may take (count)",
+    )
+    admission_target_min_s: float = Field(
+        default=DEFAULT_ADMISSION_TARGET_MIN_S,
+        gt=0,
+        description="lower bound of the adaptive target X (seconds)",
+    )
+    admission_target_max_s: float = Field(
+        default=DEFAULT_ADMISSION_TARGET_MAX_S,
+        gt=0,
+        description="upper bound of the adaptive target X (seconds)",
+    )
+    resident_headroom: int | None = Field(
+        default=None, ge=0, description="H: residents allowed beyond B (requests)"
+    )
+    max_resident_headroom: int | None = Field(
+        default=None,
+        ge=0,
+        description="ceiling of H for live changes; sizes the KV pool (requests)",
+    )
+    paused_cap: int | None = Field(
+        default=None, ge=0, description="P: requests paused in place at once (requests)"
+    )
+    stat_interval_s: float = Field(
+        default=float(DEFAULT_STAT_INTERVAL_S),
+        gt=0,
+        description="period of the gen_preemption stat line (seconds)",
+    )
+    stamp_arrival: bool = Field(
+        default=False,
+        description="stamp requests without genpool.arrival_time on receipt (makes them keyed)",
+    )
+    synthetic_time_scale: float = Field(
+        default=1.0,
+        ge=0,
+        description="synthetic model: factor on simulated step times (0 = no sleep)",
+    )
+
+    @model_validator(mode="after")
+    def _mode_parameter(self) -> WorkerConfig:
+        if self.tensor_parallel_size > 1 and self.model == "smollm2-135m":
+            # Other checkpoints' head counts are checked when the model loads.
+            check_tensor_parallel_size(self.tensor_parallel_size)
+        if self.preemption_mode == SLO_MODE and self.target_output_tps is None:
+            raise ValueError("--preemption-mode target_output_tps needs --target-output-tps")
+        if self.preemption_mode == TPOT_MODE and self.tpot_budget is None:
+            raise ValueError("--preemption-mode tpot_budget needs --tpot-budget")
+        return self
+
+    def preemption_settings(self) -> dict[str, object]:
+        settings: dict[str, object] = {
+            "slack_s": self.slack_s,
+            "max_pauses_per_request": self.max_pauses_per_request,
+            "admission_target_min_s": self.admission_target_min_s,
+            "admission_target_max_s": self.admission_target_max_s,
+            "resident_headroom": self.resident_headroom,
+            "max_resident_headroom": self.max_resident_headroom,
+            "paused_cap": self.paused_cap,
+        }
+        if self.preemption_mode == SLO_MODE:
+            settings["target_output_tps"] = self.target_output_tps
+        elif self.preemption_mode == TPOT_MODE:
+            settings["tpot_budget"] = self.tpot_budget
+        return settings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="genpool-worker", description=DESCRIPTION)
+    for name, field in WorkerConfig.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        if field.annotation is bool:
+            parser.add_argument(flag, action="store_true", default=None, help=field.description)
+        else:
+            shown = "" if field.default is None else f" [default: {field.default}]"
+            parser.add_argument(flag, default=None, help=f"{field.description}{shown}")
+    return parser
+
+
+class ConfigEnvError(ValueError):
+    """GENPOOL_WORKER_CONFIG is not a JSON object."""
+
+
+def config_from_env(environ: Mapping[str, str]) -> dict[str, object]:
+    """The base config from GENPOOL_WORKER_CONFIG (the operator's worker.json), or {}."""
+    raw = environ.get(CONFIG_ENV, "").strip()
+    if not raw:
+        return {}
+    try:
+        loaded = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigEnvError(f"{CONFIG_ENV} is not valid JSON: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigEnvError(f"{CONFIG_ENV} must be a JSON object, got {type(loaded).__name__}")
+    return loaded
+
+
+def parse_config(
+    argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
+) -> WorkerConfig:
+    """GENPOOL_WORKER_CONFIG first, then the flags given on the command line over it."""
+    base = config_from_env(os.environ if environ is None else environ)
+    ns = build_parser().parse_args(argv)
+    given = {k: v for k, v in vars(ns).items() if v is not None}
+    return WorkerConfig.model_validate({**base, **given})
+
+
+def build_scheduler(config: WorkerConfig) -> GenScheduler:
+    capacity = GenCapacity(config.max_batch_size, config.max_num_active_requests)
+    return GenScheduler.from_settings(
+        config.preemption_settings(),
+        capacity,
+        SchedulerConfig(
+            max_queue_length=config.max_queue_length, stat_interval_s=config.stat_interval_s
+        ),
+    )
