@@ -31,8 +31,8 @@ class PoolStats:
     workers_reporting: int
     mode: str
     paused: int
-    cap: int
-    headroom: int
+    paused_cap: int  # summed over the workers, as are the other counts
+    resident_headroom: int
     waiters: int
     at_risk: int
     completed_window: int
@@ -72,8 +72,8 @@ class PoolStats:
         """``status.preemption`` in the CRD's camelCase shape, JSON-safe (no NaN/inf)."""
         return {
             "paused": self.paused,
-            "cap": self.cap,
-            "headroom": self.headroom,
+            "cap": self.paused_cap,
+            "headroom": self.resident_headroom,
             "belowTargetWindow": _rounded(self.below_target_window, 4),
             "belowTargetTotal": _rounded(self.below_target_total, 4),
             "credit": _rounded(self.credit_sum, 2),
@@ -128,8 +128,8 @@ def _sum_victims(lines: list[StatLine]) -> dict[str, int]:
 # Per-worker counts whose pool value is their sum.
 SUMMED_COUNTS = (
     "paused",
-    "cap",
-    "headroom",
+    "paused_cap",
+    "resident_headroom",
     "waiters",
     "at_risk",
     "completed_window",
@@ -138,6 +138,11 @@ SUMMED_COUNTS = (
     "arrivals_window",
     "steps_window",
 )
+
+
+def _line_key(name: str) -> str:
+    """The stat line spells the knobs by its keys (``cap=``, ``headroom=``)."""
+    return {"paused_cap": "cap", "resident_headroom": "headroom"}.get(name, name)
 
 
 def aggregate(lines: Iterable[StatLine | None]) -> PoolStats | None:
@@ -152,7 +157,7 @@ def aggregate(lines: Iterable[StatLine | None]) -> PoolStats | None:
     return PoolStats(
         workers_reporting=len(good),
         mode=modes.pop() if len(modes) == 1 else MIXED_MODE,
-        **{name: sum(getattr(line, name) for line in good) for name in SUMMED_COUNTS},
+        **{name: sum(getattr(line, _line_key(name)) for line in good) for name in SUMMED_COUNTS},
         victims=_sum_victims(good),
         below_target_window=_weighted_mean(
             (line.below_target_window, line.completed_window) for line in good

@@ -126,8 +126,9 @@ def _cap_binds_with_waiters_at_risk(stats: PoolStats, settings: TunerSettings) -
     """
     # A snapshot of a small cap is often caught between pauses, so a cap that turned
     # over at least twice in the window binds as well.
-    turned_over = stats.cap > 0 and stats.pauses_window >= 2 * stats.cap
-    full = stats.paused >= settings.bind_fraction * stats.cap or turned_over
+    cap = stats.paused_cap
+    turned_over = cap > 0 and stats.pauses_window >= 2 * cap
+    full = stats.paused >= settings.bind_fraction * cap or turned_over
     at_risk = stats.at_risk > 0 or (stats.waiters > 0 and stats.pauses_window > 0)
     return full and at_risk
 

@@ -32,7 +32,8 @@ def test_counters_are_summed() -> None:
                      "sacrificed": 2})])  # fmt: skip
     assert pool is not None
     assert pool.workers_reporting == 2
-    assert (pool.paused, pool.cap, pool.headroom, pool.waiters, pool.at_risk) == (6, 12, 12, 10, 1)
+    assert (pool.paused, pool.paused_cap, pool.resident_headroom) == (6, 12, 12)
+    assert (pool.waiters, pool.at_risk) == (10, 1)
     assert (pool.completed_window, pool.pauses_window) == (20, 10)
     assert dict(pool.victims) == {"laxity": 5, "sacrificed": 2}
     assert pool.victims_window == 7
@@ -136,5 +137,5 @@ def test_recorded_simulator_round_aggregates_every_worker() -> None:
     pool = aggregate(first_round)
     assert pool is not None
     assert pool.workers_reporting == 8
-    assert pool.cap == 48 and pool.headroom == 48
+    assert pool.paused_cap == 48 and pool.resident_headroom == 48
     assert pool.completed_window == sum(line.completed_window for line in first_round if line)
