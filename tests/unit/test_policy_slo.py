@@ -24,16 +24,16 @@ def test_laxity_formula() -> None:
     # D = 100 / 10 = 10 s; 20 tokens in 1 s -> r = 20; remaining 80 -> done at now + 4.
     request = make_active("r", max_tokens=101, gen_tokens=20, now=1.0, unpaused=1.0)
     assert policy.decode_span(request) == 10.0
-    assert policy.decode_rate(request, 1.0) == 20.0
     assert policy.laxity(request, 1.0) == pytest.approx(10.0 - 5.0)
 
 
 def test_rate_prior_from_step_times_until_a_few_tokens() -> None:
     policy = slo_policy()
+    # 2 tokens decoded here (< 4): r is the prior, not 2 / 0.1; 98 tokens remain, D = 10.
     fresh = make_active("r", max_tokens=101, gen_tokens=2, now=1.0, unpaused=0.1)
-    assert policy.decode_rate(fresh, 1.0) == T  # no step observed yet: T itself
+    assert policy.laxity(fresh, 1.0) == pytest.approx(10.0 - (1.0 + 98 / T))  # no step yet: T
     policy.on_step_time(0.05)
-    assert policy.decode_rate(fresh, 1.0) == pytest.approx(20.0)
+    assert policy.laxity(fresh, 1.0) == pytest.approx(10.0 - (1.0 + 98 / 20.0))  # 1 / 0.05
     policy.on_step_time(0.15)  # EMA: 0.9 * 0.05 + 0.1 * 0.15
     assert policy.step_time_s == pytest.approx(0.06)
 

@@ -55,18 +55,26 @@ class TargetOutputTpsPolicy(PolicyBase):
         """Tokens/s of a request without history: 1 / the recent step time."""
         return 1.0 / self.step_time_s if self.step_time_s is not None else self.target_tps
 
-    def decode_rate(self, request: GenRequest, now: float, prior: float | None = None) -> float:
-        """Own unpaused rate once it has a few tokens, else the recent step-time prior."""
-        unpaused = request.unpaused_time(now)
-        generated = request.num_gen_tokens
-        if generated >= self.RATE_PRIOR_TOKENS and unpaused > 0.0:
-            return generated / unpaused
-        return self.prior_rate() if prior is None else prior
-
-    def laxity(self, request: GenRequest, now: float, prior: float | None = None) -> float:
+    def laxity(self, request: GenRequest, now: float) -> float:
         """L = first_token_time + (max_tokens - 1)/T - (now + remaining / r)."""
-        finish_at = now + request.num_remaining_tokens / self.decode_rate(request, now, prior)
-        return request.output_start_time() + self.decode_span(request) - finish_at
+        return self._laxity(request, now, self.decode_span(request), self.prior_rate())
+
+    def _laxity(self, request: GenRequest, now: float, span: float, prior: float) -> float:
+        """:meth:`laxity` given D and the prior (the victim scan computes them once).
+
+        ``r`` is the request's own unpaused rate once it has ``RATE_PRIOR_TOKENS``
+        tokens here, else ``prior``. ``num_gen_tokens`` and ``num_remaining_tokens``
+        are spelled out: this runs for every batch member of a pass that takes a
+        victim, and two property calls per member are a tenth of that pass.
+        """
+        unpaused = request.unpaused_time(now)
+        generated = request.num_output_tokens - request.tokens_at_admission
+        if generated >= self.RATE_PRIOR_TOKENS and unpaused > 0.0:
+            rate = generated / unpaused
+        else:
+            rate = prior
+        finish_at = now + (request.max_tokens - request.num_output_tokens) / rate
+        return request.output_start_time() + span - finish_at
 
     def on_step_time(self, seconds: float) -> None:
         if seconds <= 0.0:
@@ -102,41 +110,20 @@ class TargetOutputTpsPolicy(PolicyBase):
     def _candidates(
         self, batch: Sequence[GenRequest], now: float
     ) -> tuple[list[tuple[float, int, GenRequest]], list[GenRequest], list[GenRequest]]:
-        """One scan of the batch: laxity candidates, below-target ones, sacrificeable ones.
-
-        The hot loop of a pass that needs a victim. It inlines :meth:`decode_span`,
-        :meth:`decode_rate` and :meth:`laxity` (same operations in the same order, so
-        the same floats; ``test_policy_slo`` checks that victims carry
-        ``laxity(request, now)`` exactly): a batch member is running, so its unpaused
-        time is ``unpaused_decode_time + (now - active_since)``.
-        """
+        """One scan of the batch: laxity candidates, below-target ones, sacrificeable ones."""
         laxity: list[tuple[float, int, GenRequest]] = []
         below: list[GenRequest] = []
         sacrifices: list[GenRequest] = []
         prior = self.prior_rate()  # once per pass
-        target = self.target_tps
         hysteresis_fraction = self.HYSTERESIS_FRACTION
         min_laxity_fraction = self.MIN_LAXITY_FRACTION
         max_laxity_pauses = self.MAX_LAXITY_PAUSES
         max_below_pauses = self.MAX_BELOW_TARGET_PAUSES
-        min_own_rate_tokens = self.RATE_PRIOR_TOKENS
         for order, request in enumerate(batch):
-            span = (request.max_tokens - 1) / target
+            span = self.decode_span(request)
             if span <= 0.0 or is_in_hysteresis(request, now, hysteresis_fraction * span):
                 continue
-            assert request.active_since is not None
-            unpaused = request.unpaused_decode_time + (now - request.active_since)
-            generated = request.num_output_tokens - request.tokens_at_admission
-            rate = (
-                generated / unpaused
-                if generated >= min_own_rate_tokens and unpaused > 0.0
-                else prior
-            )
-            finish_at = now + (request.max_tokens - request.num_output_tokens) / rate
-            start = request.first_token_time
-            if start is None:
-                start = request.resident_since if request.resident_since is not None else 0.0
-            lax = start + span - finish_at
+            lax = self._laxity(request, now, span, prior)
             pauses = request.num_pauses
             if lax >= min_laxity_fraction * span and pauses < max_laxity_pauses:
                 laxity.append((-lax, order, request))
