@@ -9,7 +9,9 @@ exactly the SLO budget that on-target completions leave unused.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import heapq
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import ClassVar
 
 from genpool_core.preemption.base import PolicyBase
@@ -43,7 +45,7 @@ class TargetOutputTpsPolicy(PolicyBase):
         self.target_tps = settings.target_output_tps
         self.credit = 0.0
         self.step_time_s: float | None = None
-        self._batch: dict[int, GenRequest] = {}  # batch order (entry order)
+        self._batch: dict[int, _Member] = {}  # batch order (entry order)
 
     # -- the request's SLO clock ---------------------------------------------------
 
@@ -94,7 +96,8 @@ class TargetOutputTpsPolicy(PolicyBase):
     # -- victims -------------------------------------------------------------------
 
     def on_batch_enter(self, request: GenRequest) -> None:
-        self._batch[id(request)] = request
+        span = self.decode_span(request)
+        self._batch[id(request)] = _Member(request, span, self.HYSTERESIS_FRACTION * span)
 
     def on_batch_leave(self, request: GenRequest) -> None:
         del self._batch[id(request)]
@@ -105,24 +108,25 @@ class TargetOutputTpsPolicy(PolicyBase):
         A generator: the batch is scanned at the first ``next``, and only then (most
         passes under overload take no victim: the paused cap is reached).
         """
-        yield from self._ranked(now, *self._candidates(list(self._batch.values()), now))
+        yield from self._ranked(now, *self._candidates(now))
 
     def _candidates(
-        self, batch: Sequence[GenRequest], now: float
+        self, now: float
     ) -> tuple[list[tuple[float, int, GenRequest]], list[GenRequest], list[GenRequest]]:
         """One scan of the batch: laxity candidates, below-target ones, sacrificeable ones."""
         laxity: list[tuple[float, int, GenRequest]] = []
         below: list[GenRequest] = []
         sacrifices: list[GenRequest] = []
         prior = self.prior_rate()  # once per pass
-        hysteresis_fraction = self.HYSTERESIS_FRACTION
         min_laxity_fraction = self.MIN_LAXITY_FRACTION
         max_laxity_pauses = self.MAX_LAXITY_PAUSES
         max_below_pauses = self.MAX_BELOW_TARGET_PAUSES
-        for order, request in enumerate(batch):
-            span = self.decode_span(request)
-            if span <= 0.0 or is_in_hysteresis(request, now, hysteresis_fraction * span):
-                continue
+        for order, member in enumerate(list(self._batch.values())):
+            request, span = member.request, member.span
+            if not member.is_past_hysteresis:
+                if span <= 0.0 or is_in_hysteresis(request, now, member.min_run_s):
+                    continue
+                member.is_past_hysteresis = True  # for the rest of this run
             lax = self._laxity(request, now, span, prior)
             pauses = request.num_pauses
             if lax >= min_laxity_fraction * span and pauses < max_laxity_pauses:
@@ -144,8 +148,11 @@ class TargetOutputTpsPolicy(PolicyBase):
         sacrifices: list[GenRequest],
     ) -> Iterator[Victim]:
         chosen: set[int] = set()
-        laxity.sort(key=lambda entry: (entry[0], entry[1]))  # most laxity, then batch order
-        for negative_lax, _, request in laxity:
+        # Most laxity, then batch order ((-L, order) is unique); a heap, as a pass
+        # takes a few victims of up to a batch of candidates.
+        heapq.heapify(laxity)
+        while laxity:
+            negative_lax, _, request = heapq.heappop(laxity)
             span = self.decode_span(request)
             lax = -negative_lax
             hold = min(
@@ -208,6 +215,18 @@ class TargetOutputTpsPolicy(PolicyBase):
             1 for r in paused if r.is_sacrificed or r.victim_kind is VictimKind.BELOW_TARGET
         )
         return {"credit": self.credit, "paused_below_target": paused_below}
+
+
+@dataclass(slots=True)
+class _Member:
+    """A batch member and what stays fixed while it runs: D, the minimum run
+    (``HYSTERESIS_FRACTION * D``), and, once seen, that its hysteresis is over
+    (tokens and time since its run started only grow)."""
+
+    request: GenRequest
+    span: float
+    min_run_s: float
+    is_past_hysteresis: bool = False
 
 
 def _longest_resident_first(requests: list[GenRequest]) -> list[GenRequest]:
