@@ -11,12 +11,16 @@ least ``attainment``. ``attainment=None`` is the replica-only planner: TTFT alon
 
 Rules, first match wins:
 
-1. arrivals outrun completions with a queue -> up, proportionally;
-2. TTFT p90 misses and the knobs cannot fix it (no knob lever, the cap is at its
+1. arrivals outrun completions with a queue -> up to the replicas that, at the
+   serving ones' completion rate, serve the window's arrivals and drain the queue
+   (even while others start: the count is absolute);
+2. the window's load (batch, paused, waiting) is above the utilisation ceiling of
+   the replicas -> up to the replicas that hold it under the ceiling (absolute too);
+3. TTFT p90 misses and the knobs cannot fix it (no knob lever, the cap is at its
    bound, the attainment budget is spent, or the miss is severe) -> up;
-3. attainment misses and the misses come from queueing (victims are laxity
+4. attainment misses and the misses come from queueing (victims are laxity
    victims, so a lower cap would not help) -> up;
-4. the SLO holds with slack -> down to the replicas whose batch positions hold the
+5. the SLO holds with slack -> down to the replicas whose batch positions hold the
    window's load at the utilisation ceiling (higher with the knob lever: pausing
    absorbs the bursts a planner must keep headroom for).
 
@@ -33,6 +37,8 @@ from dataclasses import dataclass, replace
 
 from genpool_core.aggregate import PoolStats
 
+OUTRUN = "up-arrivals-outrun-completions"
+UTILISATION_HIGH = "up-utilisation-high"
 _TOLERANCE_S = 1e-6  # ticks at k * interval land on the window's edge up to rounding
 
 
@@ -44,7 +50,7 @@ class ScalerSettings:
     max_batch: int  # A: batch positions per replica, for the utilisation estimate
     attainment: float | None = 0.8  # None: scale on TTFT alone (the replica-only planner)
     cap_max: int | None = None  # the tuner's per-worker cap bound; None: no knob lever
-    max_step: int = 4
+    max_step: int = 8
     up_fraction: float = 0.25  # an up step adds this fraction of the replicas (>= 1)
     down_window_s: float = 300.0
     max_utilisation: float = 0.85  # of the batch positions, to scale down (no knob lever)
@@ -189,9 +195,14 @@ def recommend(replicas: int, stats: PoolStats, settings: ScalerSettings) -> tupl
         stats.arrivals_window > (1 + settings.outrun_margin) * completions
         and stats.waiters >= settings.min_waiters_per_replica * stats.workers_reporting
     )
-    if falling_behind:
-        needed = math.ceil(replicas * stats.arrivals_window / completions)
-        return max(needed, replicas + 1), "up-arrivals-outrun-completions"
+    if falling_behind:  # an absolute count: serve the arrivals and drain the queue
+        per_replica = completions / max(1, stats.workers_reporting)
+        needed = math.ceil((stats.arrivals_window + stats.waiters) / per_replica)
+        if needed > replicas:  # else the replicas starting already cover it
+            return needed, OUTRUN
+    needed = _needed_for_load(stats, settings)
+    if needed > replicas:  # above the utilisation ceiling: up before the queue forms
+        return needed, UTILISATION_HIGH
     if ttft_miss:
         assert p90 is not None
         severe = p90 > settings.severe_factor * settings.ttft_p90_s
@@ -204,7 +215,6 @@ def recommend(replicas: int, stats: PoolStats, settings: ScalerSettings) -> tupl
         if _misses_from_queueing(stats, settings):
             return replicas + _up_step(replicas, settings), "up-attainment-miss-queueing"
         return replicas, "hold-knobs-first"
-    needed = _needed_for_load(stats, settings)
     if needed < replicas and _has_slack(stats, settings):
         return needed, "down-utilisation-low"
     return replicas, "hold"
@@ -229,7 +239,9 @@ def scale(
     target, reason = recommend(replicas, stats, settings)
     state = replace(state, recommendations=(*window, (now, target)))
     if target > replicas:
-        if num_ready < replicas:  # replicas are still starting: let them land first
+        # Replicas still starting: let them land first, unless the count comes from the
+        # serving replicas' throughput (it already accounts for the ones starting).
+        if num_ready < replicas and reason not in (OUTRUN, UTILISATION_HIGH):
             return ScaleDecision(replicas, "hold-starting", state)
         up = min(target, replicas + settings.max_step, settings.max_replicas)
         return ScaleDecision(up, reason if up > replicas else "hold-at-max", state)

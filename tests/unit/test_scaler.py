@@ -64,7 +64,8 @@ def test_met_slo_at_half_load_holds_or_shrinks_to_the_load() -> None:
 
 def test_arrivals_outrunning_completions_with_a_queue_scale_up_in_proportion() -> None:
     stats = pool(arrivals_window=150, completed_window=100, waiters=30)
-    assert recommend(10, stats, SETTINGS) == (15, "up-arrivals-outrun-completions")
+    # 10 completions per replica per window; 150 arrivals plus 30 waiting need 18
+    assert recommend(10, stats, SETTINGS) == (18, "up-arrivals-outrun-completions")
     # without a queue it is a transient: no action from this rule
     assert recommend(10, replace(stats, waiters=0), SETTINGS)[1] != (
         "up-arrivals-outrun-completions"
@@ -103,10 +104,14 @@ def test_up_is_immediate_but_capped_and_waits_for_starting_replicas() -> None:
     decision = scale(10, 10, missed, SETTINGS, ScalerState(), now=30.0)
     assert (decision.replicas, decision.reason) == (13, "up-ttft-miss")
     big = pool(arrivals_window=400, completed_window=100, waiters=100)
-    assert scale(10, 10, big, SETTINGS, ScalerState(), 30.0).replicas == 14  # max_step 4
+    assert scale(10, 10, big, SETTINGS, ScalerState(), 30.0).replicas == 18  # max_step 8
     assert scale(19, 19, big, SETTINGS, ScalerState(), 30.0).replicas == 20  # max replicas
     starting = scale(13, 10, missed, SETTINGS, ScalerState(), 60.0)
     assert (starting.replicas, starting.reason) == (13, "hold-starting")
+    # the throughput count is absolute (from the 10 serving): it tops up while others start
+    behind = pool(arrivals_window=150, completed_window=100, waiters=30)
+    assert scale(13, 10, behind, SETTINGS, ScalerState(), 60.0).replicas == 18
+    assert scale(18, 10, behind, SETTINGS, ScalerState(), 60.0).replicas == 18
 
 
 def test_down_waits_for_a_full_window_of_agreeing_recommendations() -> None:
@@ -168,3 +173,10 @@ def test_the_knob_lever_lets_the_pool_run_closer_to_full() -> None:
     stats = pool(batch_mean=10.0)  # 100 requests in the batches
     assert recommend(10, stats, SETTINGS) == (7, "down-utilisation-low")  # 100 / (0.95 * 16)
     assert recommend(10, stats, PLANNER) == (8, "down-utilisation-low")  # 100 / (0.85 * 16)
+
+
+def test_load_above_the_ceiling_scales_up_before_a_queue_forms_even_while_starting() -> None:
+    busy = pool(batch_mean=15.5)  # 155 in the batches, no miss yet, no queue
+    assert recommend(10, busy, SETTINGS) == (11, "up-utilisation-high")  # 155 / 15.2
+    assert recommend(10, busy, PLANNER) == (12, "up-utilisation-high")  # 155 / 13.6
+    assert scale(11, 10, busy, PLANNER, ScalerState(), 30.0).replicas == 12
