@@ -19,8 +19,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from . import slot_attention
 from .checks import check_decode, check_prefill
 from .config import LlamaConfig
+from .decode_graphs import GraphedDecode
 from .gguf_weights import find_smollm2_gguf, load_gguf
 from .hf_weights import load_hf_checkpoint
 from .kv_cache import KVCache
@@ -48,6 +50,7 @@ class LlamaModel:
         use_onednn: bool | None = None,
         tp_rank: int = 0,
         tp_size: int = 1,
+        cuda_graphs: bool | None = None,
     ) -> None:
         """``consume_weights``: pop tensors from ``weights`` as they are converted, so the
         raw and fused copies never coexist in full (halves the loading peak memory).
@@ -55,7 +58,8 @@ class LlamaModel:
         ``tp_rank``/``tp_size``: this process's tensor-parallel shard; with tp_size > 1
         torch.distributed must be initialised (gloo on CPU, NCCL on GPU).
         ``dtype``: None = bfloat16 on CUDA, float32 elsewhere (weights and KV cache).
-        ``device="cuda"`` without an index means ``cuda:<tp_rank>``: one GPU per rank."""
+        ``device="cuda"`` without an index means ``cuda:<tp_rank>``: one GPU per rank.
+        ``cuda_graphs``: replay decode steps from CUDA graphs; None = on CUDA at tp_size 1."""
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         if not 1 <= max_seq_len <= config.context_length:
@@ -103,6 +107,16 @@ class LlamaModel:
             dtype=dtype,
             kv_heads=self._kv_heads,
         )
+        # CUDA: length-aware Triton attention, steps replayed from CUDA graphs.
+        self._fast: GraphedDecode | None = None
+        if slot_attention.is_usable(self.device, config.head_dim):
+            self._fast = GraphedDecode(
+                self._decode_step,
+                max_batch=num_slots + 1,
+                dummy_slot=self.dummy_slot,
+                device=self.device,
+                graphs=tp_size == 1 if cuda_graphs is None else cuda_graphs,
+            )
 
     @classmethod
     def from_gguf(cls, path: str | Path | None = None, **kwargs: Any) -> LlamaModel:
@@ -167,6 +181,8 @@ class LlamaModel:
         may be listed (repeatedly) as batch padding; its logits are meaningless.
         """
         check_decode(slots, token_ids, positions, self.num_slots, self.max_seq_len, self.vocab_size)
+        if self._fast is not None:
+            return self._fast.run(slots, token_ids, positions)
         nh, nkv, d = self._heads, self._kv_heads, self.config.head_dim
         b = len(slots)
         length = max(positions) + 1
@@ -204,7 +220,43 @@ class LlamaModel:
             x = self._mlp(x, layer)
         return self._logits(x)
 
+    def capture_decode_graphs(self) -> None:
+        """Capture every decode batch bucket's CUDA graph now (else on first use)."""
+        if self._fast is not None:
+            with torch.inference_mode():
+                self._fast.capture_all()
+
+    @property
+    def uses_cuda_graphs(self) -> bool:
+        return self._fast is not None and self._fast.uses_graphs
+
     # ---- pieces ------------------------------------------------------------------
+
+    def _decode_step(
+        self, slot_idx: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor
+    ) -> torch.Tensor:
+        """``decode`` on device tensors, without host syncs (CUDA-graph capturable).
+
+        Each row's attention reads its own slot's first ``pos + 1`` rows in place.
+        """
+        nh, nkv, d = self._heads, self._kv_heads, self.config.head_dim
+        b = tokens.shape[0]
+        x = F.embedding(tokens, self._embed)
+        cos, sin = self._cos[pos, None], self._sin[pos, None]
+        lengths = pos + 1
+        for layer, k_cache, v_cache in zip(
+            self._layers, self.kv_cache.k, self.kv_cache.v, strict=True
+        ):
+            qkv = layer.qkv(self._norm(x, layer.attn_norm)).view(b, nh + 2 * nkv, d)
+            qk = apply_rope(qkv[:, : nh + nkv], cos, sin)
+            k_cache[slot_idx, :, pos] = qk[:, nh:]
+            v_cache[slot_idx, :, pos] = qkv[:, nh + nkv :]
+            attn = slot_attention.slot_decode_attention(
+                qk[:, :nh], k_cache, v_cache, slot_idx, lengths, self._scale
+            )
+            x = self._residual(layer.o, attn.reshape(b, nh * d), x)
+            x = self._mlp(x, layer)
+        return self._logits(x)
 
     def _decode_attention(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
