@@ -1,5 +1,5 @@
-"""The operator's worker.json is a config the worker accepts (worker tier: it imports the
-worker, and with it torch; the spec's own checks are unit tests in tests/unit/operator)."""
+"""The operator's worker.json is a config the worker accepts. The worker's config module is
+torch-free, so this runs in the unit tier (whose import blocker keeps it so)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from genpool_operator.spec import GenPoolSpec
-from genpool_worker.worker_cli import WorkerConfig, build_scheduler
+from genpool_worker.worker_config import WorkerConfig, build_scheduler
 
 TPS = {"mode": "TargetOutputTps", "targetOutputTps": 8}
 
