@@ -53,6 +53,8 @@ class AutoscaleConfig:
     startup_delay_s: float = 60.0
     interval_s: float = 30.0
     slo_window_s: float = 60.0
+    # the replica-only planner's utilisation ceiling (an ablation; the scaler's default)
+    planner_max_utilisation: float = 0.85
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.startup_delay_s) and self.startup_delay_s >= 0):
@@ -72,6 +74,7 @@ class AutoscaleConfig:
             max_batch=max_batch,
             attainment=self.attainment if knobs else None,
             cap_max=cap_max if knobs else None,
+            max_utilisation=self.planner_max_utilisation,
         )
 
 
