@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -98,3 +100,27 @@ def test_the_console_script_is_this_cli() -> None:
 
     project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["genpool"] == "genpool_cli.main:main"
+
+
+def _flags(parser: argparse.ArgumentParser, prog: str) -> Iterator[tuple[str, str | None]]:
+    """(prog and option, help) of every option, through the subcommands."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _flags(sub, f"{prog} {name}")
+        elif action.option_strings and not isinstance(action, argparse._HelpAction):
+            yield f"{prog} {action.option_strings[-1]}", action.help
+
+
+def test_every_flag_has_help_text() -> None:
+    from genpool_devcluster.cli import _parser as devcluster_parser
+    from genpool_operator.main import build_parser as operator_parser
+    from genpool_sim.cli import build_parser as sim_parser
+
+    flags = [
+        *_flags(sim_parser(), "genpool"),
+        *_flags(operator_parser(), "genpool-operator"),
+        *_flags(devcluster_parser(), "genpool devcluster"),
+    ]
+    assert len(flags) > 40
+    assert [flag for flag, text in flags if not text] == []
