@@ -6,7 +6,8 @@ import pytest
 
 from genpool_core.admission import QueueFullError
 from genpool_core.knobs import Knobs
-from genpool_core.request import FinishReason, RequestStatus
+from genpool_core.plan import GenPlan
+from genpool_core.request import FinishReason, GenRequest, RequestStatus
 from genpool_core.scheduler import GenScheduler, UnknownRequestError
 from genpool_core.statline import parse_statline
 from tests.unit.support import check_invariants, keyed, make_scheduler, run_pass, unkeyed
@@ -17,17 +18,17 @@ DT = 0.0625  # exact in binary, so the timelines below are exact
 def drive(
     scheduler: GenScheduler,
     until: float,
-    arrivals: dict[float, list[object]],
+    arrivals: dict[float, list[GenRequest]],
     start: float = 0.0,
-) -> list[tuple[float, object]]:
+) -> list[tuple[float, GenPlan]]:
     """Run passes every DT from ``start``, adding arrivals when due; eventful plans."""
-    events = []
+    events: list[tuple[float, GenPlan]] = []
     t = start
     while t < until:
         for at in sorted(arrivals):
             if at <= t:
                 for request in arrivals.pop(at):
-                    scheduler.add_request(request, t)  # type: ignore[arg-type]
+                    scheduler.add_request(request, t)
         plan = run_pass(scheduler, t, DT)
         check_invariants(scheduler)
         if plan.paused_ids or plan.resumed_ids or plan.admitted_ids or plan.finished_ids:

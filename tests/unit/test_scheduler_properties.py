@@ -6,6 +6,8 @@ active and paused requests, and live changes of H and P within the ceiling.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,7 +18,7 @@ from genpool_core.request import GenRequest, RequestStatus
 from genpool_core.scheduler import GenScheduler
 from tests.unit.support import check_invariants, make_scheduler
 
-MODES = [
+MODES: list[dict[str, object]] = [
     {},
     {"tpot_budget": 1.0, "max_pauses_per_request": 3},
     {"target_output_tps": 12.0},
@@ -31,7 +33,7 @@ event = st.one_of(
 )
 
 
-def run(mode: dict[str, object], events: list[tuple[object, ...]], b: int) -> list[str]:
+def run(mode: Mapping[str, object], events: list[tuple[str, int, int]], b: int) -> list[str]:
     settings_: dict[str, object] = dict(mode)
     if mode:
         settings_ |= {"paused_cap": 3, "resident_headroom": 4, "max_resident_headroom": 8}
@@ -112,7 +114,7 @@ def check_conservation(scheduler: GenScheduler, known: list[GenRequest]) -> None
     b=st.integers(1, 6),
 )
 def test_invariants_conservation_and_determinism(
-    mode: dict[str, object], events: list[tuple[object, ...]], b: int
+    mode: dict[str, object], events: list[tuple[str, int, int]], b: int
 ) -> None:
     first = run(mode, events, b)
     assert first == run(mode, events, b)
@@ -120,7 +122,7 @@ def test_invariants_conservation_and_determinism(
 
 def test_the_random_runs_do_pause_and_resume(monkeypatch: pytest.MonkeyPatch) -> None:
     """Guards the property test above against generating only idle runs."""
-    events: list[tuple[object, ...]] = []
+    events: list[tuple[str, int, int]] = []
     for i in range(150):
         events.append(("arrive", 20 + (i * 7) % 90, 3))
         events.append(("step", 3, i % 5 == 0))
