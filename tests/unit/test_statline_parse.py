@@ -320,8 +320,10 @@ def test_damaged_lines_never_raise(line: StatLine, cut: int, junk: str) -> None:
 def test_scaler_fields_round_trip_and_a_bad_histogram_is_garbage() -> None:
     hist = [0] * ttft_histogram.NUM_BUCKETS
     hist[10], hist[20] = 9, 1
+    example = parse_statline(DESIGN_EXAMPLE)
+    assert example is not None
     line = dataclasses.replace(
-        parse_statline(DESIGN_EXAMPLE),  # type: ignore[arg-type]
+        example,
         arrivals_window=12, arrivals_total=340, steps_window=250, batch_mean=13.5,
         ttft_hist=tuple(hist),
     )  # fmt: skip
