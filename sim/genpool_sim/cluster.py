@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from genpool_core.knobs import DEFAULT_PAUSED_CAP_FRACTION, default_paused_cap
 from genpool_core.names import DEFAULT_STAT_INTERVAL_S, OFF_MODE, SLO_MODE, TPOT_MODE
@@ -25,6 +25,7 @@ from genpool_core.request import FinishReason, GenRequest
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
 from genpool_core.stepmodel import DEFAULT_STEP_MODEL, StepModel
 from genpool_sim.records import SimRequest
+from genpool_sim.replica import GenWorker, Tick
 
 RECOMPUTE_MODE = "recompute"  # the simulator's baseline: evict and recompute, never pause
 MODES = (OFF_MODE, RECOMPUTE_MODE, TPOT_MODE, SLO_MODE)
@@ -59,40 +60,6 @@ class ClusterConfig:
         if self.max_resident_headroom is not None:
             knobs["max_resident_headroom"] = max(self.max_resident_headroom, cap)
         return knobs
-
-
-@dataclass(frozen=True, slots=True)
-class Tick:
-    """A callback at a simulated time, after every request event due at that time."""
-
-    callback: Callable[[float], None]
-    order: int = 0  # among ticks at the same time: lower first
-
-
-@dataclass(eq=False)
-class GenWorker:
-    index: int
-    scheduler: GenScheduler
-    plan: GenPlan | None = None
-    is_busy: bool = False
-    recompute_tokens: dict[str, int] = field(default_factory=dict)
-    started_at: float = 0.0  # replica-seconds count from here (start-up included)
-    is_ready: bool = True  # serving: it has loaded its model
-    is_draining: bool = False  # removed: admits nothing new, finishes its residents
-    retired_at: float | None = None
-
-    @property
-    def is_routable(self) -> bool:
-        return self.is_ready and not self.is_draining
-
-    @property
-    def is_serving(self) -> bool:
-        """Ready and not yet retired: it reports stat lines."""
-        return self.is_ready and self.retired_at is None
-
-    @property
-    def load(self) -> int:
-        return self.scheduler.num_residents + self.scheduler.num_waiting
 
 
 class Cluster:
@@ -206,11 +173,7 @@ class Cluster:
 
     def replica_seconds(self, start: float, end: float) -> float:
         """Replica time inside [start, end], start-up and draining included."""
-        total = 0.0
-        for worker in self.workers:
-            stop = end if worker.retired_at is None else min(worker.retired_at, end)
-            total += max(0.0, stop - max(worker.started_at, start))
-        return total
+        return sum(worker.seconds_within(start, end) for worker in self.workers)
 
     # -- context stage and router ---------------------------------------------------
 

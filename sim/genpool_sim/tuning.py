@@ -20,7 +20,8 @@ from genpool_core.knobs import KnobBounds, Knobs
 from genpool_core.statline import format_statline, make_statline, parse_statline
 from genpool_core.stats import SchedulerStats
 from genpool_core.tuner import TunerSettings, TunerState, tune
-from genpool_sim.cluster import Cluster, GenWorker
+from genpool_sim.cluster import Cluster
+from genpool_sim.replica import GenWorker
 
 
 @dataclass(frozen=True)
