@@ -42,6 +42,20 @@ for b, nh, nkv, d, num_slots, max_len in [(3, 8, 2, 64, 4, 300), (1, 32, 8, 128,
 print("ok")
 """
 
+FUSED_CHECK = """
+import torch
+import torch.nn.functional as F
+from genpool_worker.model.fused_ops import rms_norm, silu_mul
+from genpool_worker.model.ops import rms_norm as torch_rms_norm
+torch.manual_seed(0)
+x, w = torch.randn(3, 100), torch.randn(100)
+torch.testing.assert_close(rms_norm(x, w, 1e-5), torch_rms_norm(x, w, 1e-5))
+gate_up = torch.randn(3, 2 * 1500)  # two column blocks, the second partial
+gate, up = gate_up.chunk(2, dim=-1)
+torch.testing.assert_close(silu_mul(gate_up), F.silu(gate) * up)
+print("ok")
+"""
+
 MODEL_CHECK = """
 import sys, torch
 from genpool_worker.model import LlamaModel, slot_attention
@@ -74,6 +88,10 @@ def _run(script: str, *args: str) -> None:
 
 def test_kernel_matches_softmax_attention_per_slot_and_length() -> None:
     _run(KERNEL_CHECK)
+
+
+def test_fused_norm_and_silu_match_torch() -> None:
+    _run(FUSED_CHECK)
 
 
 def test_model_decode_through_the_kernel_matches_the_torch_path(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import slot_attention
+from . import fused_ops, slot_attention
 from .checks import check_decode, check_prefill
 from .config import LlamaConfig
 from .decode_graphs import GraphedDecode
@@ -242,17 +242,16 @@ class LlamaModel:
         nh, nkv, d = self._heads, self._kv_heads, self.config.head_dim
         b = tokens.shape[0]
         x = F.embedding(tokens, self._embed)
-        cos, sin = self._cos[pos, None], self._sin[pos, None]
         lengths = pos + 1
         for layer, k_cache, v_cache in zip(
             self._layers, self.kv_cache.k, self.kv_cache.v, strict=True
         ):
             qkv = layer.qkv(self._norm(x, layer.attn_norm)).view(b, nh + 2 * nkv, d)
-            qk = apply_rope(qkv[:, : nh + nkv], cos, sin)
-            k_cache[slot_idx, :, pos] = qk[:, nh:]
-            v_cache[slot_idx, :, pos] = qkv[:, nh + nkv :]
+            q = fused_ops.rope_and_cache(
+                qkv, self._cos, self._sin, k_cache, v_cache, slot_idx, pos, nh
+            )
             attn = slot_attention.slot_decode_attention(
-                qk[:, :nh], k_cache, v_cache, slot_idx, lengths, self._scale
+                q, k_cache, v_cache, slot_idx, lengths, self._scale
             )
             x = self._residual(layer.o, attn.reshape(b, nh * d), x)
             x = self._mlp(x, layer)
@@ -269,10 +268,15 @@ class LlamaModel:
         return torch.matmul(scores.softmax(dim=-1), values)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self._fast is not None:  # CUDA: one kernel instead of four
+            return fused_ops.rms_norm(x, weight, self.config.rms_eps)
         return rms_norm(x, weight, self.config.rms_eps)
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        gate, up = layer.gate_up(self._norm(x, layer.ffn_norm)).chunk(2, dim=-1)
+        gate_up = layer.gate_up(self._norm(x, layer.ffn_norm))
+        if self._fast is not None:
+            return self._residual(layer.down, fused_ops.silu_mul(gate_up), x)
+        gate, up = gate_up.chunk(2, dim=-1)
         return self._residual(layer.down, F.silu(gate) * up, x)
 
     def _residual(self, linear: Linear, a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -16,8 +16,6 @@ head (GQA) are one tile, so each K/V row is read once per group.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 try:  # Triton ships with CUDA builds of torch; without it the torch path is used.
@@ -43,26 +41,26 @@ def is_usable(device: torch.device, head_dim: int) -> bool:
 if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
-    def _split_kernel(
-        q_ptr: Any,
-        k_ptr: Any,
-        v_ptr: Any,
-        slots_ptr: Any,
-        lengths_ptr: Any,
-        out_ptr: Any,
-        lse_ptr: Any,
-        scale: float,
-        stride_cs: int,
-        stride_ch: int,
-        stride_cl: int,
-        num_splits: int,
+    def _split_kernel(  # type: ignore[no-untyped-def]
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        slots_ptr,
+        lengths_ptr,
+        out_ptr,
+        lse_ptr,
+        scale,
+        stride_cs,
+        stride_ch,
+        stride_cl,
+        num_splits,
         GROUP: tl.constexpr,
         GROUP_PAD: tl.constexpr,
         NUM_KV: tl.constexpr,
         HEAD_DIM: tl.constexpr,
         SPLIT_LEN: tl.constexpr,
         BLOCK: tl.constexpr,
-    ) -> None:
+    ):
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -106,14 +104,14 @@ if triton is not None:
         )
 
     @triton.jit  # type: ignore[untyped-decorator]
-    def _merge_kernel(
-        part_ptr: Any,
-        lse_ptr: Any,
-        out_ptr: Any,
-        num_splits: int,
+    def _merge_kernel(  # type: ignore[no-untyped-def]
+        part_ptr,
+        lse_ptr,
+        out_ptr,
+        num_splits,
         HEAD_DIM: tl.constexpr,
         SPLITS_PAD: tl.constexpr,
-    ) -> None:
+    ):
         row_head = tl.program_id(0)
         splits = tl.arange(0, SPLITS_PAD)
         dims = tl.arange(0, HEAD_DIM)
