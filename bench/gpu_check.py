@@ -86,6 +86,7 @@ TINY: dict[str, Any] = {
     "eos_token_id": 2,
 }
 SEED = 20261130
+NUM_PROMPTS = 4  # correctness: 4 x 64 teacher-forced positions
 
 
 class Budget:
@@ -183,25 +184,28 @@ def correctness(hf: Any, ours: LlamaModel, steps: int, prompt_len: int) -> dict[
     import copy
 
     g = torch.Generator().manual_seed(SEED)
-    prompt = torch.randint(10, ours.vocab_size, (1, prompt_len), generator=g).to(ours.device)
-    hf_tokens = _hf_generate(hf, prompt, steps, compiled=False)[0].tolist()
-    ids = prompt[0].tolist()
-    sequence = torch.tensor([ids + hf_tokens[:-1]], device=ours.device)
+    prompts = torch.randint(10, ours.vocab_size, (NUM_PROMPTS, prompt_len), generator=g)
+    prompts = prompts.to(ours.device)
+    hf_tokens = _hf_generate(hf, prompts, steps, compiled=False)
+    sequences = torch.cat([prompts, hf_tokens[:, :-1]], dim=1)
     with torch.inference_mode():
-        hf_logits = hf(sequence).logits[0, prompt_len - 1 :].float()
+        hf_logits = hf(sequences).logits[:, prompt_len - 1 :].float()
         reference = copy.deepcopy(hf).float()
-        ref_logits = reference(sequence).logits[0, prompt_len - 1 :].float()
+        ref_logits = reference(sequences).logits[:, prompt_len - 1 :].float()
         del reference
-    ours_logits = [ours.prefill(0, ids)]
-    for i in range(steps - 1):  # teacher-forced: feed transformers' token i
-        ours_logits.append(ours.decode([0], [hf_tokens[i]], [prompt_len + i])[0])
-    forced = torch.stack(ours_logits).float()
-    free = [int(ours.prefill(1, ids).argmax())]
+    slots = list(range(NUM_PROMPTS))
+    ids = prompts.tolist()
+    forced_steps = [torch.stack([ours.prefill(s, ids[s]) for s in slots])]
+    for i in range(steps - 1):  # teacher-forced, batched: feed transformers' token i
+        forced_steps.append(
+            ours.decode(slots, hf_tokens[:, i].tolist(), [prompt_len + i] * NUM_PROMPTS)
+        )
+    forced = torch.stack(forced_steps, dim=1).float()
+    free = [int(ours.prefill(0, ids[0]).argmax())]
     for i in range(steps - 1):
-        free.append(int(ours.decode([1], [free[-1]], [prompt_len + i])[0].argmax()))
-    prefix = next(
-        (i for i, (a, b) in enumerate(zip(free, hf_tokens, strict=True)) if a != b), steps
-    )
+        free.append(int(ours.decode([0], [free[-1]], [prompt_len + i])[0].argmax()))
+    first = hf_tokens[0].tolist()
+    prefix = next((i for i, (a, b) in enumerate(zip(free, first, strict=True)) if a != b), steps)
     ref_top1 = ref_logits.argmax(-1)
 
     def agree(logits: torch.Tensor, target: torch.Tensor) -> float:
@@ -209,6 +213,7 @@ def correctness(hf: Any, ours: LlamaModel, steps: int, prompt_len: int) -> dict[
 
     return {
         "steps": steps,
+        "prompts": NUM_PROMPTS,
         "prompt_len": prompt_len,
         "teacher_forced_top1_agreement": agree(forced, hf_logits.argmax(-1)),
         "ours_bf16_vs_fp32_top1": agree(forced, ref_top1),
@@ -217,7 +222,7 @@ def correctness(hf: Any, ours: LlamaModel, steps: int, prompt_len: int) -> dict[
         "ours_vs_fp32_max_abs_logit_diff": float((forced - ref_logits).abs().max()),
         "hf_vs_fp32_max_abs_logit_diff": float((hf_logits - ref_logits).abs().max()),
         "logit_std": float(ref_logits.std()),
-        "free_running_agreement": sum(a == b for a, b in zip(free, hf_tokens, strict=True)) / steps,
+        "free_running_agreement": sum(a == b for a, b in zip(free, first, strict=True)) / steps,
         "free_running_identical_prefix": prefix,
     }
 
@@ -397,7 +402,8 @@ def format_summary(result: dict[str, Any]) -> str:
     corr = result.get("correctness", {})
     if "teacher_forced_top1_agreement" in corr:
         lines.append(
-            f"correctness ({corr['steps']} greedy steps, teacher-forced top-1): ours vs "
+            f"correctness ({corr['prompts']} x {corr['steps']} greedy steps, teacher-forced "
+            f"top-1): ours vs "
             f"transformers {corr['teacher_forced_top1_agreement']:.3f}; vs float32: ours "
             f"{corr['ours_bf16_vs_fp32_top1']:.3f}, transformers bf16 "
             f"{corr['hf_bf16_vs_fp32_top1']:.3f}; max |dlogit| vs float32: ours "
