@@ -132,7 +132,11 @@ def run(quick: bool) -> dict[str, Any]:
             t, hf_out = _time_hf(hf, prompts, steps + 1)
             best["hf_full"] = min(best["hf_full"], t)
             best["hf_first"] = min(best["hf_first"], _time_hf(hf, prompts, 1)[0])
-            same = sum(a == b for x, y in zip(ours_out, hf_out, strict=True) for a, b in zip(x, y))
+            same = sum(
+                a == b
+                for x, y in zip(ours_out, hf_out, strict=True)
+                for a, b in zip(x, y, strict=True)
+            )
             agree = same / (BATCH * (steps + 1))
         hf_decode_s = best["hf_full"] - best["hf_first"]
         row = {
