@@ -104,7 +104,8 @@ def _random_checkpoint(directory: Path, shape: dict[str, Any]) -> None:
 def run(quick: bool) -> dict[str, Any]:
     import transformers
 
-    transformers.utils.logging.set_verbosity_error()
+    hf_logging: Any = transformers.utils.logging
+    hf_logging.set_verbosity_error()
     prompt_len, steps, repeats = (16, 4, 1) if quick else (128, 64, 3)
     shape = {**SMOLLM2_SHAPE, "num_hidden_layers": 2} if quick else SMOLLM2_SHAPE
     rows = []
@@ -139,15 +140,18 @@ def run(quick: bool) -> dict[str, Any]:
             )
             agree = same / (BATCH * (steps + 1))
         hf_decode_s = best["hf_full"] - best["hf_first"]
-        row = {
-            "threads": threads,
-            "batch": BATCH,
-            "ours_tok_s": BATCH * steps / best["ours"],
-            "hf_tok_s": BATCH * steps / hf_decode_s if hf_decode_s > 0 else None,
-            "greedy_token_agreement": agree,
-        }
-        row["ratio"] = row["ours_tok_s"] / row["hf_tok_s"] if row["hf_tok_s"] else None
-        rows.append(row)
+        ours_tok_s = BATCH * steps / best["ours"]
+        hf_tok_s = BATCH * steps / hf_decode_s if hf_decode_s > 0 else None
+        rows.append(
+            {
+                "threads": threads,
+                "batch": BATCH,
+                "ours_tok_s": ours_tok_s,
+                "hf_tok_s": hf_tok_s,
+                "ratio": ours_tok_s / hf_tok_s if hf_tok_s else None,
+                "greedy_token_agreement": agree,
+            }
+        )
     torch.set_num_threads(threads_before)
     return {
         "quick": quick,
