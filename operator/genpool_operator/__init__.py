@@ -1,1 +1,1 @@
-"""GenPool operator: kopf handlers, child builders, stats and the tuner."""
+"""GenPool operator: kopf handlers, child builders, stats rounds (the tuner is genpool_core's)."""

@@ -6,7 +6,7 @@ starts, tuner and scaler rounds, in their order) and then insertion order, so a 
 is a pure function of its inputs and seed. Workers come and go: a new one serves
 after its start-up delay, a drained one stops admitting, hands its waiters back to
 the router and retires when its residents have finished. Each GEN worker drives
-the worker's own :class:`GenScheduler` unchanged: ``step(now)``, step time from the
+the core's :class:`GenScheduler` unchanged: ``step(now)``, step time from the
 step model, ``postprocess``. The ``recompute`` baseline evicts instead of pausing.
 """
 
