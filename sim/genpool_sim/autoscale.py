@@ -21,16 +21,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from genpool_core.aggregate import aggregate
 from genpool_core.names import OFF_MODE, SLO_MODE
 from genpool_core.quantiles import percentile
 from genpool_core.scaler import ScalerSettings, ScalerState, scale
-from genpool_core.statline import format_statline, make_statline, parse_statline
-from genpool_core.stats import SchedulerStats
 from genpool_sim.cluster import Cluster, ClusterConfig
 from genpool_sim.experiment import Workload, measure, simulate
 from genpool_sim.report import mean_ci
-from genpool_sim.tuning import SimTuner, TuneConfig
+from genpool_sim.tuning import PoolReader, SimTuner, TuneConfig
 
 POLICIES = ("static", "replicas-only", "genpool")
 SUMMARY_METRICS = (
@@ -94,7 +91,7 @@ class SimScaler:
         self.state = ScalerState()
         self.desired = 0
         self.timeline: list[dict[str, object]] = []
-        self._previous: dict[int, SchedulerStats] = {}
+        self._reader = PoolReader()
 
     def attach(self, cluster: Cluster) -> None:
         self.desired = len(cluster.workers)
@@ -102,13 +99,7 @@ class SimScaler:
                               "reason": "start", "ttft_p90": None})  # fmt: skip
 
     def tick(self, cluster: Cluster, now: float) -> None:
-        lines = []
-        for worker in cluster.serving_workers():
-            stats = worker.scheduler.make_stats(now)
-            line = make_statline(stats, self._previous.get(worker.index))
-            self._previous[worker.index] = stats
-            lines.append(parse_statline(format_statline(line)))
-        pool = aggregate(lines)
+        pool = self._reader.read(cluster, now)
         num_ready = sum(1 for worker in cluster.workers if worker.is_routable)
         reason = "static"
         if self.is_acting:

@@ -15,13 +15,30 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from genpool_core.aggregate import aggregate
+from genpool_core.aggregate import PoolStats, aggregate
 from genpool_core.knobs import KnobBounds, Knobs
 from genpool_core.statline import format_statline, make_statline, parse_statline
 from genpool_core.stats import SchedulerStats
 from genpool_core.tuner import TunerSettings, TunerState, tune
 from genpool_sim.cluster import Cluster
 from genpool_sim.replica import GenWorker
+
+
+class PoolReader:
+    """Reads a simulated pool's stat lines as the operator does: one window per worker since
+    its last read, formatted and parsed back, then aggregated."""
+
+    def __init__(self) -> None:
+        self._previous: dict[int, SchedulerStats] = {}
+
+    def read(self, cluster: Cluster, now: float) -> PoolStats | None:
+        lines = []
+        for worker in cluster.serving_workers():
+            stats = worker.scheduler.make_stats(now)
+            line = make_statline(stats, self._previous.get(worker.index))
+            self._previous[worker.index] = stats
+            lines.append(parse_statline(format_statline(line)))
+        return aggregate(lines)
 
 
 @dataclass(frozen=True)
@@ -43,7 +60,7 @@ class SimTuner:
         self.state = TunerState()
         self.knobs: Knobs | None = None
         self.records: list[dict[str, object]] = []
-        self._previous: dict[int, SchedulerStats] = {}
+        self._reader = PoolReader()
 
     def attach(self, cluster: Cluster) -> None:
         """Start-up knobs clamped into the bounds, as the operator writes worker.json."""
@@ -56,13 +73,7 @@ class SimTuner:
 
     def tick(self, cluster: Cluster, now: float) -> None:
         assert self.knobs is not None, "attach() first"
-        lines = []
-        for worker in cluster.serving_workers():
-            stats = worker.scheduler.make_stats(now)
-            line = make_statline(stats, self._previous.get(worker.index))
-            self._previous[worker.index] = stats
-            lines.append(parse_statline(format_statline(line)))
-        pool = aggregate(lines)
+        pool = self._reader.read(cluster, now)
         before = self.knobs
         decision = tune(before, self.config.bounds, pool, self.state, self.config.settings,
                         stale=False)  # fmt: skip
