@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from genpool_core.names import CONFIG_HASH_ANNOTATION, WORKER_PORT
-from genpool_operator.spec import GenPoolSpec, is_reserved_env
+from genpool_operator.spec import MODEL_MOUNT_PATH, GenPoolSpec, is_reserved_env
 
 CONTAINER_NAME = "worker"
 CONFIG_KEY = "worker.json"
@@ -18,6 +18,7 @@ ADMIN_TOKEN_KEY = "token"
 HOME_DIR = "/home/genpool"
 RUN_AS_ID = 10001
 GPU_RESOURCE = "nvidia.com/gpu"
+MODEL_VOLUME_NAME = "model"
 # The preStop drain may take drain.timeoutSeconds; the process needs a little after it.
 GRACE_MARGIN_S = 5
 
@@ -177,6 +178,20 @@ def _volumes(spec: GenPoolSpec) -> list[dict[str, Any]]:
     ]
     if _needs_shared_memory(spec):
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}})
+    source = spec.model_volume
+    if source is not None and source.persistent_volume_claim is not None:
+        claim = source.persistent_volume_claim.claim_name
+        # readOnly twice (here and on the mount): the claim attaches read-only too.
+        volumes.append({
+            "name": MODEL_VOLUME_NAME,
+            "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
+        })  # fmt: skip
+    elif source is not None and source.host_path is not None:
+        # type Directory: a missing path fails the pod instead of creating an empty dir.
+        volumes.append({
+            "name": MODEL_VOLUME_NAME,
+            "hostPath": {"path": source.host_path.path, "type": "Directory"},
+        })  # fmt: skip
     return volumes
 
 
@@ -187,4 +202,14 @@ def _volume_mounts(spec: GenPoolSpec) -> list[dict[str, Any]]:
     ]
     if _needs_shared_memory(spec):
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    source = spec.model_volume
+    if source is not None:
+        mount: dict[str, Any] = {
+            "name": MODEL_VOLUME_NAME,
+            "mountPath": MODEL_MOUNT_PATH,
+            "readOnly": True,
+        }
+        if source.sub_path:
+            mount["subPath"] = source.sub_path
+        mounts.append(mount)
     return mounts

@@ -8,6 +8,7 @@ apiserver with an older CRD) meet the same rules. Rule messages are word for wor
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Any, Literal
 
@@ -32,6 +33,8 @@ QUANTITY = re.compile(
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
+# Where a GenPool's modelVolume is mounted (read-only) in the worker container.
+MODEL_MOUNT_PATH = "/models"
 
 
 class GenPoolSpecError(ValueError):
@@ -163,6 +166,42 @@ class PodTemplate(_Section):
         return env
 
 
+def _is_relative_inside(path: str) -> bool:
+    # The CRD's CEL rule: relative, and no ".." step out of the volume.
+    return not path.startswith("/") and ".." not in path.split("/")
+
+
+class PersistentVolumeClaimSource(_Section):
+    claim_name: str = Field(min_length=1, max_length=253)
+
+
+class HostPathSource(_Section):
+    path: str = Field(min_length=1, max_length=4096)
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError("modelVolume.hostPath.path must be an absolute path")
+        return path
+
+
+class ModelVolume(_Section):
+    persistent_volume_claim: PersistentVolumeClaimSource | None = None
+    host_path: HostPathSource | None = None
+    sub_path: str | None = Field(default=None, min_length=1, max_length=4096)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelVolume:
+        if (self.persistent_volume_claim is None) == (self.host_path is None):
+            raise ValueError(
+                "modelVolume must set exactly one of persistentVolumeClaim and hostPath"
+            )
+        if self.sub_path is not None and not _is_relative_inside(self.sub_path):
+            raise ValueError("modelVolume.subPath must be a relative path without '..'")
+        return self
+
+
 def is_reserved_env(name: str) -> bool:
     return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIX)
 
@@ -170,6 +209,7 @@ def is_reserved_env(name: str) -> bool:
 class GenPoolSpec(_Section):
     replicas: int = Field(default=1, ge=0, le=256)
     model: str = Field(default="smollm2-135m", min_length=1, max_length=1024)
+    model_volume: ModelVolume | None = None
     image: str = Field(default="", max_length=1024)
     tensor_parallel_size: int = Field(default=1, ge=1, le=8)
     accelerator: Literal["nvidia", "none"] = "nvidia"
@@ -194,6 +234,17 @@ class GenPoolSpec(_Section):
                     f"{name} must not exceed tuning.residentHeadroom.max "
                     "(default A = engine.maxNumActiveRequests, else engine.maxBatchSize)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _model_inside_volume(self) -> GenPoolSpec:
+        if self.model_volume is not None and (
+            not _is_relative_inside(self.model) or self.model.startswith("synthetic:")
+        ):
+            raise ValueError(
+                "model must be a relative path inside modelVolume (no leading '/', no '..', "
+                "not synthetic:) when modelVolume is set"
+            )
         return self
 
     @classmethod
@@ -230,6 +281,12 @@ class GenPoolSpec(_Section):
             return Knobs(0, 0)
         return self.bounds().start(self.capacity_a())
 
+    def worker_model(self) -> str:
+        """The worker's ``--model``: ``model`` itself, or its directory in the mounted volume."""
+        if self.model_volume is None:
+            return self.model
+        return posixpath.normpath(posixpath.join(MODEL_MOUNT_PATH, self.model))
+
     def live_config(self) -> dict[str, float]:
         """The spec's live knobs in WorkerConfig/PUT /config names (the tuner adds H and P)."""
         target = self.preemption.admission_target_seconds
@@ -245,7 +302,7 @@ class GenPoolSpec(_Section):
         engine, preemption = self.engine, self.preemption
         knobs = self.start_knobs()
         config: dict[str, Any] = {
-            "model": self.model,
+            "model": self.worker_model(),
             "device": "cuda" if self.accelerator == "nvidia" else "cpu",
             "tensor_parallel_size": self.tensor_parallel_size,
             "max_batch_size": engine.max_batch_size,

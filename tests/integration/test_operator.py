@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -77,6 +78,8 @@ def test_crd_installs_with_useful_explain(kubectl: Kubectl, crd: None) -> None:
     assert "TargetOutputTps" in out or "target" in out.lower()
     out = kubectl("explain", "gp.spec.tuning.pausedCap").stdout
     assert "FIELDS" in out or "DESCRIPTION" in out
+    out = kubectl("explain", "gp.spec.modelVolume").stdout
+    assert "mounted read-only at /models" in " ".join(out.split())
 
 
 @pytest.mark.parametrize("case", INVALID_GENPOOLS, ids=lambda c: c.name)
@@ -92,6 +95,33 @@ def test_invalid_genpool_is_rejected_with_a_clear_message(
     assert info.value.status in (400, 422), info.value.body  # 400: strict decoding
     message = json.loads(info.value.body)["message"]
     assert case.api_error in message
+
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+VALID_MODEL_VOLUMES: dict[str, dict[str, Any]] = {
+    "host-path-root": {"model": ".", "modelVolume": {"hostPath": {"path": "/data/llama"}}},
+    "claim-sub-path": {
+        "model": "llama/Llama-3.1-8B-Instruct",
+        "modelVolume": {"persistentVolumeClaim": {"claimName": "ckpt"}, "subPath": "hub/meta"},
+    },
+    **{
+        path.stem: yaml.safe_load(path.read_text())["spec"]
+        for path in sorted(EXAMPLES.glob("genpool-*.yaml"))
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(VALID_MODEL_VOLUMES))
+def test_examples_and_model_volumes_pass_the_apiserver(
+    kube_api: client.ApiClient, crd: None, namespace: str, name: str
+) -> None:
+    # A server-side dry run: the CEL rules accept what they should, nothing is stored.
+    objs = client.CustomObjectsApi(kube_api)
+    body = genpool(f"ok-{name}", VALID_MODEL_VOLUMES[name])
+    created = objs.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, body, field_validation="Strict", dry_run="All"
+    )
+    assert created["spec"]["model"] == VALID_MODEL_VOLUMES[name]["model"]
 
 
 def test_children_are_owned_and_garbage_collected(

@@ -171,6 +171,55 @@ def test_cpu_pool_has_no_gpu_and_runs_on_cpu() -> None:
     assert container["image"] == "genpool-worker:dev"
 
 
+def test_a_claim_model_volume_mounts_read_only_and_the_worker_loads_from_it() -> None:
+    spec = {
+        "model": "Llama-3.1-8B-Instruct",
+        "modelVolume": {"persistentVolumeClaim": {"claimName": "ckpt"}, "subPath": "meta"},
+    }
+    children = children_of("v", spec)
+    pod = by_kind(children, "StatefulSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert {
+        "name": "model", "persistentVolumeClaim": {"claimName": "ckpt", "readOnly": True},
+    } in pod["volumes"]  # fmt: skip
+    assert {
+        "name": "model", "mountPath": "/models", "readOnly": True, "subPath": "meta",
+    } in container["volumeMounts"]  # fmt: skip
+    worker = json.loads(by_kind(children, "ConfigMap")["data"]["worker.json"])
+    assert worker["model"] == "/models/Llama-3.1-8B-Instruct"
+
+
+def test_a_host_path_model_volume_serves_its_root_as_dot() -> None:
+    spec = {"model": ".", "modelVolume": {"hostPath": {"path": "/data/llama"}}}
+    children = children_of("h", spec)
+    pod = by_kind(children, "StatefulSet")["spec"]["template"]["spec"]
+    assert {"name": "model", "hostPath": {"path": "/data/llama", "type": "Directory"}} in pod[
+        "volumes"
+    ]
+    (container,) = pod["containers"]
+    assert {"name": "model", "mountPath": "/models", "readOnly": True} in container["volumeMounts"]
+    worker = json.loads(by_kind(children, "ConfigMap")["data"]["worker.json"])
+    assert worker["model"] == "/models"
+
+
+def test_without_a_model_volume_the_model_passes_through_unmounted() -> None:
+    children = children_of("g", POOLS["gpu-tp2"])
+    pod = by_kind(children, "StatefulSet")["spec"]["template"]["spec"]
+    assert "model" not in {volume["name"] for volume in pod["volumes"]}
+    worker = json.loads(by_kind(children, "ConfigMap")["data"]["worker.json"])
+    assert worker["model"] == "smollm2-135m"
+
+
+def test_the_gpu_examples_ask_for_one_gpu_per_rank_and_mount_their_model() -> None:
+    for path, num_gpus in (("genpool-gpu.yaml", 1), ("genpool-gpu-70b.yaml", 8)):
+        body = yaml.safe_load((EXAMPLES / path).read_text())
+        children = children_of(body["metadata"]["name"], body["spec"])
+        (container,) = by_kind(children, "StatefulSet")["spec"]["template"]["spec"]["containers"]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == num_gpus, path
+        worker = json.loads(by_kind(children, "ConfigMap")["data"]["worker.json"])
+        assert worker["model"].startswith("/models/Llama-3.1-"), path
+
+
 def test_pod_template_merge_keeps_ours() -> None:
     sts = by_kind(children_of("tmpl", POOLS["pod-template"]), "StatefulSet")
     meta, pod = sts["spec"]["template"]["metadata"], sts["spec"]["template"]["spec"]
