@@ -126,6 +126,10 @@ class PushOutcome:
     num_targets: int
     errors: Mapping[str, str] = field(default_factory=dict)  # by pod
 
+    def errors_text(self) -> str:
+        """``pod-0: refused; pod-1: timeout`` (empty when every push worked)."""
+        return "; ".join(f"{pod}: {error}" for pod, error in sorted(self.errors.items()))
+
 
 @dataclass(frozen=True, slots=True)
 class Event:
@@ -204,7 +208,7 @@ def round_conditions(plan: RoundPlan, push: PushOutcome) -> list[Condition]:
             "TuningInSync",
             is_synced,
             "AllPodsInSync" if is_synced else "PodsOutOfSync",
-            "; ".join(f"{p}: {e}" for p, e in sorted(push.errors.items()))
+            push.errors_text()
             or f"{push.num_in_sync}/{push.num_targets} pods at generation {plan.generation}",
         ),
         Condition(
@@ -247,6 +251,5 @@ def round_events(plan: RoundPlan, push: PushOutcome) -> list[Event]:
     if plan.decision is not None and plan.decision.changed:
         events.append(Event("Normal", "Tuned", plan.change_text()))
     if push.errors:
-        detail = "; ".join(f"{p}: {e}" for p, e in sorted(push.errors.items()))
-        events.append(Event("Warning", "ConfigPushFailed", detail[:1000]))
+        events.append(Event("Warning", "ConfigPushFailed", push.errors_text()[:1000]))
     return events
