@@ -141,7 +141,7 @@ def _cell(value: object) -> str:
     return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="genpool-demo", description=__doc__)
     parser.add_argument(
         "--clients", type=int, default=12, help="closed-loop clients, 1..256 (default: %(default)s)"
@@ -156,38 +156,46 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 1 <= args.clients <= 256 or not 5 <= args.duration <= 1800:
         parser.error("--clients must be 1..256 and --duration 5..1800")
-    started = time.monotonic()
-    print("[1/5] control plane (first run builds it from Go modules)", flush=True)
-    build.ensure_binaries()
-    if cli.main(["up"]) != 0:
-        return 1
-    tools = Tools(Path(cli.DEFAULT_STATE_DIR).expanduser() / "kubeconfig")
-    print("[2/5] helm install the chart (operator pod under the pod runner)", flush=True)
+    return args
+
+
+def _install_operator(tools: Tools) -> None:
+    """Helm-install the chart and wait for the operator's deployment to be ready."""
     chart = str(ROOT / "charts" / "genpool")
     tools.run("helm", "upgrade", "--install", RELEASE, chart, "-n", OPERATOR_NS,
               "--create-namespace")  # fmt: skip
     wait(lambda: tools.run("kubectl", "get", "deploy", "-n", OPERATOR_NS, "-o",
                            "jsonpath={.items[0].status.readyReplicas}") == "1",
          "the operator", 180)  # fmt: skip
-    print("[3/5] GenPool with preemption on (TargetOutputTps)", flush=True)
+
+
+def _apply_pool(tools: Tools) -> None:
+    """Create the namespace and the demo GenPool (preemption on); wait for its workers."""
     tools.run("kubectl", "apply", "-f", "-", stdin=yaml.safe_dump(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))  # fmt: skip
     manifest = {"apiVersion": GROUP_VERSION, "kind": API_KIND,
                 "metadata": {"name": POOL}, "spec": DEMO_SPEC}  # fmt: skip
     tools.run("kubectl", "apply", "-n", NAMESPACE, "-f", "-", stdin=yaml.safe_dump(manifest))
     wait(lambda: pool_ready(tools), "2 ready workers", 300)
-    on = run_load(tools.kubeconfig, args.clients, args.duration)
-    status_on = tools.run("kubectl", "get", "gp", "-n", NAMESPACE, "-o", "wide")
-    tuned = tools.pool().get("status", {}).get("tuning", {})
-    print("[4/5] the same load with preemption off (a rollout: mode is a template field)")
+
+
+def _turn_preemption_off(tools: Tools) -> None:
+    """Patch the pool's mode to Off and wait for the rollout that follows."""
     patch = {"spec": {"preemption": {"mode": "Off"}}}
     out = tools.run("kubectl", "patch", "gp", POOL, "-n", NAMESPACE, "--type=merge",
                     "-p", json.dumps(patch), "-o", "json")  # fmt: skip
     generation = json.loads(out)["metadata"]["generation"]
     time.sleep(2)
     wait(lambda: pool_ready(tools, generation), "the rollout to preemption off", 300)
-    off = run_load(tools.kubeconfig, args.clients, args.duration)
-    print("[5/5] summary\n")
+
+
+def _print_summary(
+    tools: Tools,
+    status_on: str,
+    tuned: dict[str, Any],
+    on: dict[str, Any],
+    off: dict[str, Any],
+) -> None:
     print("GenPool status (preemption on, after its load):")
     print(status_on)
     uid = tools.pool()["metadata"]["uid"]  # this run's pool, not an earlier one's
@@ -199,6 +207,28 @@ def main(argv: list[str] | None = None) -> int:
           "| history", json.dumps(tuned.get("history", [])))  # fmt: skip
     print("\nLatency, same closed-loop load:")
     print(latency_table(on, off))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    started = time.monotonic()
+    print("[1/5] control plane (first run builds it from Go modules)", flush=True)
+    build.ensure_binaries()
+    if cli.main(["up"]) != 0:
+        return 1
+    tools = Tools(Path(cli.DEFAULT_STATE_DIR).expanduser() / "kubeconfig")
+    print("[2/5] helm install the chart (operator pod under the pod runner)", flush=True)
+    _install_operator(tools)
+    print("[3/5] GenPool with preemption on (TargetOutputTps)", flush=True)
+    _apply_pool(tools)
+    on = run_load(tools.kubeconfig, args.clients, args.duration)
+    status_on = tools.run("kubectl", "get", "gp", "-n", NAMESPACE, "-o", "wide")
+    tuned = tools.pool().get("status", {}).get("tuning", {})
+    print("[4/5] the same load with preemption off (a rollout: mode is a template field)")
+    _turn_preemption_off(tools)
+    off = run_load(tools.kubeconfig, args.clients, args.duration)
+    print("[5/5] summary\n")
+    _print_summary(tools, status_on, tuned, on, off)
     if not args.keep:
         tools.run("kubectl", "delete", "gp", POOL, "-n", NAMESPACE, "--wait=true")
     print(f"\ndemo finished in {time.monotonic() - started:.0f} s; the cluster stays up:")

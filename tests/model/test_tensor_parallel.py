@@ -7,52 +7,33 @@ all-reduce's summation order).
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from genpool_worker.model import LlamaModel
+from tests.model.gloo_ranks import spawn_gloo_ranks
 from tests.model.test_model_units import CFG, _weights
 
 WORLD = 2
 
 
-def _rank_main(rank: int, world: int, port: int) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        ref = LlamaModel(CFG, _weights(), num_slots=3, max_seq_len=16)
-        shard = LlamaModel(
-            CFG, _weights(), num_slots=3, max_seq_len=16, tp_rank=rank, tp_size=world
-        )
-        assert shard.kv_cache.k[0].shape[1] == CFG.num_kv_heads // world
-        for model in (ref, shard):
-            model.prefill(1, [4, 8, 15, 16])
-        a, b = [5, 9, 3, 17, 22, 8], [30, 31]
-        torch.testing.assert_close(shard.prefill(0, a), ref.prefill(0, a))
-        torch.testing.assert_close(shard.prefill(2, b), ref.prefill(2, b))
-        args = ([2, 0, 3], [7, 11, 0], [2, 6, 0])  # scattered slots + a dummy pad row
-        torch.testing.assert_close(shard.decode(*args), ref.decode(*args))
-        args = ([1, 2], [23, 5], [4, 3])
-        torch.testing.assert_close(shard.decode(*args), ref.decode(*args))
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _rank_main(rank: int, world: int) -> None:
+    ref = LlamaModel(CFG, _weights(), num_slots=3, max_seq_len=16)
+    shard = LlamaModel(CFG, _weights(), num_slots=3, max_seq_len=16, tp_rank=rank, tp_size=world)
+    assert shard.kv_cache.k[0].shape[1] == CFG.num_kv_heads // world
+    for model in (ref, shard):
+        model.prefill(1, [4, 8, 15, 16])
+    a, b = [5, 9, 3, 17, 22, 8], [30, 31]
+    torch.testing.assert_close(shard.prefill(0, a), ref.prefill(0, a))
+    torch.testing.assert_close(shard.prefill(2, b), ref.prefill(2, b))
+    args = ([2, 0, 3], [7, 11, 0], [2, 6, 0])  # scattered slots + a dummy pad row
+    torch.testing.assert_close(shard.decode(*args), ref.decode(*args))
+    args = ([1, 2], [23, 5], [4, 3])
+    torch.testing.assert_close(shard.decode(*args), ref.decode(*args))
 
 
 def test_two_gloo_ranks_match_the_single_rank_model() -> None:
-    mp.spawn(_rank_main, args=(WORLD, _free_port()), nprocs=WORLD, join=True)
+    spawn_gloo_ranks(_rank_main, WORLD)
 
 
 @pytest.mark.parametrize(
