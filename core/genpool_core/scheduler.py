@@ -12,7 +12,6 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from genpool_core import ttft_histogram
 from genpool_core.admission import AdaptiveTarget, AdmissionQueue
 from genpool_core.knobs import Knobs
 from genpool_core.live import LiveConfig
@@ -28,13 +27,11 @@ from genpool_core.preemption import (
     create_gen_preemption,
 )
 from genpool_core.request import FinishReason, GenRequest, RequestStatus, is_valid_time
+from genpool_core.scheduler_views import SchedulerViews
+from genpool_core.scheduler_views import UnknownRequestError as UnknownRequestError
 from genpool_core.slots import SlotPool
-from genpool_core.statline import StatLine, make_statline
-from genpool_core.stats import SchedulerStats
-
-
-class UnknownRequestError(KeyError):
-    """No waiting or resident request has this id."""
+from genpool_core.statline import StatLine
+from genpool_core.statperiod import LoadCounters, StatCadence
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +42,7 @@ class SchedulerConfig:
     target_quantile: float = 0.9
 
 
-class GenScheduler:
+class GenScheduler(SchedulerViews):
     def __init__(self, policy: PreemptionPolicy, config: SchedulerConfig | None = None) -> None:
         self.config = config or SchedulerConfig()
         if not (math.isfinite(self.config.stat_interval_s) and self.config.stat_interval_s > 0):
@@ -73,14 +70,8 @@ class GenScheduler:
         self._last_now: float | None = None
         self._last_plan: GenPlan | None = None
         self._pass_victims: Iterator[Victim] | None = None
-        self._num_completed = 0
-        self._num_aborted = 0
-        self._num_arrivals = 0
-        self._num_steps = 0
-        self._batch_sum = 0
-        self._ttft_counts = [0] * ttft_histogram.NUM_BUCKETS
-        self._next_stat_at: float | None = None
-        self._last_stats: SchedulerStats | None = None
+        self._counts = LoadCounters()
+        self._stat_cadence = StatCadence(self.config.stat_interval_s)
 
     @classmethod
     def from_settings(
@@ -102,7 +93,7 @@ class GenScheduler:
         if request.request_id in self._residents:
             raise ValueError(f"request {request.request_id!r} is already resident")
         self.queue.push(request)
-        self._num_arrivals += 1
+        self._counts.arrivals += 1
 
     def abort(self, request_id: str) -> None:
         """A waiter leaves at once; a resident (paused ones too) is released next pass."""
@@ -110,7 +101,7 @@ class GenScheduler:
             request = self.queue.remove(request_id)
             request.status = RequestStatus.FINISHED
             request.finish_reason = FinishReason.ABORT
-            self._num_aborted += 1
+            self._counts.aborted += 1
         elif request_id in self._residents:
             self._pending_finish.setdefault(request_id, FinishReason.ABORT)
         else:
@@ -138,7 +129,7 @@ class GenScheduler:
             if request.first_gen_token_time is None:
                 request.first_gen_token_time = now
                 if request.arrival_time is not None:
-                    self._ttft_counts[ttft_histogram.bucket_of(now - request.arrival_time)] += 1
+                    self._counts.count_first_token(now - request.arrival_time)
             if request.first_token_time is None:  # this worker did the prefill
                 request.first_token_time = now
             # EOS on the last permitted token is a stop (as OpenAI servers report it).
@@ -147,8 +138,7 @@ class GenScheduler:
             elif request.num_output_tokens >= request.max_tokens:
                 self._pending_finish.setdefault(request_id, FinishReason.LENGTH)
         if plan.batch_ids:
-            self._num_steps += 1
-            self._batch_sum += len(plan.batch_ids)
+            self._counts.count_step(len(plan.batch_ids))
             self.policy.on_step_time(now - plan.now)
 
     @property
@@ -222,9 +212,9 @@ class GenScheduler:
             request.status = RequestStatus.FINISHED
             request.finish_reason = reason
             if reason is FinishReason.ABORT:
-                self._num_aborted += 1
+                self._counts.aborted += 1
             else:
-                self._num_completed += 1
+                self._counts.completed += 1
                 is_below_target = self.policy.on_complete(request, now)
                 if is_below_target is not None:
                     self.pausing.count_completion(is_below_target)
@@ -342,17 +332,9 @@ class GenScheduler:
         self.policy.on_batch_leave(request)
 
     def _maybe_stat_line(self, now: float) -> StatLine | None:
-        interval = self.config.stat_interval_s
-        if self._next_stat_at is None:
-            self._next_stat_at = now + interval
+        if not self._stat_cadence.is_due(now):
             return None
-        if now < self._next_stat_at:
-            return None
-        while self._next_stat_at <= now:
-            self._next_stat_at += interval
-        stats = self.make_stats(now)
-        line = make_statline(stats, self._last_stats)
-        self._last_stats = stats
+        line = self._stat_cadence.line(self.make_stats(now))
         self.policy.on_stat_period(now)
         return line
 
@@ -361,67 +343,3 @@ class GenScheduler:
             raise ValueError(f"now must be a finite time >= 0, got {now!r}")
         if self._last_now is not None and now < self._last_now:
             raise ValueError(f"now={now} is before the previous pass ({self._last_now})")
-
-    # -- views ---------------------------------------------------------------------
-
-    @property
-    def num_active(self) -> int:
-        return len(self._active)
-
-    @property
-    def num_paused(self) -> int:
-        return len(self.pausing)
-
-    @property
-    def num_residents(self) -> int:
-        return len(self._residents)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.queue)
-
-    def active_ids(self) -> tuple[str, ...]:
-        """Batch members in batch order (admission or resume order, newest last)."""
-        return tuple(self._active)
-
-    def get_request(self, request_id: str) -> GenRequest:
-        request = self._residents.get(request_id)
-        if request is None:
-            raise UnknownRequestError(request_id)
-        return request
-
-    def capacity_in_force(self) -> tuple[int, int]:
-        """(H, P) in force: a live decrease applies as residents finish, never evicting."""
-        paused = self.num_paused
-        headroom = max(self.slots.resident_headroom(), self.num_residents - self.max_batch_size)
-        return max(headroom, paused), max(self._knobs.paused_cap, paused)
-
-    def make_stats(self, now: float) -> SchedulerStats:
-        counters = self.pausing.counters
-        return SchedulerStats(
-            t=now,
-            mode=self.policy.mode.value,
-            target_output_tps=self.policy.settings.target_output_tps,
-            residents=self.num_residents,
-            active=self.num_active,
-            paused=self.num_paused,
-            paused_cap=self._knobs.paused_cap,
-            resident_headroom=self.slots.resident_headroom(),
-            waiters=self.num_waiting,
-            at_risk=self.queue.num_at_risk(now),
-            admission_target_s=self.queue.target.value,
-            completed=self._num_completed,
-            aborted=self._num_aborted,
-            pauses=counters.pauses,
-            victims=dict(counters.victims),
-            laxity_sum=counters.laxity_sum,
-            laxity_resumes=counters.laxity_resumes,
-            forced_resumes=counters.forced_resumes,
-            slo_completed=counters.slo_completed,
-            below_target=counters.below_target,
-            arrivals=self._num_arrivals,
-            steps=self._num_steps,
-            batch_sum=self._batch_sum,
-            ttft_counts=tuple(self._ttft_counts),
-            mode_fields=self.policy.stat_fields(now, self.pausing),
-        )

@@ -1,0 +1,58 @@
+"""The scheduler's load counters and the cadence of its stat line.
+
+:class:`LoadCounters` are the cumulative counts behind ``make_stats`` that the
+pause lane does not keep; :class:`StatCadence` decides which passes carry a stat
+line and turns each snapshot into one (window deltas against the previous one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from genpool_core import ttft_histogram
+from genpool_core.statline import StatLine, make_statline
+from genpool_core.stats import SchedulerStats
+
+
+@dataclass(slots=True)
+class LoadCounters:
+    """Cumulative since start."""
+
+    completed: int = 0
+    aborted: int = 0
+    arrivals: int = 0
+    steps: int = 0  # decode passes with a non-empty batch
+    batch_sum: int = 0  # batch sizes summed over those passes
+    ttft_counts: list[int] = field(default_factory=lambda: [0] * ttft_histogram.NUM_BUCKETS)
+
+    def count_first_token(self, ttft_s: float) -> None:
+        self.ttft_counts[ttft_histogram.bucket_of(ttft_s)] += 1
+
+    def count_step(self, batch_size: int) -> None:
+        self.steps += 1
+        self.batch_sum += batch_size
+
+
+class StatCadence:
+    """One stat line per ``interval_s``; the first pass only starts the clock."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._next_at: float | None = None
+        self._last: SchedulerStats | None = None
+
+    def is_due(self, now: float) -> bool:
+        """Whether this pass carries a line; a due pass moves the clock past ``now``."""
+        if self._next_at is None:
+            self._next_at = now + self.interval_s
+            return False
+        if now < self._next_at:
+            return False
+        while self._next_at <= now:
+            self._next_at += self.interval_s
+        return True
+
+    def line(self, stats: SchedulerStats) -> StatLine:
+        line = make_statline(stats, self._last)
+        self._last = stats
+        return line
