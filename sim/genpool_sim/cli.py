@@ -1,14 +1,13 @@
 """``genpool sim``: the simulator of docs/design.md#simulator (``genpool_cli`` dispatches here).
 
 This module does the I/O (files, processes, progress bar, plots); everything it
-calls in ``genpool_sim`` is pure and seeded.
+calls in ``genpool_sim`` is pure and seeded. The flags are in ``genpool_sim.cli_options``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -17,12 +16,12 @@ from pathlib import Path
 
 from genpool_core.knobs import KnobBounds
 from genpool_core.tuner import TunerSettings
-from genpool_sim.autoscale_cli import AutoscaleUsageError, add_autoscale_options, run_autoscale
-from genpool_sim.cluster import MODES, ClusterConfig
-from genpool_sim.datafiles import AZURE_CONV, data_file
+from genpool_sim.autoscale_cli import AutoscaleUsageError, run_autoscale
+from genpool_sim.cli_options import DEFAULT_TRACE, build_parser
+from genpool_sim.cluster import ClusterConfig
 from genpool_sim.experiment import RunResult, Workload, run_seed
 from genpool_sim.report import format_table, summarize
-from genpool_sim.tuning import Phase, TuneConfig, parse_phases
+from genpool_sim.tuning import TuneConfig
 from genpool_sim.workload import (
     RatePhase,
     TraceError,
@@ -33,215 +32,20 @@ from genpool_sim.workload import (
     scale_time,
 )
 
-DEFAULT_TRACE = data_file(AZURE_CONV)
+__all__ = [
+    "DEFAULT_TRACE",
+    "UsageError",
+    "build_parser",
+    "load_trace",
+    "main",
+    "report",
+    "run_sim",
+    "tune_config",
+]
 
 
 class UsageError(Exception):
     """A bad command line: reported as argparse does, exit status 2."""
-
-
-def _positive(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not (math.isfinite(value) and value > 0):
-            raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
-        return value
-
-    return parse
-
-
-def _list_of(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
-    item = _positive(kind)
-    return lambda text: [item(part) for part in text.split(",") if part]
-
-
-def _modes(text: str) -> list[str]:
-    modes = [m for m in text.split(",") if m]
-    unknown = [m for m in modes if m not in MODES]
-    if unknown or not modes:
-        raise argparse.ArgumentTypeError(f"modes must be among {', '.join(MODES)}; got {text!r}")
-    return modes
-
-
-def _phases(text: str) -> list[Phase]:
-    try:
-        return parse_phases(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
-    return value
-
-
-def _target(text: str) -> float | None:
-    return None if text == "auto" else float(_positive(float)(text))
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """`genpool sim FLAGS` (the parser sits under `genpool`, which dispatches to it)."""
-    parser = argparse.ArgumentParser(prog="genpool")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sim = sub.add_parser(
-        "sim",
-        help="simulate a disaggregated GEN pool (docs/design.md#simulator)",
-        description="Simulate a disaggregated GEN pool (docs/design.md#simulator).",
-    )
-    sim.add_argument(
-        "--trace",
-        type=Path,
-        default=DEFAULT_TRACE,
-        help="request trace: CSV (arrived_at,num_prefill_tokens,num_decode_tokens) or JSONL"
-        " (default: the Azure conversation trace)",
-    )
-    _add_load_options(sim)
-    sim.add_argument("--workers", type=_positive(int), default=8, help="GEN workers (default: 8)")
-    sim.add_argument(
-        "--max-batch",
-        type=_positive(int),
-        default=16,
-        help="A: requests a worker decodes per step (default: 16)",
-    )
-    sim.add_argument(
-        "--ctx-servers",
-        type=_positive(int),
-        default=4,
-        help="context (prefill) servers ahead of the pool (default: 4)",
-    )
-    sim.add_argument(
-        "--modes",
-        type=_modes,
-        default=list(MODES),
-        help=f"preemption modes to compare, comma-separated (default: {','.join(MODES)})",
-    )
-    sim.add_argument(
-        "--target-output-tps",
-        type=_target,
-        default=None,
-        help="T of target_output_tps, output tokens/s per worker, or auto: the off run's"
-        " (default: auto)",
-    )
-    sim.add_argument(
-        "--paused-cap-fraction",
-        type=_list_of(float),
-        default=[0.375],
-        help="P (paused cap) as a fraction of A; a comma-separated list gives the trade-off"
-        " curve (default: 0.375)",
-    )
-    sim.add_argument(
-        "--tpot-budget",
-        type=_positive(float),
-        default=0.1,
-        help="TPOT budget of tpot_budget, seconds per output token (default: 0.1)",
-    )
-    _add_output_options(sim)
-    _add_tune_options(sim)
-    add_autoscale_options(sim)
-    return parser
-
-
-def _add_load_options(sim: argparse.ArgumentParser) -> None:
-    load = sim.add_mutually_exclusive_group()
-    load.add_argument(
-        "--concurrency",
-        type=_list_of(int),
-        default=None,
-        help="closed loop: number of clients; a comma-separated list runs each (default: 220,250)",
-    )
-    load.add_argument(
-        "--rate", type=_positive(float), help="open loop: Gamma arrivals at this rate, requests/s"
-    )
-    load.add_argument(
-        "--rate-phases",
-        help="open loop whose rate changes: SECONDS:RATE,... in requests/s (sets the duration)",
-    )
-    load.add_argument(
-        "--replay", action="store_true", help="open loop: the trace's own arrival times"
-    )
-    load.add_argument(
-        "--phases",
-        type=_phases,
-        help="closed loop whose number of clients changes: SECONDS:CLIENTS,... (sets the duration)",
-    )
-    sim.add_argument(
-        "--cv",
-        type=_positive(float),
-        default=1.0,
-        help="coefficient of variation of the Gamma inter-arrival times, unitless"
-        " (1: Poisson; default: 1)",
-    )
-    sim.add_argument(
-        "--time-scale",
-        type=_positive(float),
-        default=1.0,
-        help="factor on replayed arrival times, unitless (below 1: more load; default: 1)",
-    )
-    sim.add_argument("--duration", type=_positive(float), help="simulated seconds (default: 600)")
-    sim.add_argument(
-        "--warmup",
-        type=float,
-        default=60.0,
-        help="simulated seconds excluded from the metrics (default: 60)",
-    )
-
-
-def _add_output_options(sim: argparse.ArgumentParser) -> None:
-    sim.add_argument(
-        "--seeds",
-        type=_positive(int),
-        default=4,
-        help="runs per setting, seeds 0..N-1 (default: 4)",
-    )
-    sim.add_argument(
-        "--jobs",
-        type=_positive(int),
-        default=2,
-        help="simulations in parallel processes (default: 2)",
-    )
-    sim.add_argument("--json", type=Path, help="write all results as JSON to this file")
-    sim.add_argument("--plot", type=Path, help="write PNG plots into this folder")
-    sim.add_argument(
-        "--stat-lines", action="store_true", help="print seed 0's stat lines (16 per run)"
-    )
-
-
-def _add_tune_options(sim: argparse.ArgumentParser) -> None:
-    tune = sim.add_argument_group("tuner in the loop (target_output_tps runs)")
-    tune.add_argument("--tune", action="store_true", help="run the tuner (docs/design.md#tuner)")
-    tune.add_argument(
-        "--tune-interval",
-        type=_positive(float),
-        default=30.0,
-        help="simulated seconds between tuner rounds (default: 30)",
-    )
-    tune.add_argument(
-        "--headroom-min", type=_count, default=0, help="lowest H, requests (default: 0)"
-    )
-    tune.add_argument("--headroom-max", type=_count, help="highest H, requests (default: A)")
-    tune.add_argument("--cap-min", type=_count, default=0, help="lowest P, requests (default: 0)")
-    tune.add_argument("--cap-max", type=_count, help="highest P, requests (default: A)")
-    tune.add_argument(
-        "--tune-cooldown",
-        type=_count,
-        default=2,
-        help="tuner rounds without a change after one (default: 2)",
-    )
-    tune.add_argument(
-        "--tune-rule",
-        choices=("guarded", "literal"),
-        default="guarded",
-        help="literal: lower the cap on any miss above eps (docs/design.md#tuner as"
-        " specified); guarded: only when the cap is implicated in the miss (default: guarded)",
-    )
 
 
 def tune_config(ns: argparse.Namespace) -> TuneConfig | None:
@@ -285,6 +89,25 @@ def _job(
 
 def run_sim(ns: argparse.Namespace) -> int:
     trace = load_trace(ns.trace)
+    rate_phases = _set_duration(ns)
+    tune = tune_config(ns)
+    if not 0 <= ns.warmup < ns.duration:
+        raise UsageError("need 0 <= --warmup < --duration")
+    scenarios = _scenarios(ns, trace, rate_phases)
+    base = ClusterConfig(workers=ns.workers, max_batch=ns.max_batch, ctx_servers=ns.ctx_servers,
+                         tpot_budget=ns.tpot_budget)  # fmt: skip
+    if ns.autoscale:
+        if len(scenarios) != 1:
+            raise UsageError("--autoscale runs one load: give one --concurrency value")
+        name, workload = scenarios[0]
+        fraction = ns.paused_cap_fraction[0]
+        return run_autoscale(ns, name, workload, replace(base, paused_cap_fraction=fraction), tune)
+    return report(ns, _run_seeds(ns, scenarios, base, tune))
+
+
+def _set_duration(ns: argparse.Namespace) -> list[RatePhase] | None:
+    """Sets ``ns.duration`` (--phases and --rate-phases set it; 600 s when nothing does) and
+    returns the parsed --rate-phases."""
     if ns.phases is not None and ns.duration is not None:
         raise UsageError("--phases sets the duration; drop --duration")
     if ns.phases is not None:
@@ -299,9 +122,13 @@ def run_sim(ns: argparse.Namespace) -> int:
             raise UsageError(f"--rate-phases: {exc}") from None
         ns.duration = sum(phase.duration_s for phase in rate_phases)
     ns.duration = 600.0 if ns.duration is None else ns.duration
-    tune = tune_config(ns)
-    if not 0 <= ns.warmup < ns.duration:
-        raise UsageError("need 0 <= --warmup < --duration")
+    return rate_phases
+
+
+def _scenarios(
+    ns: argparse.Namespace, trace: list[TraceRequest], rate_phases: list[RatePhase] | None
+) -> list[tuple[str, Workload]]:
+    """The loads to run, each with its name in the tables."""
     scenarios: list[tuple[str, Workload]] = []
     if ns.rate is not None or rate_phases is not None:  # each seed draws its own arrivals
         name = f"rate={ns.rate}" if ns.rate is not None else f"rate phases {ns.rate_phases}"
@@ -320,14 +147,16 @@ def run_sim(ns: argparse.Namespace) -> int:
         for c in ns.concurrency or [220, 250]:
             scenarios.append((f"c={c}", Workload(trace, concurrency=c, duration_s=ns.duration,
                               warmup_s=ns.warmup)))  # fmt: skip
-    base = ClusterConfig(workers=ns.workers, max_batch=ns.max_batch, ctx_servers=ns.ctx_servers,
-                         tpot_budget=ns.tpot_budget)  # fmt: skip
-    if ns.autoscale:
-        if len(scenarios) != 1:
-            raise UsageError("--autoscale runs one load: give one --concurrency value")
-        name, workload = scenarios[0]
-        fraction = ns.paused_cap_fraction[0]
-        return run_autoscale(ns, name, workload, replace(base, paused_cap_fraction=fraction), tune)
+    return scenarios
+
+
+def _run_seeds(
+    ns: argparse.Namespace,
+    scenarios: list[tuple[str, Workload]],
+    base: ClusterConfig,
+    tune: TuneConfig | None,
+) -> dict[tuple[str, float], list[RunResult]]:
+    """Every scenario x paused cap x seed, in ``ns.jobs`` processes."""
     modes = list(ns.modes)
     if ns.target_output_tps is None and "target_output_tps" in modes and "off" not in modes:
         modes.insert(0, "off")  # T = auto is defined by the off run
@@ -344,7 +173,7 @@ def run_sim(ns: argparse.Namespace) -> int:
         futures = [(key, pool.submit(_job, args)) for key, args in jobs]
         for key, future in _progress(futures):
             results[key] += future.result()
-    return report(ns, results)
+    return results
 
 
 def _progress(futures: list):  # type: ignore[no-untyped-def,type-arg]

@@ -1,0 +1,214 @@
+"""``genpool sim``'s command line: the option groups, their defaults and help, and the
+argparse types that check each value (``genpool_sim.cli`` parses with it and runs)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from genpool_sim.autoscale_cli import add_autoscale_options
+from genpool_sim.cluster import MODES
+from genpool_sim.datafiles import AZURE_CONV, data_file
+from genpool_sim.tuning import Phase, parse_phases
+
+DEFAULT_TRACE = data_file(AZURE_CONV)
+
+
+def _positive(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+        return value
+
+    return parse
+
+
+def _add_positive(
+    group: argparse._ActionsContainer,
+    flag: str,
+    kind: type[int] | type[float],
+    default: int | float,
+    help_text: str,
+) -> None:
+    """A flag whose value must be a number > 0 of ``kind``."""
+    group.add_argument(flag, type=_positive(kind), default=default, help=help_text)
+
+
+def _list_of(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
+    item = _positive(kind)
+    return lambda text: [item(part) for part in text.split(",") if part]
+
+
+def _modes(text: str) -> list[str]:
+    modes = [m for m in text.split(",") if m]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise argparse.ArgumentTypeError(f"modes must be among {', '.join(MODES)}; got {text!r}")
+    return modes
+
+
+def _phases(text: str) -> list[Phase]:
+    try:
+        return parse_phases(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
+    return value
+
+
+def _target(text: str) -> float | None:
+    return None if text == "auto" else float(_positive(float)(text))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`genpool sim FLAGS` (the parser sits under `genpool`, which dispatches to it)."""
+    parser = argparse.ArgumentParser(prog="genpool")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sim = sub.add_parser(
+        "sim",
+        help="simulate a disaggregated GEN pool (docs/design.md#simulator)",
+        description="Simulate a disaggregated GEN pool (docs/design.md#simulator).",
+    )
+    sim.add_argument(
+        "--trace",
+        type=Path,
+        default=DEFAULT_TRACE,
+        help="request trace: CSV (arrived_at,num_prefill_tokens,num_decode_tokens) or JSONL"
+        " (default: the Azure conversation trace)",
+    )
+    _add_load_options(sim)
+    _add_positive(sim, "--workers", int, 8, "GEN workers (default: 8)")
+    _add_positive(
+        sim, "--max-batch", int, 16, "A: requests a worker decodes per step (default: 16)"
+    )
+    _add_positive(
+        sim, "--ctx-servers", int, 4, "context (prefill) servers ahead of the pool (default: 4)"
+    )
+    sim.add_argument(
+        "--modes",
+        type=_modes,
+        default=list(MODES),
+        help=f"preemption modes to compare, comma-separated (default: {','.join(MODES)})",
+    )
+    sim.add_argument(
+        "--target-output-tps",
+        type=_target,
+        default=None,
+        help="T of target_output_tps, output tokens/s per worker, or auto: the off run's"
+        " (default: auto)",
+    )
+    sim.add_argument(
+        "--paused-cap-fraction",
+        type=_list_of(float),
+        default=[0.375],
+        help="P (paused cap) as a fraction of A; a comma-separated list gives the trade-off"
+        " curve (default: 0.375)",
+    )
+    _add_positive(
+        sim,
+        "--tpot-budget",
+        float,
+        0.1,
+        "TPOT budget of tpot_budget, seconds per output token (default: 0.1)",
+    )
+    _add_output_options(sim)
+    _add_tune_options(sim)
+    add_autoscale_options(sim)
+    return parser
+
+
+def _add_load_options(sim: argparse.ArgumentParser) -> None:
+    load = sim.add_mutually_exclusive_group()
+    load.add_argument(
+        "--concurrency",
+        type=_list_of(int),
+        default=None,
+        help="closed loop: number of clients; a comma-separated list runs each (default: 220,250)",
+    )
+    load.add_argument(
+        "--rate", type=_positive(float), help="open loop: Gamma arrivals at this rate, requests/s"
+    )
+    load.add_argument(
+        "--rate-phases",
+        help="open loop whose rate changes: SECONDS:RATE,... in requests/s (sets the duration)",
+    )
+    load.add_argument(
+        "--replay", action="store_true", help="open loop: the trace's own arrival times"
+    )
+    load.add_argument(
+        "--phases",
+        type=_phases,
+        help="closed loop whose number of clients changes: SECONDS:CLIENTS,... (sets the duration)",
+    )
+    _add_positive(
+        sim,
+        "--cv",
+        float,
+        1.0,
+        "coefficient of variation of the Gamma inter-arrival times, unitless"
+        " (1: Poisson; default: 1)",
+    )
+    _add_positive(
+        sim,
+        "--time-scale",
+        float,
+        1.0,
+        "factor on replayed arrival times, unitless (below 1: more load; default: 1)",
+    )
+    sim.add_argument("--duration", type=_positive(float), help="simulated seconds (default: 600)")
+    sim.add_argument(
+        "--warmup",
+        type=float,
+        default=60.0,
+        help="simulated seconds excluded from the metrics (default: 60)",
+    )
+
+
+def _add_output_options(sim: argparse.ArgumentParser) -> None:
+    _add_positive(sim, "--seeds", int, 4, "runs per setting, seeds 0..N-1 (default: 4)")
+    _add_positive(sim, "--jobs", int, 2, "simulations in parallel processes (default: 2)")
+    sim.add_argument("--json", type=Path, help="write all results as JSON to this file")
+    sim.add_argument("--plot", type=Path, help="write PNG plots into this folder")
+    sim.add_argument(
+        "--stat-lines", action="store_true", help="print seed 0's stat lines (16 per run)"
+    )
+
+
+def _add_tune_options(sim: argparse.ArgumentParser) -> None:
+    tune = sim.add_argument_group("tuner in the loop (target_output_tps runs)")
+    tune.add_argument("--tune", action="store_true", help="run the tuner (docs/design.md#tuner)")
+    _add_positive(
+        tune, "--tune-interval", float, 30.0, "simulated seconds between tuner rounds (default: 30)"
+    )
+    tune.add_argument(
+        "--headroom-min", type=_count, default=0, help="lowest H, requests (default: 0)"
+    )
+    tune.add_argument("--headroom-max", type=_count, help="highest H, requests (default: A)")
+    tune.add_argument("--cap-min", type=_count, default=0, help="lowest P, requests (default: 0)")
+    tune.add_argument("--cap-max", type=_count, help="highest P, requests (default: A)")
+    tune.add_argument(
+        "--tune-cooldown",
+        type=_count,
+        default=2,
+        help="tuner rounds without a change after one (default: 2)",
+    )
+    tune.add_argument(
+        "--tune-rule",
+        choices=("guarded", "literal"),
+        default="guarded",
+        help="literal: lower the cap on any miss above eps (docs/design.md#tuner as"
+        " specified); guarded: only when the cap is implicated in the miss (default: guarded)",
+    )
