@@ -90,40 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         " (default: the Azure conversation trace)",
     )
     _add_load_options(sim)
-    _add_positive(sim, "--workers", int, 8, "GEN workers (default: 8)")
-    _add_positive(
-        sim, "--max-batch", int, 16, "A: requests a worker decodes per step (default: 16)"
-    )
-    _add_positive(
-        sim, "--ctx-servers", int, 4, "context (prefill) servers ahead of the pool (default: 4)"
-    )
-    sim.add_argument(
-        "--modes",
-        type=_modes,
-        default=list(MODES),
-        help=f"preemption modes to compare, comma-separated (default: {','.join(MODES)})",
-    )
-    sim.add_argument(
-        "--target-output-tps",
-        type=_target,
-        default=None,
-        help="T of target_output_tps, output tokens/s per worker, or auto: the off run's"
-        " (default: auto)",
-    )
-    sim.add_argument(
-        "--paused-cap-fraction",
-        type=_list_of(float),
-        default=[0.375],
-        help="P (paused cap) as a fraction of A; a comma-separated list gives the trade-off"
-        " curve (default: 0.375)",
-    )
-    _add_positive(
-        sim,
-        "--tpot-budget",
-        float,
-        0.1,
-        "TPOT budget of tpot_budget, seconds per output token (default: 0.1)",
-    )
+    _add_pool_options(sim)
     _add_output_options(sim)
     _add_tune_options(sim)
     add_autoscale_options(sim)
@@ -174,6 +141,43 @@ def _add_load_options(sim: argparse.ArgumentParser) -> None:
         type=float,
         default=60.0,
         help="simulated seconds excluded from the metrics (default: 60)",
+    )
+
+
+def _add_pool_options(sim: argparse.ArgumentParser) -> None:
+    _add_positive(sim, "--workers", int, 8, "GEN workers (default: 8)")
+    _add_positive(
+        sim, "--max-batch", int, 16, "A: requests a worker decodes per step (default: 16)"
+    )
+    _add_positive(
+        sim, "--ctx-servers", int, 4, "context (prefill) servers ahead of the pool (default: 4)"
+    )
+    sim.add_argument(
+        "--modes",
+        type=_modes,
+        default=list(MODES),
+        help=f"preemption modes to compare, comma-separated (default: {','.join(MODES)})",
+    )
+    sim.add_argument(
+        "--target-output-tps",
+        type=_target,
+        default=None,
+        help="T of target_output_tps, output tokens/s per worker, or auto: the off run's"
+        " (default: auto)",
+    )
+    sim.add_argument(
+        "--paused-cap-fraction",
+        type=_list_of(float),
+        default=[0.375],
+        help="P (paused cap) as a fraction of A; a comma-separated list gives the trade-off"
+        " curve (default: 0.375)",
+    )
+    _add_positive(
+        sim,
+        "--tpot-budget",
+        float,
+        0.1,
+        "TPOT budget of tpot_budget, seconds per output token (default: 0.1)",
     )
 
 
