@@ -25,6 +25,8 @@ from pathlib import Path
 # standard library's operator module.
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+if str(ROOT) not in sys.path:  # for bench.decode_support; last, after the standard library
+    sys.path.append(str(ROOT))
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -32,11 +34,11 @@ import os  # noqa: E402
 import platform  # noqa: E402
 import random  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
+from bench.decode_support import time_hf, time_ours  # noqa: E402
 from genpool_worker.model import LlamaModel  # noqa: E402
 
 SMOLLM2_SHAPE: dict[str, Any] = {
@@ -59,35 +61,6 @@ POOL = BATCH + 6
 SEED = 20261130
 
 
-def _time_ours(
-    model: LlamaModel, prompts: list[list[int]], slots: list[int], steps: int
-) -> tuple[float, list[list[int]]]:
-    tokens = [int(model.prefill(s, p).argmax()) for s, p in zip(slots, prompts, strict=True)]
-    positions = [len(p) for p in prompts]
-    out = [[t] for t in tokens]
-    start = time.perf_counter()
-    for i in range(steps):
-        tokens = model.decode(slots, tokens, [p + i for p in positions]).argmax(-1).tolist()
-        for seq, t in zip(out, tokens, strict=True):
-            seq.append(t)
-    return time.perf_counter() - start, out
-
-
-def _time_hf(hf: Any, prompts: list[list[int]], new: int) -> tuple[float, list[list[int]]]:
-    ids = torch.tensor(prompts)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = hf.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new,
-            min_new_tokens=new,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return time.perf_counter() - start, out[:, ids.shape[1] :].tolist()
-
-
 def _random_checkpoint(directory: Path, shape: dict[str, Any]) -> None:
     import transformers
 
@@ -101,6 +74,54 @@ def _random_checkpoint(directory: Path, shape: dict[str, Any]) -> None:
     model.save_pretrained(directory)
 
 
+def _load_models(shape: dict[str, Any], max_seq_len: int) -> tuple[LlamaModel, Any]:
+    """A random checkpoint of ``shape`` in a temporary directory, loaded by both."""
+    import transformers
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _random_checkpoint(Path(tmp), shape)
+        ours = LlamaModel.from_hf_dir(tmp, num_slots=POOL, max_seq_len=max_seq_len)
+        hf: Any = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+        hf.eval()
+    return ours, hf
+
+
+def _measure_row(
+    ours: LlamaModel,
+    hf: Any,
+    prompts: list[list[int]],
+    slots: list[int],
+    threads: int,
+    steps: int,
+    repeats: int,
+) -> dict[str, Any]:
+    """Best of ``repeats`` alternating runs at ``threads`` torch threads: one table row."""
+    torch.set_num_threads(threads)
+    best = {"ours": float("inf"), "hf_full": float("inf"), "hf_first": float("inf")}
+    agree = 0.0
+    for _ in range(repeats):
+        t, ours_out = time_ours(ours, prompts, slots, steps)
+        best["ours"] = min(best["ours"], t)
+        t, hf_out = time_hf(hf, prompts, steps + 1)
+        best["hf_full"] = min(best["hf_full"], t)
+        best["hf_first"] = min(best["hf_first"], time_hf(hf, prompts, 1)[0])
+        same = sum(
+            a == b for x, y in zip(ours_out, hf_out, strict=True) for a, b in zip(x, y, strict=True)
+        )
+        agree = same / (BATCH * (steps + 1))
+    hf_decode_s = best["hf_full"] - best["hf_first"]
+    ours_tok_s = BATCH * steps / best["ours"]
+    hf_tok_s = BATCH * steps / hf_decode_s if hf_decode_s > 0 else None
+    return {
+        "threads": threads,
+        "batch": BATCH,
+        "ours_tok_s": ours_tok_s,
+        "hf_tok_s": hf_tok_s,
+        "ratio": ours_tok_s / hf_tok_s if hf_tok_s else None,
+        "greedy_token_agreement": agree,
+    }
+
+
 def run(quick: bool) -> dict[str, Any]:
     import transformers
 
@@ -108,50 +129,20 @@ def run(quick: bool) -> dict[str, Any]:
     hf_logging.set_verbosity_error()
     prompt_len, steps, repeats = (16, 4, 1) if quick else (128, 64, 3)
     shape = {**SMOLLM2_SHAPE, "num_hidden_layers": 2} if quick else SMOLLM2_SHAPE
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        _random_checkpoint(Path(tmp), shape)
-        ours = LlamaModel.from_hf_dir(tmp, num_slots=POOL, max_seq_len=prompt_len + steps + 2)
-        hf: Any = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
-        hf.eval()
+    ours, hf = _load_models(shape, prompt_len + steps + 2)
     rng = random.Random(SEED)
     prompts = [
         [rng.randrange(10, shape["vocab_size"]) for _ in range(prompt_len)] for _ in range(BATCH)
     ]
     slots = rng.sample(range(POOL), BATCH)
-    _time_ours(ours, prompts[:1], [0], 2)  # warm-up
-    _time_hf(hf, prompts[:1], 2)
+    time_ours(ours, prompts[:1], [0], 2)  # warm-up
+    time_hf(hf, prompts[:1], 2)
     threads_before = torch.get_num_threads()
     load_before = os.getloadavg()[0]
-    for threads in sorted({1, threads_before}):
-        torch.set_num_threads(threads)
-        best = {"ours": float("inf"), "hf_full": float("inf"), "hf_first": float("inf")}
-        agree = 0.0
-        for _ in range(repeats):
-            t, ours_out = _time_ours(ours, prompts, slots, steps)
-            best["ours"] = min(best["ours"], t)
-            t, hf_out = _time_hf(hf, prompts, steps + 1)
-            best["hf_full"] = min(best["hf_full"], t)
-            best["hf_first"] = min(best["hf_first"], _time_hf(hf, prompts, 1)[0])
-            same = sum(
-                a == b
-                for x, y in zip(ours_out, hf_out, strict=True)
-                for a, b in zip(x, y, strict=True)
-            )
-            agree = same / (BATCH * (steps + 1))
-        hf_decode_s = best["hf_full"] - best["hf_first"]
-        ours_tok_s = BATCH * steps / best["ours"]
-        hf_tok_s = BATCH * steps / hf_decode_s if hf_decode_s > 0 else None
-        rows.append(
-            {
-                "threads": threads,
-                "batch": BATCH,
-                "ours_tok_s": ours_tok_s,
-                "hf_tok_s": hf_tok_s,
-                "ratio": ours_tok_s / hf_tok_s if hf_tok_s else None,
-                "greedy_token_agreement": agree,
-            }
-        )
+    rows = [
+        _measure_row(ours, hf, prompts, slots, threads, steps, repeats)
+        for threads in sorted({1, threads_before})
+    ]
     torch.set_num_threads(threads_before)
     return {
         "quick": quick,

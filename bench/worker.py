@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from bench.decode_support import time_hf, time_ours
+
 BATCHES = (1, 8, 16)
 HEADROOM = 6  # extra resident slots in the pool, as the engine sizes it (B + H)
 SEED = 20240501
@@ -54,36 +56,6 @@ def _current_rss_mb() -> float | None:
     except (OSError, IndexError, ValueError):
         return None
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _time_ours(
-    model: Any, prompts: list[list[int]], slots: list[int], new_tokens: int
-) -> tuple[float, list[list[int]]]:
-    tokens = [int(model.prefill(slot, p).argmax()) for slot, p in zip(slots, prompts, strict=True)]
-    positions = [len(p) for p in prompts]
-    out = [[t] for t in tokens]
-    start = time.perf_counter()
-    for _ in range(new_tokens):
-        tokens = model.decode(slots, tokens, positions).argmax(dim=-1).tolist()
-        positions = [p + 1 for p in positions]
-        for seq, t in zip(out, tokens, strict=True):
-            seq.append(t)
-    return time.perf_counter() - start, out
-
-
-def _time_hf(hf: Any, prompts: list[list[int]], new: int, pad_id: int) -> tuple[float, Any]:
-    ids = torch.tensor(prompts)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = hf.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new,
-            min_new_tokens=new,
-            do_sample=False,
-            pad_token_id=pad_id,
-        )
-    return time.perf_counter() - start, out[:, ids.shape[1] :].tolist()
 
 
 def run(*, quick: bool = False) -> dict[str, Any]:
@@ -112,8 +84,8 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
     # Warm-up: first calls pay one-off allocation / kernel selection costs.
     warm = [[rng.randrange(100, ours.vocab_size) for _ in range(8)]]
-    _time_ours(ours, warm, [0], 2)
-    _time_hf(hf, warm, 2, ours.eos_token_id)
+    time_ours(ours, warm, [0], 2)
+    time_hf(hf, warm, 2, ours.eos_token_id)
     rows = []
     threads_before = torch.get_num_threads()
     for threads, b in [(t, b) for t in _thread_counts() for b in BATCHES]:
@@ -126,12 +98,12 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         agree = 0.0
         for _ in range(repeats):
             times = {
-                "ours_contiguous": _time_ours(ours, prompts, list(range(b)), new_tokens)[0],
+                "ours_contiguous": time_ours(ours, prompts, list(range(b)), new_tokens)[0],
             }
-            t_scatter, ours_out = _time_ours(ours, prompts, scattered, new_tokens)
+            t_scatter, ours_out = time_ours(ours, prompts, scattered, new_tokens)
             times["ours_scattered"] = t_scatter
-            times["hf_generate"], hf_out = _time_hf(hf, prompts, new_tokens + 1, ours.eos_token_id)
-            times["hf_prefill"], _ = _time_hf(hf, prompts, 1, ours.eos_token_id)
+            times["hf_generate"], hf_out = time_hf(hf, prompts, new_tokens + 1, ours.eos_token_id)
+            times["hf_prefill"], _ = time_hf(hf, prompts, 1, ours.eos_token_id)
             for key, value in times.items():
                 best[key] = min(best.get(key, float("inf")), value)
             same = sum(
