@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import torch
 
-try:  # as in slot_attention: without Triton the torch ops are used
-    import triton  # type: ignore[import-untyped]
-    import triton.language as tl  # type: ignore[import-untyped]
-except ImportError:  # pragma: no cover - depends on the install
-    triton = None
+from .triton_compat import tl, triton
 
 SILU_BLOCK = 1024
 

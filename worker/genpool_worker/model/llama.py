@@ -60,13 +60,7 @@ class LlamaModel:
         ``dtype``: None = bfloat16 on CUDA, float32 elsewhere (weights and KV cache).
         ``device="cuda"`` without an index means ``cuda:<tp_rank>``: one GPU per rank.
         ``cuda_graphs``: replay decode steps from CUDA graphs; None = on CUDA at tp_size 1."""
-        if num_slots < 1:
-            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
-        if not 1 <= max_seq_len <= config.context_length:
-            raise ValueError(
-                f"max_seq_len must be in [1, {config.context_length}] (the model's context "
-                f"length), got {max_seq_len}"
-            )
+        _check_sizes(config, num_slots, max_seq_len)
         tp = Shard(tp_rank, tp_size)
         tp.check(config)
         self.tp_rank, self.tp_size = tp_rank, tp_size
@@ -83,20 +77,7 @@ class LlamaModel:
         if dtype is None:
             dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.dtype = dtype
-        to: dict[str, Any] = {"device": self.device, "dtype": dtype}
-        available = onednn_available(self.device, dtype)
-        if use_onednn and not available:
-            raise ValueError("use_onednn=True needs a float32 CPU model and torch with oneDNN")
-        pack = available if use_onednn is None else use_onednn
-        w: MutableMapping[str, torch.Tensor] = weights if consume_weights else dict(weights)
-        self._embed = w.pop("token_embd.weight").to(**to)
-        # GGUF omits output.weight when the LM head is tied to the embedding (SmolLM2);
-        # a packed head is then a second copy (+113 MB), which buys ~40% of its GEMM.
-        head = w.pop("output.weight", None)
-        self._lm_head = Linear(self._embed if head is None else head.to(**to), pack=pack)
-        self._out_norm = w.pop("output_norm.weight").to(**to)
-        self._layers = [LayerWeights(w, i, to, pack, tp) for i in range(config.num_layers)]
-        self.uses_onednn = self._lm_head.packed
+        self._place_weights(weights if consume_weights else dict(weights), use_onednn, tp)
         self._scale = config.head_dim**-0.5
         self._cos, self._sin = rope_tables(config, max_seq_len, self.device, dtype)
         self.kv_cache = KVCache(
@@ -107,16 +88,38 @@ class LlamaModel:
             dtype=dtype,
             kv_heads=self._kv_heads,
         )
-        # CUDA: length-aware Triton attention, steps replayed from CUDA graphs.
-        self._fast: GraphedDecode | None = None
-        if slot_attention.is_usable(self.device, config.head_dim):
-            self._fast = GraphedDecode(
-                self._decode_step,
-                max_batch=num_slots + 1,
-                dummy_slot=self.dummy_slot,
-                device=self.device,
-                graphs=tp_size == 1 if cuda_graphs is None else cuda_graphs,
-            )
+        self._fast = self._graphed_decode(cuda_graphs)
+
+    def _place_weights(
+        self, w: MutableMapping[str, torch.Tensor], use_onednn: bool | None, tp: Shard
+    ) -> None:
+        """Move (and pop) ``w``'s tensors onto the device in the model dtype: embedding,
+        LM head, output norm, then each layer's fused (and, on the CPU, packed) weights."""
+        to: dict[str, Any] = {"device": self.device, "dtype": self.dtype}
+        available = onednn_available(self.device, self.dtype)
+        if use_onednn and not available:
+            raise ValueError("use_onednn=True needs a float32 CPU model and torch with oneDNN")
+        pack = available if use_onednn is None else use_onednn
+        self._embed = w.pop("token_embd.weight").to(**to)
+        # GGUF omits output.weight when the LM head is tied to the embedding (SmolLM2);
+        # a packed head is then a second copy (+113 MB), which buys ~40% of its GEMM.
+        head = w.pop("output.weight", None)
+        self._lm_head = Linear(self._embed if head is None else head.to(**to), pack=pack)
+        self._out_norm = w.pop("output_norm.weight").to(**to)
+        self._layers = [LayerWeights(w, i, to, pack, tp) for i in range(self.config.num_layers)]
+        self.uses_onednn = self._lm_head.packed
+
+    def _graphed_decode(self, cuda_graphs: bool | None) -> GraphedDecode | None:
+        """CUDA: length-aware Triton attention, steps replayed from CUDA graphs; else None."""
+        if not slot_attention.is_usable(self.device, self.config.head_dim):
+            return None
+        return GraphedDecode(
+            self._decode_step,
+            max_batch=self.num_slots + 1,
+            dummy_slot=self.dummy_slot,
+            device=self.device,
+            graphs=self.tp_size == 1 if cuda_graphs is None else cuda_graphs,
+        )
 
     @classmethod
     def from_gguf(cls, path: str | Path | None = None, **kwargs: Any) -> LlamaModel:
@@ -289,6 +292,16 @@ class LlamaModel:
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self._lm_head(self._norm(x, self._out_norm)).float()
+
+
+def _check_sizes(config: LlamaConfig, num_slots: int, max_seq_len: int) -> None:
+    if num_slots < 1:
+        raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+    if not 1 <= max_seq_len <= config.context_length:
+        raise ValueError(
+            f"max_seq_len must be in [1, {config.context_length}] (the model's context "
+            f"length), got {max_seq_len}"
+        )
 
 
 def _rank_device(device: torch.device, tp_rank: int) -> torch.device:

@@ -18,11 +18,7 @@ from __future__ import annotations
 
 import torch
 
-try:  # Triton ships with CUDA builds of torch; without it the torch path is used.
-    import triton  # type: ignore[import-untyped]
-    import triton.language as tl  # type: ignore[import-untyped]
-except ImportError:  # pragma: no cover - depends on the install
-    triton = None
+from .triton_compat import tl, triton
 
 SPLIT = 128  # keys per split program
 BLOCK_N = 32  # keys per inner iteration
@@ -39,6 +35,42 @@ def is_usable(device: torch.device, head_dim: int) -> bool:
 
 
 if triton is not None:
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _attend_keys(  # type: ignore[no-untyped-def]
+        q,
+        k_ptr,
+        v_ptr,
+        base,
+        start,
+        end,
+        stride_cl,
+        dims,
+        scale,
+        GROUP_PAD: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        """Online softmax of ``q`` over cache rows ``start..end-1`` at ``base``:
+        the running max ``m``, sum ``s`` and unnormalised output ``acc`` per head."""
+        m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+        s = tl.zeros([GROUP_PAD], dtype=tl.float32)
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+        for block in range(start, end, BLOCK):
+            keys = block + tl.arange(0, BLOCK)
+            key_ok = keys < end
+            offs = base + keys[:, None] * stride_cl + dims[None, :]
+            k = tl.load(k_ptr + offs, mask=key_ok[:, None], other=0.0)
+            v = tl.load(v_ptr + offs, mask=key_ok[:, None], other=0.0)
+            scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+            scores = tl.where(key_ok[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=1))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(scores - m_new[:, None])
+            s = s * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            m = m_new
+        return m, s, acc
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _split_kernel(  # type: ignore[no-untyped-def]
@@ -76,24 +108,10 @@ if triton is not None:
         q_rows = (row * NUM_KV * GROUP + q_head)[:, None] * HEAD_DIM + dims[None, :]
         q = tl.load(q_ptr + q_rows, mask=head_ok[:, None], other=0.0)
         base = slot.to(tl.int64) * stride_cs + kv_head * stride_ch
-        m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-        s = tl.zeros([GROUP_PAD], dtype=tl.float32)
-        acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
         end = tl.minimum(start + SPLIT_LEN, length)
-        for block in range(start, end, BLOCK):
-            keys = block + tl.arange(0, BLOCK)
-            key_ok = keys < end
-            offs = base + keys[:, None] * stride_cl + dims[None, :]
-            k = tl.load(k_ptr + offs, mask=key_ok[:, None], other=0.0)
-            v = tl.load(v_ptr + offs, mask=key_ok[:, None], other=0.0)
-            scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-            scores = tl.where(key_ok[None, :], scores, float("-inf"))
-            m_new = tl.maximum(m, tl.max(scores, axis=1))
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(scores - m_new[:, None])
-            s = s * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-            m = m_new
+        m, s, acc = _attend_keys(
+            q, k_ptr, v_ptr, base, start, end, stride_cl, dims, scale, GROUP_PAD, HEAD_DIM, BLOCK
+        )
         # A split past the row's length ran no iteration (s == 0): lse = -inf drops it.
         has_keys = s > 0
         s_safe = tl.where(has_keys, s, 1.0)
