@@ -37,7 +37,11 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class Arrival:
-    """What every rank must know about a new request (broadcast by rank 0)."""
+    """What every rank must know about a new request (broadcast by rank 0, whole).
+
+    ``slo_ttft_s`` and ``target_output_tps`` are this request's own admission target
+    (D_i, seconds) and output-rate floor (T_i, tokens/s); None uses the pool's.
+    """
 
     request_id: str
     prompt_ids: list[int]
@@ -46,6 +50,8 @@ class Arrival:
     seed: int | None = None
     arrival_time: float | None = None
     first_token_time: float | None = None
+    slo_ttft_s: float | None = None
+    target_output_tps: float | None = None
 
 
 class ModelRunner(Protocol):
