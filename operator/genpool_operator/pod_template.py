@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from genpool_core.names import CONFIG_HASH_ANNOTATION, WORKER_PORT
+from genpool_core.termination import DEFAULT_TERMINATION_LOG
 from genpool_operator.spec import MODEL_MOUNT_PATH, GenPoolSpec, is_reserved_env
 
 CONTAINER_NAME = "worker"
@@ -90,6 +91,11 @@ def _container(spec: GenPoolSpec, image: str, refs: PodRefs) -> dict[str, Any]:
         "resources": _resources(spec),
         **_probes(),
         "lifecycle": {"preStop": {"exec": {"command": ["genpool-worker-drain"]}}},
+        # The worker writes a fatal error's cause there; a crash that could not (killed,
+        # an interpreter failure) leaves the log's tail instead. The operator's Degraded
+        # condition quotes it, so the cause reaches the GenPool without `kubectl logs`.
+        "terminationMessagePath": DEFAULT_TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,

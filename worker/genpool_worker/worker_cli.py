@@ -6,15 +6,18 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+import traceback
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from genpool_core.preemption import GenPreemptionConfigError
+from genpool_core.scheduler import GenScheduler
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
 from genpool_worker.metrics import WorkerMetrics
+from genpool_worker.termination_log import report_fatal
 from genpool_worker.worker_config import (
     ConfigEnvError,
     WorkerConfig,
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("genpool.worker")
 RANK_DEATH_GRACE_S = 1.0
+MAX_TRACEBACK_CHARS = 3000
 
 
 def torch_threads(tensor_parallel_size: int) -> int:
@@ -92,13 +96,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = parse_config(argv)
         scheduler = build_scheduler(config)
     except ValidationError as exc:
-        for error in exc.errors():
-            where = ".".join(str(p) for p in error["loc"]) or "config"
-            print(f"genpool-worker: error: {where}: {error['msg']}", file=sys.stderr)
-        return 2
+        return _config_error(
+            f"{'.'.join(str(p) for p in error['loc']) or 'config'}: {error['msg']}"
+            for error in exc.errors()
+        )
     except (GenPreemptionConfigError, ConfigEnvError) as exc:
-        print(f"genpool-worker: error: {exc}", file=sys.stderr)
-        return 2
+        return _config_error([str(exc)])
+    try:
+        return _run(config, scheduler)
+    except Exception as exc:  # model load, engine set-up: the cause goes to the pod's status
+        log.exception("worker failed to start")
+        report_fatal(f"{type(exc).__name__}: {exc}", _traceback_tail())
+        return 1
+
+
+def _config_error(problems: Iterable[str]) -> int:
+    """Exit 2 on a configuration the worker refuses, each problem on stderr and the first
+    as the termination message's cause."""
+    lines = list(problems)
+    for line in lines:
+        print(f"genpool-worker: error: {line}", file=sys.stderr)
+    report_fatal(f"invalid worker configuration: {lines[0]}", "\n".join(lines[1:]))
+    return 2
+
+
+def _traceback_tail() -> str:
+    # The end of a traceback names the failing call; the kubelet keeps only 4096 bytes.
+    return traceback.format_exc()[-MAX_TRACEBACK_CHARS:]
+
+
+def _run(config: WorkerConfig, scheduler: GenScheduler) -> int:
     log.info(scheduler.policy.enabled_line())
     followers, coordinator = _start_followers(config)
     runner, tokenizer = build_runner(config, scheduler.slots.pool_size)
@@ -157,12 +184,16 @@ def _serve(
         uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
     finally:
         engine.stop()
-    return 1 if engine.error else 0
+    if engine.error:
+        report_fatal(f"engine failed: {engine.error}")
+        return 1
+    return 0
 
 
 def _rank_died(engine: GenEngine, rank: int, exitcode: int) -> None:
     """A dead rank takes the worker down: readiness false at once, then exit non-zero."""
     engine.error = RuntimeError(f"rank {rank} exited with code {exitcode}")
+    report_fatal(f"tensor-parallel {engine.error}")  # kept only if the rank wrote none
     log.error("rank %d exited with code %d: shutting the worker down", rank, exitcode)
     time.sleep(RANK_DEATH_GRACE_S)  # let probes see /ready and /health fail
     os._exit(4)
@@ -176,12 +207,16 @@ def follower_main(
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(name)s %(message)s")
     watch_leader(leader_pid)
-    parsed = WorkerConfig.model_validate(config)
-    init_process_group(
-        rank, world_size, port, backend="nccl" if parsed.device == "cuda" else "gloo"
-    )
-    scheduler = build_scheduler(parsed)
-    runner, tokenizer = build_runner(parsed, scheduler.slots.pool_size, tp_rank=rank)
+    try:
+        parsed = WorkerConfig.model_validate(config)
+        init_process_group(
+            rank, world_size, port, backend="nccl" if parsed.device == "cuda" else "gloo"
+        )
+        scheduler = build_scheduler(parsed)
+        runner, tokenizer = build_runner(parsed, scheduler.slots.pool_size, tp_rank=rank)
+    except Exception as exc:  # the pod's one termination log names the rank that failed
+        report_fatal(f"tensor-parallel rank {rank}: {type(exc).__name__}: {exc}", _traceback_tail())
+        raise
     GenEngine(runner, tokenizer, scheduler, coordinator=DistCoordinator(rank)).run()
 
 

@@ -1,0 +1,64 @@
+"""Known models' attention shapes, so a tensor-parallel size that cannot work is refused
+before any pod starts (pure).
+
+The worker shards by attention heads, KV heads and MLP columns, so the tensor-parallel
+size must divide all three (``genpool_worker.model.layers.Shard.check`` is the rule at
+load time). For a model named here the operator applies the same rule at reconcile;
+any other model (a checkpoint directory it cannot read) passes, and the worker's own
+check at start reaches the GenPool's status through its termination message.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    num_heads: int
+    num_kv_heads: int
+    ffn_size: int
+
+    def can_shard(self, tensor_parallel_size: int) -> bool:
+        return self._common_divisor() % tensor_parallel_size == 0
+
+    def tensor_parallel_sizes(self) -> list[int]:
+        """Every size that shards this model: the divisors of what all three share."""
+        common = self._common_divisor()
+        return [n for n in range(1, common + 1) if common % n == 0]
+
+    def _common_divisor(self) -> int:
+        return math.gcd(self.num_heads, self.num_kv_heads, self.ffn_size)
+
+
+# Keys are lower-case model names, matched against the last component of spec.model
+# (a checkpoint directory in a model volume is usually named after its model).
+KNOWN_MODELS: dict[str, ModelShape] = {
+    "smollm2-135m": ModelShape(num_heads=9, num_kv_heads=3, ffn_size=1536),
+    "smollm2-135m-instruct": ModelShape(num_heads=9, num_kv_heads=3, ffn_size=1536),
+    "llama-3.1-8b": ModelShape(num_heads=32, num_kv_heads=8, ffn_size=14336),
+    "llama-3.1-8b-instruct": ModelShape(num_heads=32, num_kv_heads=8, ffn_size=14336),
+    "llama-3.1-70b": ModelShape(num_heads=64, num_kv_heads=8, ffn_size=28672),
+    "llama-3.1-70b-instruct": ModelShape(num_heads=64, num_kv_heads=8, ffn_size=28672),
+}
+
+
+def known_shape(model: str) -> ModelShape | None:
+    """The shape of ``model`` (a name or a path ending in one), or None when unknown."""
+    name = model.rstrip("/").rsplit("/", 1)[-1].lower()
+    return KNOWN_MODELS.get(name)
+
+
+def tensor_parallel_problem(model: str, tensor_parallel_size: int) -> str | None:
+    """Why ``tensor_parallel_size`` ranks cannot shard ``model``, or None when they can
+    (or when the model is unknown)."""
+    shape = known_shape(model)
+    if shape is None or shape.can_shard(tensor_parallel_size):
+        return None
+    sizes = ", ".join(map(str, shape.tensor_parallel_sizes()))
+    return (
+        f"spec.tensorParallelSize: {tensor_parallel_size} cannot shard {model} "
+        f"({shape.num_heads} attention heads, {shape.num_kv_heads} KV heads, MLP width "
+        f"{shape.ffn_size}): it must divide all three; sizes that work: {sizes}"
+    )
