@@ -34,6 +34,7 @@ LIVE_FIELDS = (
 GENERATION_FIELD = "generation"  # PUT /config's version: a worker refuses an older one
 
 WORKER_PORT = 8000  # the worker's HTTP port (completions, /stats, /config, /drain)
+OPERATOR_METRICS_PORT = 8081  # the operator's Prometheus /metrics (kopf's /healthz is 8080)
 
 # The GenPool API.
 API_GROUP = "genpool.dev"
@@ -48,6 +49,13 @@ GENERATION_ANNOTATION = f"{API_GROUP}/generation"  # on the StatefulSet: the Gen
 CONFIG_HASH_ANNOTATION = f"{API_GROUP}/config-hash"  # on the pod template: worker.json's hash
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "genpool-operator"  # also the server-side-apply field manager
+
+# The Gateway API Inference Extension's InferencePool (v1.0.0 and later), a GenPool child
+# when spec.inferencePool.enabled: gateways route to the pods it selects.
+INFERENCE_POOL_GROUP = "inference.networking.k8s.io"
+INFERENCE_POOL_API_VERSION = f"{INFERENCE_POOL_GROUP}/v1"
+INFERENCE_POOL_KIND = "InferencePool"
+INFERENCE_POOL_PLURAL = "inferencepools"
 
 
 def pool_label_selector(pool: str) -> str:

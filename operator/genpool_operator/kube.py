@@ -17,7 +17,15 @@ from typing import Any, TypeVar
 
 import httpx
 
-from genpool_core.names import API_KIND, API_PLURAL, GROUP_VERSION, MANAGED_BY
+from genpool_core.names import (
+    API_KIND,
+    API_PLURAL,
+    GROUP_VERSION,
+    INFERENCE_POOL_API_VERSION,
+    INFERENCE_POOL_KIND,
+    INFERENCE_POOL_PLURAL,
+    MANAGED_BY,
+)
 
 log = logging.getLogger("genpool.operator.kube")
 FIELD_MANAGER = MANAGED_BY
@@ -33,6 +41,7 @@ _PLURALS = {
     ("apps/v1", "StatefulSet"): "statefulsets",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     (GROUP_VERSION, API_KIND): API_PLURAL,
+    (INFERENCE_POOL_API_VERSION, INFERENCE_POOL_KIND): INFERENCE_POOL_PLURAL,
 }
 
 

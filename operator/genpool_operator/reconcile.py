@@ -11,7 +11,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from genpool_core.names import POOL_LABEL, pool_label_selector
+from genpool_core.names import (
+    INFERENCE_POOL_API_VERSION,
+    INFERENCE_POOL_KIND,
+    POOL_LABEL,
+    pool_label_selector,
+)
 from genpool_operator.builders import PoolRef, build_children
 from genpool_operator.conditions import (
     Condition,
@@ -20,7 +25,16 @@ from genpool_operator.conditions import (
     readiness_conditions,
     ready_text,
 )
-from genpool_operator.kube import Kube, object_path, with_retries
+from genpool_operator.inference_pool import (
+    INFERENCE_POOL_CONDITION,
+    applied,
+    build_inference_pool,
+    crd_not_installed,
+    inference_pool_name,
+    is_owned_by,
+    rejected,
+)
+from genpool_operator.kube import Kube, KubeError, object_path, resource_path, with_retries
 from genpool_operator.spec import GenPoolSpec
 from genpool_operator.status import now_iso, update_status
 
@@ -37,7 +51,7 @@ class OperatorOptions:
 class ChildChange:
     kind: str
     name: str
-    action: str  # created | updated | unchanged
+    action: str  # created | updated | unchanged | deleted
 
 
 def pool_ref(body: dict[str, Any]) -> PoolRef:
@@ -54,6 +68,7 @@ async def apply_children(
     changes = []
     for child in children:
         changes.append(await _apply_one(kube, child))
+    changes.extend(await apply_inference_pool(kube, body, spec))
     return changes
 
 
@@ -152,3 +167,74 @@ def _strip_times(conditions: Any) -> list[tuple[Any, ...]]:
         (c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
         for c in conditions or []
     ]
+
+
+async def apply_inference_pool(
+    kube: Kube, body: dict[str, Any], spec: GenPoolSpec
+) -> list[ChildChange]:
+    """The InferencePool child of an enabled ``spec.inferencePool``, and its condition.
+
+    A missing CRD or a refused object is news for the condition, not a failed reconcile:
+    the workers serve without a gateway in front of them. Disabled, the InferencePool this
+    GenPool wrote is deleted and the condition dropped.
+    """
+    pool, picker = pool_ref(body), spec.inference_pool.endpoint_picker_ref
+    if not spec.inference_pool.enabled or picker is None:
+        return await _remove_inference_pool(kube, body)
+    child = build_inference_pool(pool, spec.inference_pool)
+    try:
+        change = await _apply_one(kube, child)
+    except KubeError as exc:
+        if exc.status >= 500:  # transient: with_retries gave up, kopf retries the handler
+            raise
+        failed = crd_not_installed() if exc.status == 404 else rejected(exc.status, exc.message)
+        log.warning("%s/%s: no InferencePool: %s", pool.namespace, pool.name, failed.message)
+        await _set_inference_pool_condition(kube, body, failed)
+        return []
+    await _set_inference_pool_condition(kube, body, applied(pool, picker))
+    return [change]
+
+
+async def _remove_inference_pool(kube: Kube, body: dict[str, Any]) -> list[ChildChange]:
+    pool = pool_ref(body)
+    name = inference_pool_name(pool.name)
+    path = resource_path(INFERENCE_POOL_API_VERSION, INFERENCE_POOL_KIND, pool.namespace, name)
+    removed = []
+    try:
+        existing = await kube.get(path)  # None too when the CRD is not installed
+        if existing is not None and is_owned_by(existing, pool):
+            await kube.request("DELETE", path)
+            removed.append(ChildChange(INFERENCE_POOL_KIND, name, "deleted"))
+    except KubeError as exc:
+        if exc.status >= 500:
+            raise
+        # 403: an operator without the inferencepools rule never wrote one to remove.
+        log.debug("%s/%s: InferencePool not checked: %s", pool.namespace, pool.name, exc)
+    stale = any(
+        c.get("type") == INFERENCE_POOL_CONDITION
+        for c in (body.get("status") or {}).get("conditions") or []
+    )
+    if stale:
+        await _set_inference_pool_condition(kube, body, None)
+    return removed
+
+
+async def _set_inference_pool_condition(
+    kube: Kube, body: dict[str, Any], condition: Condition | None
+) -> None:
+    """Write ``condition`` (None: drop InferencePoolReady) when it is news."""
+    meta = body["metadata"]
+    stamp = now_iso()
+
+    def mutate(status: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any] | None:
+        current = status.get("conditions") or []
+        if condition is None:
+            kept = [c for c in current if c.get("type") != INFERENCE_POOL_CONDITION]
+            return {"conditions": kept} if len(kept) < len(current) else None
+        generation = fresh["metadata"].get("generation")
+        merged = merge_conditions(
+            current, [condition], now_iso=stamp, observed_generation=generation
+        )
+        return None if _strip_times(merged) == _strip_times(current) else {"conditions": merged}
+
+    await update_status(kube, meta["namespace"], meta["name"], mutate)

@@ -132,6 +132,33 @@ class Drain(_Section):
     timeout_seconds: int = Field(default=120, ge=1, le=3600)
 
 
+class Slo(_Section):
+    """What the user wants: GEN TTFT p90 at most ``ttftP90Seconds`` and at least
+    ``attainment`` of the requests at or above T (``preemption.targetOutputTps``)."""
+
+    ttft_p90_seconds: float = Field(gt=0, le=3600)
+    attainment: float = Field(default=0.8, gt=0, lt=1)
+
+
+class Autoscaling(_Section):
+    """The operator's replica scaler (``genpool_core.scaler``), run every stats round."""
+
+    enabled: bool = False
+    min_replicas: int = Field(default=1, ge=1, le=256)
+    max_replicas: int | None = Field(default=None, ge=1, le=256)
+    scale_up_stabilization_seconds: int = Field(default=0, ge=0, le=3600)
+    scale_down_stabilization_seconds: int = Field(default=300, ge=0, le=3600)
+    max_step: int = Field(default=4, ge=1, le=256)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Autoscaling:
+        if self.enabled and self.max_replicas is None:
+            raise ValueError("autoscaling.maxReplicas is required when autoscaling.enabled is true")
+        if self.max_replicas is not None and self.min_replicas > self.max_replicas:
+            raise ValueError("autoscaling.minReplicas must not exceed autoscaling.maxReplicas")
+        return self
+
+
 class Toleration(_Section):
     key: str | None = None
     operator: Literal["Exists", "Equal"] | None = None
@@ -202,6 +229,29 @@ class ModelVolume(_Section):
         return self
 
 
+class EndpointPickerRef(_Section):
+    """The endpoint picker's Service, as the InferencePool's ``endpointPickerRef`` names it."""
+
+    name: str = Field(min_length=1, max_length=253)
+    port: int = Field(ge=1, le=65535)
+    failure_mode: Literal["FailOpen", "FailClose"] = "FailClose"
+
+
+class InferencePool(_Section):
+    """Routing by the Gateway API Inference Extension: an InferencePool of the workers."""
+
+    enabled: bool = False
+    endpoint_picker_ref: EndpointPickerRef | None = None
+
+    @model_validator(mode="after")
+    def _picker_when_enabled(self) -> InferencePool:
+        if self.enabled and self.endpoint_picker_ref is None:
+            raise ValueError(
+                "inferencePool.endpointPickerRef is required when inferencePool.enabled is true"
+            )
+        return self
+
+
 def is_reserved_env(name: str) -> bool:
     return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIX)
 
@@ -219,6 +269,16 @@ class GenPoolSpec(_Section):
     tuning: Tuning = Field(default_factory=Tuning)
     drain: Drain = Field(default_factory=Drain)
     pod_template: PodTemplate = Field(default_factory=PodTemplate)
+    inference_pool: InferencePool = Field(default_factory=InferencePool)
+    slo: Slo | None = None
+    autoscaling: Autoscaling = Field(default_factory=Autoscaling)
+    advisory: bool = False
+
+    @model_validator(mode="after")
+    def _autoscaling_needs_slo(self) -> GenPoolSpec:
+        if self.autoscaling.enabled and self.slo is None:
+            raise ValueError("slo is required when autoscaling.enabled is true")
+        return self
 
     @model_validator(mode="after")
     def _bounds_within_headroom(self) -> GenPoolSpec:

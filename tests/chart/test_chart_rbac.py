@@ -9,7 +9,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from genpool_core.names import API_GROUP, API_PLURAL
+from genpool_core.names import (
+    API_GROUP,
+    API_PLURAL,
+    INFERENCE_POOL_GROUP,
+    INFERENCE_POOL_PLURAL,
+)
 
 from .conftest import (
     CASES,
@@ -40,6 +45,7 @@ POOL_RULES: dict[tuple[str, str], frozenset[str]] = {
     ("", "services"): POOL_VERBS,
     ("", "configmaps"): POOL_VERBS,
     ("policy", "poddisruptionbudgets"): POOL_VERBS,
+    (INFERENCE_POOL_GROUP, INFERENCE_POOL_PLURAL): POOL_VERBS,
     ("", "secrets"): frozenset({"create", "patch", "update", "delete"}),
     ("", "pods"): frozenset({"get", "list", "watch"}),
     ("", "pods/log"): frozenset({"get"}),

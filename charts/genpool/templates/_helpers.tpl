@@ -125,6 +125,11 @@ from its env) into each pool's "<pool>-worker-admin" Secret and never reads one.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+# spec.inferencePool: the Gateway API Inference Extension's InferencePool (a rule for a
+# CRD that is not installed is harmless; the operator then reports CRDNotInstalled).
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create", "patch", "update", "delete"]
