@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .probes import Probe, Target
 from .process import Proc, api_time, exit_reason
+from .termination import termination_message
 
 Obj = dict[str, Any]
 STABLE_RUN_S = 60.0  # a run this long resets the crash back-off
+LOG_DRAIN_S = 2.0  # how long an exit waits for the run's last log lines (the fallback message)
 
 
 @dataclass
@@ -36,6 +39,7 @@ class Container:
     crashes: int = 0
     run_began: float = 0.0
     probes: dict[str, Probe] = field(default_factory=dict)
+    message_file: Path | None = None  # this run's termination-message file
 
     @property
     def name(self) -> str:
@@ -106,13 +110,19 @@ class Container:
 
     def exit_term(self, code: int) -> Obj:
         assert self.proc is not None
-        return {
+        term: Obj = {
             "exitCode": code,
             "reason": exit_reason(code),
             "startedAt": self.proc.started_at,
             "finishedAt": self.proc.finished_at or api_time(),
             "containerID": f"process://{self.proc.pid}",
         }
+        if code != 0:
+            self.proc.pump.join(LOG_DRAIN_S)  # the log's tail may be the message
+        message = termination_message(self.spec, self.message_file, self.proc.pump.path, code)
+        if message:
+            term["message"] = message
+        return term
 
     def start_failed(self, message: str, policy: str, backoff: Backoff) -> None:
         """A start that never produced a process counts as a (failed) run, as in the kubelet."""

@@ -95,6 +95,10 @@ class PodDir:
     def log_dir(self, container: str) -> Path:
         return self.path / "logs" / container
 
+    def message_dir(self, container: str) -> Path:
+        """Termination-message files, one a run; kept with the logs."""
+        return self.path / "termination" / container
+
     def cleanup(self) -> None:
         """Drop volumes and scratch space; keep logs (and the tree) for post-mortems."""
         for d in (self.volumes, self.tmp, self.work, self.sa_dir):

@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 
+from genpool_core.termination import TERMINATION_LOG_ENV
+
 from . import podstatus
 from .containers import Container
 from .env import EnvError, expand_argv
@@ -21,6 +23,7 @@ from .podenv import Context, container_env
 from .probes import Target, run_handler
 from .process import Proc, StartError, api_time
 from .sandbox import ApiAccess, PodDir, materialize_volumes
+from .termination import fresh_message_file
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -166,6 +169,10 @@ class PodWorker(Lifecycle, threading.Thread):
         workdir = Path(c.spec.get("workingDir") or self.pdir.work)
         cwd = workdir if workdir.is_dir() else self.pdir.work
         run_index = c.restart_count + (1 if c.ever_ran else 0)
+        c.message_file = None
+        if c.spec.get("terminationMessagePath"):
+            c.message_file = fresh_message_file(self.pdir.message_dir(c.name), run_index)
+            env[TERMINATION_LOG_ENV] = str(c.message_file)
         try:
             if not argv:
                 raise StartError(
