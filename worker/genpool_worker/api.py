@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -11,6 +12,7 @@ MAX_TEMPERATURE = 2.0
 # Clients and workers do not share a clock: an arrival stamped this far in the
 # future is clamped to now; further is a client bug and rejected.
 ARRIVAL_SKEW_TOLERANCE_S = 5.0
+MAX_STOP_STRINGS = 4  # OpenAI's limit
 
 
 def _finite_time(value: float | None, name: str) -> float | None:
@@ -39,19 +41,20 @@ class GenPoolTiming(BaseModel):
         return self
 
 
-class CompletionRequest(BaseModel):
-    """OpenAI ``/v1/completions`` subset."""
+class GenerationRequest(BaseModel):
+    """What both completion endpoints take besides the prompt (OpenAI subset + extensions)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    prompt: str | list[int]
-    max_tokens: int = Field(default=16, ge=1)
     temperature: float = Field(default=0.0, ge=0.0, le=MAX_TEMPERATURE)
     stream: bool = False
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = None
     model: str | None = None
     user: str | None = None
     genpool: GenPoolTiming | None = None
+    # ``{"ttft_ms", "tpot_ms"}``: checked by slo_request (a bad value is a 400 naming it)
+    slo: dict[str, object] | None = None
 
     @field_validator("temperature", mode="before")
     @classmethod
@@ -65,12 +68,79 @@ class CompletionRequest(BaseModel):
             raise ValueError("temperature must be finite")
         return value
 
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+        if not all(stops):
+            raise ValueError("stop strings must not be empty")
+        return value
+
+    def stop_strings(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+
+class CompletionRequest(GenerationRequest):
+    """OpenAI ``/v1/completions`` subset."""
+
+    prompt: str | list[int]
+    max_tokens: int = Field(default=16, ge=1)
+
     @field_validator("prompt")
     @classmethod
     def _non_empty(cls, value: str | list[int]) -> str | list[int]:
         if len(value) == 0:
             raise ValueError("prompt must not be empty")
         return value
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def as_template_input(self) -> dict[str, str]:
+        """What a chat template reads: ``role`` and ``content`` as text (parts joined)."""
+        content = self.content
+        text = content if isinstance(content, str) else "".join(p.text for p in content)
+        return {"role": self.role, "content": text}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(GenerationRequest):
+    """OpenAI ``/v1/chat/completions`` subset. Without a length limit a reply may run
+    to the model's context (``max_seq_len``), as OpenAI's does."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stream_options: StreamOptions | None = None
+
+    @model_validator(mode="after")
+    def _one_length_limit(self) -> ChatCompletionRequest:
+        limits = {self.max_tokens, self.max_completion_tokens} - {None}
+        if len(limits) > 1:
+            raise ValueError("max_tokens and max_completion_tokens differ: send one")
+        return self
+
+    def length_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
 
 
 class ConfigUpdate(BaseModel):

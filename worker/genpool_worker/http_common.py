@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from genpool_worker.api import MAX_BODY_BYTES
+from genpool_worker.chat_template import ChatPrompter, chat_prompter
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
 from genpool_worker.metrics import WorkerMetrics
@@ -31,6 +32,10 @@ class ServerContext:
     admin_token: str | None = None
     stamp_arrival: bool = False
     config_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    chat: ChatPrompter = field(init=False)  # the model's chat template, compiled once
+
+    def __post_init__(self) -> None:
+        self.chat = chat_prompter(self.tokenizer, self.engine.model_info)
 
 
 def context_of(request: Request) -> ServerContext:
@@ -49,6 +54,11 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
     headers = {"Retry-After": RETRY_AFTER_S} if status in (429, 503) else None
     body = {"error": {"message": message, "type": kind, "code": status}}
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def sse(payload: dict[str, Any]) -> str:
+    """One server-sent event carrying ``payload`` as JSON."""
+    return f"data: {json.dumps(payload)}\n\n"
 
 
 def require_admin(request: Request) -> None:

@@ -12,7 +12,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from genpool_core.stats import SchedulerStats
     from genpool_worker.engine import GenEngine
+
+# The model-server protocol (Gateway API Inference Extension endpoint pickers, llm-d,
+# KEDA): vLLM's names, so unmodified consumers read a GenPool worker. The picker of GIE
+# v1.2.0 reads the KV gauge under vLLM's older name, so it is exported under both.
+NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
+NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
+KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc"
+KV_CACHE_USAGE_PERC_OLD = "vllm:gpu_cache_usage_perc"
+MODEL_NAME_LABEL = "model_name"  # vLLM's label on these series
 
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -23,6 +33,7 @@ class WorkerMetrics(Collector):
         self.registry = CollectorRegistry()
         self.labels = {"model": model_name, "synthetic": "true" if is_synthetic else "false"}
         self.engine: GenEngine | None = None
+        self.max_batch_size = 0  # B, fixed for the worker's life: the KV gauge's capacity
         self.requests_total = {"ok": 0, "rejected": 0, "invalid": 0}
         self.step_seconds = Histogram(
             "genpool_step_seconds",
@@ -48,6 +59,11 @@ class WorkerMetrics(Collector):
             registry=self.registry,
         )
         self.registry.register(self)
+
+    def attach(self, engine: GenEngine) -> None:
+        """Serve gauges from ``engine``'s snapshots from now on."""
+        self.engine = engine
+        self.max_batch_size = engine.scheduler.slots.max_batch_size
 
     def observe_request(self, ttft_s: float | None, tpot_s: float | None) -> None:
         if ttft_s is not None:
@@ -85,6 +101,7 @@ class WorkerMetrics(Collector):
             return
         snap = self.engine.snapshot
         s = snap.stats
+        yield from self._model_server_gauges(s)
         yield counter("genpool_tokens", "Output tokens produced", snap.tokens_total)
         yield gauge("genpool_queue_length", "Waiters in the admission queue", s.waiters)
         yield gauge("genpool_residents", "Resident requests (active + paused)", s.residents)
@@ -108,6 +125,23 @@ class WorkerMetrics(Collector):
         if s.admission_target_s is not None:
             yield gauge("genpool_admission_target_seconds", "Adaptive target X",
                         s.admission_target_s)  # fmt: skip
+
+    def _model_server_gauges(self, s: SchedulerStats) -> Iterator[Metric]:
+        """Queued = waiting for admission. Running = residents: a paused resident keeps
+        its KV slot, so it is running to a router. KV usage = resident slots held over
+        the slots in force (B + H), as a fraction in [0, 1]."""
+        labels = {MODEL_NAME_LABEL: self.labels["model"]}
+        capacity = self.max_batch_size + s.resident_headroom
+        usage = min(1.0, s.residents / capacity) if capacity > 0 else 0.0
+        for name, doc, value in (
+            (NUM_REQUESTS_WAITING, "Requests waiting for admission", s.waiters),
+            (NUM_REQUESTS_RUNNING, "Resident requests (in the batch or paused)", s.residents),
+            (KV_CACHE_USAGE_PERC, "Fraction of KV slots held by residents", usage),
+            (KV_CACHE_USAGE_PERC_OLD, f"{KV_CACHE_USAGE_PERC} under vLLM's older name", usage),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=list(labels))
+            family.add_metric(list(labels.values()), float(value))
+            yield family
 
 
 class RequestTimer:

@@ -1,18 +1,26 @@
-"""The worker's HTTP API (docs/design.md#worker-http-api): routes validate and serialize,
-the engine does the work. Admin endpoints need ``Authorization: Bearer $GENPOOL_ADMIN_TOKEN``."""
+"""The worker's HTTP API (docs/worker.md#http-api): routes validate and serialize, the
+engine does the work. Admin endpoints need ``Authorization: Bearer $GENPOOL_ADMIN_TOKEN``.
+Every error, the framework's own (404, 405) included, has the JSON shape of
+``http_common.error_response``."""
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+import logging
 
-from genpool_worker import admin_routes, completions_route, status_routes
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from genpool_worker import admin_routes, chat_route, completions_route, status_routes
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
 from genpool_worker.http_common import ApiError, ServerContext, context_of, error_response
 from genpool_worker.metrics import WorkerMetrics
 
 INVALID_STATUSES = (400, 413, 422)  # counted as ``genpool_requests_total{outcome="invalid"}``
+ERROR_KINDS = {404: "not_found_error", 405: "invalid_request_error"}
+log = logging.getLogger("genpool.worker")
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
@@ -20,6 +28,30 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     if exc.status in INVALID_STATUSES:
         context_of(request).metrics.count_request("invalid")
     return error_response(exc.status, exc.message, exc.kind)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    """The router's 404 (no such path) and 405 (path exists, not with this method)."""
+    assert isinstance(exc, HTTPException)
+    target = f"{request.method} {request.url.path}"
+    message = {404: f"no route {target}", 405: f"method not allowed: {target}"}.get(
+        exc.status_code, str(exc.detail)
+    )
+    kind = ERROR_KINDS.get(exc.status_code, "invalid_request_error")
+    response = error_response(exc.status_code, message, kind)
+    response.headers.update(exc.headers or {})  # 405 carries ``Allow``
+    return response
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    context_of(request).metrics.count_request("invalid")
+    return error_response(422, str(exc.errors()))
+
+
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return error_response(500, f"internal error: {type(exc).__name__}", "internal_error")
 
 
 def create_app(
@@ -32,8 +64,11 @@ def create_app(
 ) -> FastAPI:
     app = FastAPI(title="GenPool GEN worker", docs_url=None, redoc_url=None)
     app.state.context = ServerContext(engine, tokenizer, metrics, admin_token, stamp_arrival)
-    metrics.engine = engine
+    metrics.attach(engine)
     app.add_exception_handler(ApiError, _api_error)
-    for module in (completions_route, status_routes, admin_routes):
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _internal_error)
+    for module in (completions_route, chat_route, status_routes, admin_routes):
         app.include_router(module.router)
     return app

@@ -61,8 +61,25 @@ class Tokenizer:
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
 
+    @property
+    def chat_template(self) -> str | None:
+        """The checkpoint's Jinja chat template (GGUF metadata or tokenizer_config.json)."""
+        template = getattr(self._tok, "chat_template", None)
+        return template if isinstance(template, str) else None
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """``bos_token`` / ``eos_token`` as text: variables every chat template may use."""
+        names = ("bos_token", "eos_token")
+        return {name: str(getattr(self._tok, name) or "") for name in names}
+
+    def encode_rendered(self, text: str) -> list[int]:
+        """Ids of a rendered chat: its special tokens are the template's, none added."""
+        return list(self._tok.encode(text, add_special_tokens=False))
+
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
-        """Ids of a chat in the checkpoint's template, ending with the assistant prompt."""
+        """Ids of a chat in the checkpoint's template, ending with the assistant prompt
+        (transformers' renderer: the reference the worker's own renderer is tested against)."""
         encoded = self._tok.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True, return_dict=True
         )

@@ -1,0 +1,116 @@
+"""What both completion endpoints share: an ``Arrival`` from a validated body, the
+submit-and-wait-for-admission handshake, and the engine's events as text pieces with
+``stop`` strings applied. The routes only format these pieces (text or chat)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass
+
+from genpool_worker.api import ARRIVAL_SKEW_TOLERANCE_S, GenerationRequest
+from genpool_worker.engine import GenEngine
+from genpool_worker.engine_io import Arrival, EngineRequest
+from genpool_worker.events import Accepted, Failed, Finished, Rejected, TokenDelta, Usage
+from genpool_worker.http_common import ApiError, ServerContext
+from genpool_worker.metrics import RequestTimer
+from genpool_worker.slo_request import request_slo
+from genpool_worker.stop_strings import StopMatcher
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """The last piece: OpenAI's ``finish_reason`` and the engine's token counts."""
+
+    finish_reason: str
+    usage: Usage
+
+
+def make_arrival(
+    context: ServerContext,
+    body: GenerationRequest,
+    ids: list[int],
+    max_tokens: int,
+    headers: Mapping[str, str],
+    *,
+    id_prefix: str,
+) -> Arrival:
+    """The request as the engine sees it; raises ``ApiError`` for what it cannot serve."""
+    max_seq_len = context.engine.model_info.max_seq_len
+    if len(ids) + max_tokens > max_seq_len:
+        raise ApiError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) "
+                       f"exceeds max_seq_len {max_seq_len}")  # fmt: skip
+    slo = request_slo(headers, body.slo)
+    now = time.time()
+    timing = body.genpool
+    arrival = timing.arrival_time if timing else None
+    if arrival is not None and arrival > now + ARRIVAL_SKEW_TOLERANCE_S:
+        raise ApiError(422, f"genpool.arrival_time is {arrival - now:.1f} s in the future")
+    if arrival is None and context.stamp_arrival:
+        arrival = now
+    return Arrival(
+        request_id=f"{id_prefix}-{uuid.uuid4().hex[:24]}",
+        prompt_ids=ids,
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        seed=body.seed,
+        arrival_time=arrival,
+        first_token_time=timing.first_token_time if timing else None,
+        slo_ttft_s=slo.ttft_s,
+        target_output_tps=slo.target_output_tps,
+    )
+
+
+async def submit(context: ServerContext, arrival: Arrival) -> EngineRequest:
+    """Queue ``arrival``; returns once the scheduler accepted it, else raises the 4xx/5xx."""
+    if context.engine.is_draining:
+        raise ApiError(503, "worker is draining", "unavailable")
+    submitted = EngineRequest(arrival, loop=asyncio.get_running_loop())
+    context.engine.submit(submitted)
+    first = await submitted.events.get()
+    if not isinstance(first, Accepted):
+        context.metrics.count_request("rejected")
+        status = first.status if isinstance(first, Rejected) else 500
+        message = first.message if isinstance(first, (Rejected, Failed)) else repr(first)
+        raise ApiError(status, message, "overloaded" if status == 429 else "error")
+    context.metrics.count_request("ok")
+    return submitted
+
+
+async def pieces(
+    engine: GenEngine, request: EngineRequest, stops: tuple[str, ...], timer: RequestTimer
+) -> AsyncGenerator[str | End, None]:
+    """Text to send, then one ``End``. A stop string ends the text before it and aborts
+    the request (the engine's client-disconnect path), which still reports its usage.
+    Closed early (the client went away): the request is aborted, freeing its slot."""
+    matcher = StopMatcher(stops) if stops else None
+    is_done = False
+    try:
+        while True:
+            event = await request.events.get()
+            if isinstance(event, TokenDelta):
+                timer.text()
+                if matcher is None:
+                    yield event.text
+                    continue
+                was_stopped = matcher.is_stopped
+                if text := matcher.feed(event.text):
+                    yield text
+                if matcher.is_stopped and not was_stopped:
+                    engine.abort(request.request_id)
+            elif isinstance(event, Finished):
+                is_done = True
+                timer.done(event.usage.completion_tokens)
+                if matcher is not None and (tail := matcher.flush()):
+                    yield tail
+                is_stopped = matcher is not None and matcher.is_stopped
+                yield End("stop" if is_stopped else event.reason.value, event.usage)
+                return
+            elif isinstance(event, Failed):
+                is_done = True
+                raise ApiError(500, event.message, "engine_error")
+    finally:
+        if not is_done:
+            engine.abort(request.request_id)
