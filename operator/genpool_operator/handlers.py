@@ -25,6 +25,7 @@ from genpool_operator.reconcile import (
     record_spec_status,
 )
 from genpool_operator.round_plan import round_events, round_interval
+from genpool_operator.scaling_plan import spec_in_force
 from genpool_operator.scrape import WorkerClient
 from genpool_operator.spec import GenPoolSpec
 from genpool_operator.statsloop import PoolMemory, RoundReport, run_round
@@ -96,6 +97,8 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await record_spec_status(runtime.kube, raw, None, message)
         kopf.warn(body, reason="InvalidSpec", message=message)
         raise kopf.PermanentError(message) from None
+    # With autoscaling the replicas are the scaler's (status.desiredReplicas): never reset.
+    spec = spec_in_force(spec, body.get("status"))
     changes = await apply_children(runtime.kube, raw, spec, runtime.options)
     await record_spec_status(runtime.kube, raw, spec, None)
     changed = [f"{c.kind}/{c.name} {c.action}" for c in changes if c.action != "unchanged"]

@@ -8,6 +8,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from genpool_core.names import OPERATOR_METRICS_PORT
+
 DNS_LABEL_MAX = 63
 
 
@@ -36,6 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="IP address of /healthz (default: $POD_IP, else 127.0.0.1)",
     )
     parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=OPERATOR_METRICS_PORT,
+        help="TCP port of the Prometheus /metrics (0: off; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default=os.environ.get("POD_IP", "127.0.0.1"),
+        help="IP address of /metrics (default: $POD_IP, else 127.0.0.1)",
+    )
+    parser.add_argument(
         "--peering",
         metavar="NAME",
         help="kopf peering object for running more than one replica (HA); off: standalone",
@@ -53,8 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not 0 <= args.liveness_port <= 65535:
-        parser.error(f"--liveness-port {args.liveness_port} is not a port")
+    for flag, port in (
+        ("--liveness-port", args.liveness_port),
+        ("--metrics-port", args.metrics_port),
+    ):
+        if not 0 <= port <= 65535:
+            parser.error(f"{flag} {port} is not a port")
+    if args.metrics_port and args.metrics_port == args.liveness_port:
+        parser.error("--metrics-port and --liveness-port must differ")
     for namespace in args.namespace:
         if not namespace or len(namespace) > DNS_LABEL_MAX or not _is_dns_label(namespace):
             parser.error(f"--namespace {namespace!r} is not a valid namespace name")
@@ -87,6 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import kopf
 
     import genpool_operator.handlers  # noqa: F401  (registers the handlers)
+    from genpool_operator import metrics
+
+    if args.metrics_port:
+        metrics.serve(args.metrics_host, args.metrics_port)
 
     liveness = (
         f"http://{args.liveness_host}:{args.liveness_port}/healthz" if args.liveness_port else None

@@ -18,9 +18,22 @@ from genpool_core.knobs import KnobBounds, Knobs
 from genpool_core.names import DEFAULT_STAT_INTERVAL_S
 from genpool_core.statline import StatLine
 from genpool_operator.conditions import Condition, merge_conditions
+from genpool_operator.scaling_plan import (
+    PoolView,
+    ScalingPlan,
+    SloMeasure,
+    SloVerdict,
+    history_entry,
+    measure_slo,
+    merge_slo_condition,
+    plan_scaling,
+    scaling_status,
+    slo_verdict,
+    was_slo_met,
+)
 from genpool_operator.spec import GenPoolSpec
 
-HISTORY_LIMIT = 10  # status.tuning.history keeps this many knob changes
+HISTORY_LIMIT = 10  # status.tuning.history keeps this many knob and replica changes
 STALE_INTERVALS = 2  # stats are stale when no pod's line moved for this many intervals
 
 
@@ -102,20 +115,29 @@ class RoundPlan:
     bounds: KnobBounds
     live: dict[str, Any]  # pushed with PUT /config to every pod not yet in sync
     generation: int
+    scaling: ScalingPlan | None = None  # None: autoscaling off
+    slo: SloMeasure = field(default_factory=lambda: SloMeasure(None, None))
+    verdict: SloVerdict | None = None  # None: no spec.slo
+    slo_met_before: str | None = None  # SLOMet's status before the round
+    is_advisory: bool = False  # decide and record, apply nothing
 
     @property
     def knobs(self) -> Knobs:
-        return self.decision.knobs if self.decision else self.knobs_before
+        """The knobs in force after the round (an advisory decision is not applied)."""
+        if self.decision is None or self.is_advisory:
+            return self.knobs_before
+        return self.decision.knobs
 
     def change_text(self) -> str:
         """``raise-cap-budget-unspent: headroom 1 -> 2, cap 1 -> 2`` for Events."""
         if self.decision is None:
             return ""
         before, after = self.knobs_before, self.decision.knobs
-        return (
+        text = (
             f"{self.decision.reason}: headroom {before.resident_headroom} -> "
             f"{after.resident_headroom}, cap {before.paused_cap} -> {after.paused_cap}"
         )
+        return f"advisory, not applied: {text}" if self.is_advisory else text
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,9 +168,12 @@ def plan_round(
     *,
     now: float,
     tune: bool,
+    pool: PoolView | None = None,
 ) -> RoundPlan:
-    """Aggregate, tune (when ``tune`` and a line is new or the stats went stale) and
-    choose the live config and its generation."""
+    """Aggregate, tune and scale (when ``tune`` and a line is new or the stats went
+    stale), and choose the live config and its generation. ``pool``: the status, ready
+    pods and wall clock the scaler needs (none: an empty status)."""
+    pool = pool or PoolView({})
     fresh = observe(seen, lines, now=now, interval=round_interval(spec))
     stats = aggregate(list(lines.values()))
     before = knobs_in_force(spec, tuning_status)
@@ -159,10 +184,19 @@ def plan_round(
         state = tuner.TunerState.from_status(tuning_status)
         settings = tuner.TunerSettings(cooldown_intervals=spec.tuning.cooldown_intervals)
         decision = tuner.tune(before, bounds, stats, state, settings, stale=fresh.is_stale)
-    knobs = decision.knobs if decision else before
+    knobs = decision.knobs if decision and not spec.advisory else before
     live = live_config(spec, knobs)
     generation = desired_generation(tuning_status, live)
-    return RoundPlan(fresh.seen, stats, fresh.is_stale, decision, before, bounds, live, generation)
+    fresh_stats = None if fresh.is_stale else stats
+    measure = measure_slo(fresh_stats)
+    return RoundPlan(
+        fresh.seen, stats, fresh.is_stale, decision, before, bounds, live, generation,
+        scaling=plan_scaling(spec, pool, fresh_stats, is_due=is_due),
+        slo=measure,
+        verdict=slo_verdict(spec, measure),
+        slo_met_before=was_slo_met(pool.status),
+        is_advisory=spec.advisory,
+    )  # fmt: skip
 
 
 def tuning_record(
@@ -180,15 +214,25 @@ def tuning_record(
     if decision is not None:
         record.update(decision.state.to_status())
         record["lastReason"] = decision.reason
+    changes = []
     if decision is not None and decision.changed:
-        change = {
+        change: dict[str, Any] = {
             "time": now_text,
             "reason": decision.reason,
+            "kind": "Knobs",
             "from": plan.knobs_before.to_json(),
             "to": decision.knobs.to_json(),
         }
-        record["lastChange"] = change
-        record["history"] = [*list(tuning_status.get("history") or []), change][-HISTORY_LIMIT:]
+        if plan.is_advisory:
+            change["advisory"] = True
+        record["lastChange"] = {k: v for k, v in change.items() if k != "kind"}
+        changes.append(change)
+    replica_change = history_entry(plan.scaling, now_text) if plan.scaling else None
+    if replica_change is not None:  # one history: the tuner's and the scaler's changes
+        changes.append(replica_change)
+    if changes:
+        history = list(tuning_status.get("history") or [])
+        record["history"] = [*history, *changes][-HISTORY_LIMIT:]
     return record
 
 
@@ -196,14 +240,8 @@ def round_conditions(plan: RoundPlan, push: PushOutcome) -> list[Condition]:
     knobs, bounds = plan.knobs, plan.bounds
     is_at_bound = knobs.resident_headroom >= bounds.max_resident_headroom
     is_synced = push.num_in_sync == push.num_targets
-    reporting = plan.stats.workers_reporting if plan.stats else 0
     return [
-        Condition(
-            "StatsStale",
-            plan.is_stale,
-            "NoFreshStatLines" if plan.is_stale else "StatLinesFresh",
-            f"{reporting} workers reporting",
-        ),
+        _stats_condition(plan, push),
         Condition(
             "TuningInSync",
             is_synced,
@@ -220,6 +258,16 @@ def round_conditions(plan: RoundPlan, push: PushOutcome) -> list[Condition]:
     ]
 
 
+def _stats_condition(plan: RoundPlan, push: PushOutcome) -> Condition:
+    """StatsStale; a pool where no worker reports has no stats, so they are stale."""
+    reporting = plan.stats.workers_reporting if plan.stats else 0
+    if reporting == 0:
+        message = f"0 of {push.num_targets} ready workers report a stat line"
+        return Condition("StatsStale", True, "NoWorkersReporting", message)
+    reason = "NoFreshStatLines" if plan.is_stale else "StatLinesFresh"
+    return Condition("StatsStale", plan.is_stale, reason, f"{reporting} workers reporting")
+
+
 def status_patch(
     plan: RoundPlan,
     push: PushOutcome,
@@ -230,19 +278,27 @@ def status_patch(
 ) -> dict[str, Any]:
     """The GenPool status patch, computed against the status as freshly read."""
     stats = plan.stats
+    conditions = merge_conditions(
+        status.get("conditions"),
+        round_conditions(plan, push),
+        now_iso=now_text,
+        observed_generation=observed_generation,
+    )
+    if plan.verdict is not None:
+        conditions = merge_slo_condition(
+            conditions, plan.verdict, now_iso=now_text, observed_generation=observed_generation
+        )
     patch: dict[str, Any] = {
         "tuning": tuning_record(dict(status.get("tuning") or {}), plan, push, now_text),
         "workersReporting": stats.workers_reporting if stats else 0,
-        "conditions": merge_conditions(
-            status.get("conditions"),
-            round_conditions(plan, push),
-            now_iso=now_text,
-            observed_generation=observed_generation,
-        ),
+        "conditions": conditions,
     }
+    if plan.scaling is not None:
+        patch.update(scaling_status(plan.scaling, status.get("scaling") or {}, now_text))
     if stats is not None and not plan.is_stale:
         patch["preemption"] = stats.to_status()
         patch["statsUpdatedAt"] = now_text
+        patch["slo"] = plan.slo.to_status()
     return patch
 
 
@@ -250,6 +306,13 @@ def round_events(plan: RoundPlan, push: PushOutcome) -> list[Event]:
     events = []
     if plan.decision is not None and plan.decision.changed:
         events.append(Event("Normal", "Tuned", plan.change_text()))
+    scaling = plan.scaling
+    if scaling is not None and scaling.is_news:
+        reason = "ScaledUp" if scaling.desired > scaling.replicas_before else "ScaledDown"
+        events.append(Event("Normal", reason, scaling.change_text()))
+    verdict = plan.verdict
+    if verdict is not None and verdict.is_met is False and plan.slo_met_before != "False":
+        events.append(Event("Warning", "SLOMissed", f"{verdict.reason}: {verdict.message}"))
     if push.errors:
         events.append(Event("Warning", "ConfigPushFailed", push.errors_text()[:1000]))
     return events

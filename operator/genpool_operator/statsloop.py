@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from genpool_core.names import pool_label_selector
 from genpool_core.statline import StatLine
+from genpool_operator import metrics
+from genpool_operator.builders import statefulset_name
 from genpool_operator.kube import Kube, resource_path
 from genpool_operator.round_plan import LineClock, PushOutcome, RoundPlan, plan_round, status_patch
+from genpool_operator.scaling_plan import PoolView, desired_replicas, is_autoscaled
 from genpool_operator.scrape import (
     PodTarget,
     WorkerClient,
@@ -27,7 +31,7 @@ from genpool_operator.scrape import (
     statline_from_log,
 )
 from genpool_operator.spec import GenPoolSpec
-from genpool_operator.status import now_iso, update_status
+from genpool_operator.status import now_iso, pool_path, update_status
 
 log = logging.getLogger("genpool.operator.stats")
 
@@ -79,6 +83,17 @@ async def list_targets(kube: Kube, namespace: str, name: str) -> list[PodTarget]
     return ready_targets(pods)
 
 
+async def scale_statefulset(kube: Kube, namespace: str, pool: str, replicas: int) -> bool:
+    """Set the pool's StatefulSet to ``replicas`` through its scale subresource (True:
+    it changed). Scale-down removes the highest ordinals; each pod's preStop drains it."""
+    path = resource_path("apps/v1", "StatefulSet", namespace, statefulset_name(pool), "scale")
+    scale = await kube.get(path)
+    if scale is None or (scale.get("spec") or {}).get("replicas") == replicas:
+        return False
+    await kube.merge_patch(path, {"spec": {"replicas": replicas}})
+    return True
+
+
 async def run_round(
     kube: Kube,
     workers: WorkerClient,
@@ -89,14 +104,20 @@ async def run_round(
     now: float,
     tune: bool = True,
 ) -> RoundReport:
-    """Scrape, plan, push and record one round for the pool ``body`` (valid ``spec``)."""
+    """Scrape, plan, push and record one round for the pool ``body`` (valid ``spec``);
+    with autoscaling, then set the StatefulSet to the desired replicas."""
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     async with memory.lock:
+        started = time.perf_counter()
         targets = await list_targets(kube, namespace, name)
         lines = await read_lines(workers, kube, spec, namespace, targets)
-        tuning_status = dict((body.get("status") or {}).get("tuning") or {})
-        plan = plan_round(spec, tuning_status, lines, memory.seen, now=now, tune=tune)
+        # Read afresh: the scaler's window lives in status and the last round just wrote it.
+        fresh = await kube.get(pool_path(namespace, name)) or body
+        status = dict(fresh.get("status") or {})
+        pool = PoolView(status, num_ready=len(targets), wall_now=time.time())
+        tuning_status = dict(status.get("tuning") or {})
+        plan = plan_round(spec, tuning_status, lines, memory.seen, now=now, tune=tune, pool=pool)
         memory.seen = plan.seen
         num_in_sync, errors = await push_live(workers, targets, plan.generation, plan.live)
         push = PushOutcome(num_in_sync, len(targets), errors)
@@ -107,4 +128,14 @@ async def run_round(
             return status_patch(plan, push, status, observed_generation=generation, now_text=stamp)
 
         await update_status(kube, namespace, name, mutate)
+        if plan.scaling is not None and is_autoscaled(spec):
+            replicas = desired_replicas(spec, {"desiredReplicas": plan.scaling.desired})
+            await scale_statefulset(kube, namespace, name, replicas)
+        metrics.record_round(
+            namespace,
+            name,
+            plan,
+            num_scrape_errors=len(targets) - len(lines),
+            seconds=time.perf_counter() - started,
+        )
     return RoundReport(plan, push)

@@ -107,7 +107,12 @@ def test_the_crd_defaults_are_the_model_defaults(crd: dict[str, Any]) -> None:
             assert not fields[path].is_required(), path
 
 
-BOUND_KEYS = {annotated_types.Ge: "ge", annotated_types.Le: "le", annotated_types.Gt: "gt"}
+BOUND_KEYS = {
+    annotated_types.Ge: "ge",
+    annotated_types.Le: "le",
+    annotated_types.Gt: "gt",
+    annotated_types.Lt: "lt",
+}
 
 
 def model_bounds(field: Any) -> dict[str, float]:
@@ -128,7 +133,7 @@ def crd_bounds(prop: dict[str, Any]) -> dict[str, float]:
     if "minimum" in prop:
         bounds["gt" if prop.get("exclusiveMinimum") else "ge"] = prop["minimum"]
     if "maximum" in prop:
-        bounds["le"] = prop["maximum"]
+        bounds["lt" if prop.get("exclusiveMaximum") else "le"] = prop["maximum"]
     for crd_key, key in (("minLength", "min_length"), ("maxLength", "max_length")):
         if crd_key in prop:
             bounds[key] = prop[crd_key]
@@ -170,10 +175,14 @@ def test_scale_and_status_subresources(crd: dict[str, Any]) -> None:
     columns = {c["name"]: c.get("priority", 0) for c in version["additionalPrinterColumns"]}
     assert columns == {
         "Mode": 0, "Ready": 0, "Below-T": 0, "Credit": 0, "Headroom": 0, "Cap": 0,
-        "Paused": 0, "Age": 0, "Victims": 1, "InSync": 1, "Last-Tune": 1,
+        "Paused": 0, "Desired": 0, "SLO": 0, "Age": 0, "Victims": 1, "InSync": 1,
+        "Last-Tune": 1, "TTFT-P90": 1, "Scaling": 1,
     }  # fmt: skip
     status = root_schema(crd)["properties"]["status"]
     for column in version["additionalPrinterColumns"]:
+        if column["jsonPath"].startswith(".status.conditions[?(@.type=="):  # a condition's status
+            assert column["jsonPath"].endswith(")].status") and column["type"] == "string"
+            continue
         path = column["jsonPath"].lstrip(".").split(".")
         if path[0] == "status":
             node = status

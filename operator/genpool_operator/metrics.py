@@ -1,0 +1,79 @@
+"""The operator's Prometheus metrics, served on ``/metrics`` (``--metrics-port``).
+
+What every stats round decided, by pool and reason, so a dashboard or an HPA sees the
+same decisions as ``status`` and the Events: the tuner's and the scaler's decisions
+(holds included), the desired replicas, the SLO as measured, the round's duration and
+the stat lines that could not be read.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from genpool_operator.round_plan import RoundPlan
+
+log = logging.getLogger("genpool.operator.metrics")
+POOL = ("namespace", "pool")
+
+DECISIONS = Counter(
+    "genpool_operator_decisions",
+    "Tuner (kind=knobs) and scaler (kind=replicas) decisions, holds included.",
+    [*POOL, "kind", "reason", "advisory"],
+)
+DESIRED_REPLICAS = Gauge(
+    "genpool_operator_desired_replicas", "Replicas the scaler wants (autoscaling).", POOL
+)
+SLO_TTFT_P90 = Gauge(
+    "genpool_operator_slo_ttft_p90_seconds", "GEN TTFT p90 over the last stats window.", POOL
+)
+SLO_ATTAINMENT = Gauge(
+    "genpool_operator_slo_attainment",
+    "Share of the last window's finished requests at or above T.",
+    POOL,
+)
+ROUND_SECONDS = Histogram(
+    "genpool_operator_round_duration_seconds",
+    "Wall time of one stats round: scrape, plan, push, status.",
+    POOL,
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+SCRAPE_ERRORS = Counter(
+    "genpool_operator_scrape_errors",
+    "Ready worker pods whose stat line could not be read in a round.",
+    POOL,
+)
+
+
+def serve(host: str, port: int) -> bool:
+    """Start ``/metrics`` on a background thread; False (and an error logged) if the
+    port cannot be bound: the operator keeps running without metrics."""
+    try:
+        start_http_server(port, addr=host)
+    except OSError as exc:
+        log.error("cannot serve /metrics on %s:%d: %s", host, port, exc)
+        return False
+    log.info("serving /metrics on %s:%d", host, port)
+    return True
+
+
+def record_round(
+    namespace: str, pool: str, plan: RoundPlan, *, num_scrape_errors: int, seconds: float
+) -> None:
+    labels = (namespace, pool)
+    advisory = "true" if plan.is_advisory else "false"
+    if plan.decision is not None:
+        DECISIONS.labels(*labels, "knobs", plan.decision.reason, advisory).inc()
+    scaling = plan.scaling
+    if scaling is not None and scaling.decision is not None:
+        DECISIONS.labels(*labels, "replicas", scaling.decision.reason, advisory).inc()
+    if scaling is not None:
+        DESIRED_REPLICAS.labels(*labels).set(scaling.desired)
+    if plan.slo.ttft_p90_s is not None:
+        SLO_TTFT_P90.labels(*labels).set(plan.slo.ttft_p90_s)
+    if plan.slo.attainment is not None:
+        SLO_ATTAINMENT.labels(*labels).set(plan.slo.attainment)
+    if num_scrape_errors:
+        SCRAPE_ERRORS.labels(*labels).inc(num_scrape_errors)
+    ROUND_SECONDS.labels(*labels).observe(seconds)
