@@ -1,0 +1,222 @@
+"""spec.inferencePool against a real apiserver with the real InferencePool CRD.
+
+The CRD is Gateway API Inference Extension v1.2.0's, vendored in tests/data/crds (its sha256
+is checked by tests/unit/operator/test_inference_pool.py). The CRD is cluster-wide, so this
+module removes it before the test that needs it absent and after its last test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from genpool_core.names import INFERENCE_POOL_GROUP, INFERENCE_POOL_PLURAL, WORKER_PORT
+from genpool_operator.builders import PoolRef
+from genpool_operator.inference_pool import CRD_NAME, build_inference_pool
+from genpool_operator.spec import GenPoolSpec
+from tests.conftest import DevCluster, Kubectl
+from tests.integration.operator_harness import (
+    CRD_PATH,
+    GROUP,
+    PLURAL,
+    VERSION,
+    OperatorProcess,
+    create_pool,
+    genpool,
+    get_pool,
+    ready_pods,
+    synthetic_spec,
+)
+from tests.polling import wait_for
+
+INFERENCE_POOL_CRD = (
+    Path(__file__).parents[1] / "data" / "crds" / "inference.networking.k8s.io_inferencepools.yaml"
+)
+IP_VERSION = "v1"
+PICKER = {"name": "chat-epp", "port": 9002}
+
+
+def routed_spec(replicas: int = 1, **picker: Any) -> dict[str, Any]:
+    ref = {**PICKER, **picker}
+    return synthetic_spec(
+        replicas=replicas, inferencePool={"enabled": True, "endpointPickerRef": ref}
+    )
+
+
+def _served(kube_api: client.ApiClient) -> bool:
+    groups = client.ApisApi(kube_api).get_api_versions().groups
+    return any(g.name == INFERENCE_POOL_GROUP for g in groups)
+
+
+def _remove_crd(kubectl: Kubectl, kube_api: client.ApiClient) -> None:
+    kubectl("delete", "crd", CRD_NAME, "--ignore-not-found", "--wait=true")
+    wait_for(lambda: not _served(kube_api), timeout=60, what=f"{CRD_NAME} no longer served")
+
+
+def _install_crd(kubectl: Kubectl) -> None:
+    kubectl("apply", "--server-side", "-f", str(INFERENCE_POOL_CRD))
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+
+
+@pytest.fixture(scope="module")
+def genpool_crd(kubectl: Kubectl) -> None:
+    kubectl("apply", "--server-side", "-f", str(CRD_PATH))
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/genpools.genpool.dev")
+
+
+@pytest.fixture(scope="module")
+def crd_cleanup(kubectl: Kubectl, kube_api: client.ApiClient) -> Iterator[None]:
+    yield
+    _remove_crd(kubectl, kube_api)
+
+
+@pytest.fixture
+def no_inference_pool_crd(kubectl: Kubectl, kube_api: client.ApiClient, crd_cleanup: None) -> None:
+    _remove_crd(kubectl, kube_api)
+
+
+@pytest.fixture
+def inference_pool_crd(kubectl: Kubectl, crd_cleanup: None) -> None:
+    _install_crd(kubectl)
+
+
+@pytest.fixture
+def operator(
+    cluster: DevCluster, genpool_crd: None, namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log").start()
+    yield proc
+    proc.stop()
+    print(proc.log_tail())
+
+
+def _objects(kube_api: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(kube_api)
+
+
+def _inference_pool(kube_api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = _objects(kube_api).get_namespaced_custom_object(
+        INFERENCE_POOL_GROUP, IP_VERSION, namespace, INFERENCE_POOL_PLURAL, name
+    )
+    return found
+
+
+def _is_gone(kube_api: client.ApiClient, namespace: str, name: str) -> bool:
+    try:
+        _inference_pool(kube_api, namespace, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return True
+        raise
+    return False
+
+
+def _condition(kube_api: client.ApiClient, namespace: str, pool: str) -> dict[str, Any] | None:
+    conditions = get_pool(kube_api, namespace, pool).get("status", {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "InferencePoolReady"), None)
+
+
+def _patch_pool(kube_api: client.ApiClient, namespace: str, pool: str, spec: Any) -> None:
+    _objects(kube_api).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, pool, {"spec": spec}
+    )
+
+
+@pytest.mark.parametrize("failure_mode", ["FailOpen", "FailClose"])
+def test_the_apiserver_accepts_the_built_inference_pool(
+    kube_api: client.ApiClient, namespace: str, inference_pool_crd: None, failure_mode: str
+) -> None:
+    # Strict field validation and a server-side dry run: every field known, every CEL rule
+    # (unique target ports, a port for a Service picker) holds, nothing is stored.
+    spec = GenPoolSpec.from_body(routed_spec(failureMode=failure_mode))
+    body = build_inference_pool(PoolRef("chat", namespace, "uid-1", 1), spec.inference_pool)
+    del body["metadata"]["ownerReferences"]  # the owner does not exist
+    created = _objects(kube_api).create_namespaced_custom_object(
+        INFERENCE_POOL_GROUP, IP_VERSION, namespace, INFERENCE_POOL_PLURAL, body,
+        field_validation="Strict", dry_run="All",
+    )  # fmt: skip
+    assert created["spec"] == body["spec"]
+
+
+def test_without_the_crd_a_condition_says_so_until_it_is_installed(
+    kube_api: client.ApiClient,
+    kubectl: Kubectl,
+    namespace: str,
+    no_inference_pool_crd: None,
+    operator: OperatorProcess,
+) -> None:
+    create_pool(kube_api, namespace, genpool("routed", routed_spec()))
+    condition = wait_for(
+        lambda: _condition(kube_api, namespace, "routed"), timeout=60, what="InferencePoolReady"
+    )
+    assert (condition["status"], condition["reason"]) == ("False", "CRDNotInstalled")
+    assert CRD_NAME in condition["message"]
+    assert "install the Gateway API Inference Extension" in condition["message"]
+    # The rest of the pool is unaffected.
+    status = get_pool(kube_api, namespace, "routed")["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "False"
+    client.AppsV1Api(kube_api).read_namespaced_stateful_set("routed-worker", namespace)
+
+    _install_crd(kubectl)
+    _patch_pool(kube_api, namespace, "routed", {"inferencePool": {"endpointPickerRef": {
+        **PICKER, "failureMode": "FailOpen"}}})  # fmt: skip
+    condition = wait_for(
+        lambda: (c := _condition(kube_api, namespace, "routed")) and c["status"] == "True" and c,
+        timeout=60,
+        what="InferencePoolReady True after the CRD is installed",
+    )
+    assert condition["reason"] == "Applied"
+    picker = _inference_pool(kube_api, namespace, "routed")["spec"]["endpointPickerRef"]
+    assert picker["failureMode"] == "FailOpen"
+
+
+def test_the_inference_pool_selects_the_workers_and_goes_with_the_pool(
+    kube_api: client.ApiClient, namespace: str, inference_pool_crd: None, operator: OperatorProcess
+) -> None:
+    uid = create_pool(kube_api, namespace, genpool("chat", routed_spec(replicas=2)))["metadata"][
+        "uid"
+    ]
+    pods = wait_for(
+        lambda: len(p := ready_pods(kube_api, namespace, "chat")) == 2 and p,
+        timeout=120,
+        what="2 ready worker pods",
+    )
+    pool = wait_for(lambda: _inference_pool(kube_api, namespace, "chat"), what="InferencePool")
+    owners = pool["metadata"]["ownerReferences"]
+    assert [(o["kind"], o["name"], o["uid"], o["controller"]) for o in owners] == [
+        ("GenPool", "chat", uid, True)
+    ]
+    # What an endpoint picker does: list the pods the selector matches, scrape each on the
+    # target port.
+    labels = ",".join(f"{k}={v}" for k, v in pool["spec"]["selector"]["matchLabels"].items())
+    selected = client.CoreV1Api(kube_api).list_namespaced_pod(namespace, label_selector=labels)
+    assert sorted(p.metadata.name for p in selected.items) == sorted(p.metadata.name for p in pods)
+    assert pool["spec"]["targetPorts"] == [{"number": WORKER_PORT}]
+    for pod in pods:
+        port = pool["spec"]["targetPorts"][0]["number"]
+        response = httpx.get(f"http://{pod.status.pod_ip}:{port}/metrics", timeout=5)
+        assert response.status_code == 200
+        assert "genpool_" in response.text
+
+    _patch_pool(kube_api, namespace, "chat", {"inferencePool": {"enabled": False}})
+    wait_for(lambda: _is_gone(kube_api, namespace, "chat"), what="the InferencePool deleted")
+    wait_for(
+        lambda: _condition(kube_api, namespace, "chat") is None,
+        what="InferencePoolReady dropped",
+    )
+
+    _patch_pool(kube_api, namespace, "chat", {"inferencePool": {"enabled": True}})
+    wait_for(lambda: _inference_pool(kube_api, namespace, "chat"), what="InferencePool again")
+    _objects(kube_api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "chat")
+    wait_for(
+        lambda: _is_gone(kube_api, namespace, "chat"),
+        timeout=90,
+        what="garbage collection of the InferencePool",
+    )
