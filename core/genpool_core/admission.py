@@ -5,6 +5,13 @@ slack tier (keyed, least slack first), then unkeyed FIFO. With one X for every
 waiter, ``slack = X - age`` orders the keyed waiters exactly by arrival time, so the
 two keyed tiers are one list sorted by ``arrival_time``: the tier is a label of the
 head (stats, tests), not a second data structure.
+
+A waiter with its own admission target D_i (``slo_ttft_s``) has the fixed deadline
+``arrival + D_i``; those waiters are a second list sorted by deadline, and the keyed
+head is the earlier deadline of the two lists' heads (a pool waiter's deadline is
+``arrival + X``, ``x_max`` before warm-up). Least slack first, then, across both.
+Only pool waiters' waits feed X: X is the pool's target, D_i is not ours to adapt.
+Without per-request targets the second list is empty and nothing above changes.
 """
 
 from __future__ import annotations
@@ -95,6 +102,9 @@ class AdmissionQueue:
         # times lets num_at_risk bisect instead of scanning.
         self._keyed: list[tuple[float, int, GenRequest]] = []
         self._keyed_arrivals: list[float] = []
+        # Waiters with their own target, sorted by (deadline, seq); deadlines alongside.
+        self._own: list[tuple[float, int, GenRequest]] = []
+        self._own_deadlines: list[float] = []
         self._unkeyed: deque[GenRequest] = deque()
         self._index: dict[str, GenRequest] = {}
 
@@ -118,18 +128,40 @@ class AdmissionQueue:
             return
         # Equal arrival times keep push order: bisect_right puts the newcomer last.
         self._seq += 1
+        if request.slo_ttft_s is not None:
+            deadline = request.arrival_time + request.slo_ttft_s
+            position = bisect.bisect_right(self._own_deadlines, deadline)
+            self._own.insert(position, (deadline, self._seq, request))
+            self._own_deadlines.insert(position, deadline)
+            return
         position = bisect.bisect_right(self._keyed_arrivals, request.arrival_time)
         self._keyed.insert(position, (request.arrival_time, self._seq, request))
         self._keyed_arrivals.insert(position, request.arrival_time)
 
+    def _is_own_head_first(self) -> bool:
+        """The keyed head comes from the own-target list (it is not empty)."""
+        if not self._own:
+            return False
+        if not self._keyed:
+            return True
+        x = self.target.value if self.target.value is not None else self.target.x_max
+        pool_arrival, pool_seq, _ = self._keyed[0]
+        own_deadline, own_seq, _ = self._own[0]
+        return (own_deadline, own_seq) < (pool_arrival + x, pool_seq)
+
     def peek(self) -> GenRequest | None:
+        if self._is_own_head_first():
+            return self._own[0][2]
         if self._keyed:
             return self._keyed[0][2]
         return self._unkeyed[0] if self._unkeyed else None
 
     def pop(self, now: float) -> GenRequest:
-        """Admit the head; a keyed head's wait feeds the adaptive target."""
-        if self._keyed:
+        """Admit the head; a pool-target keyed head's wait feeds the adaptive target."""
+        if self._is_own_head_first():
+            _, _, request = self._own.pop(0)
+            self._own_deadlines.pop(0)
+        elif self._keyed:
             _, _, request = self._keyed.pop(0)
             self._keyed_arrivals.pop(0)
             assert request.arrival_time is not None
@@ -146,23 +178,27 @@ class AdmissionQueue:
         if request.arrival_time is None:
             self._unkeyed.remove(request)
             return request
-        start = bisect.bisect_left(self._keyed_arrivals, request.arrival_time)
-        for position in range(start, len(self._keyed)):
-            if self._keyed[position][2] is request:
-                del self._keyed[position]
-                del self._keyed_arrivals[position]
-                return request
-        raise AssertionError("queue index out of sync")  # pragma: no cover
+        if request.slo_ttft_s is not None:
+            deadline = request.arrival_time + request.slo_ttft_s
+            _remove_sorted(self._own, self._own_deadlines, deadline, request)
+            return request
+        _remove_sorted(self._keyed, self._keyed_arrivals, request.arrival_time, request)
+        return request
+
+    def target_of(self, request: GenRequest) -> float | None:
+        """The admission target a waiter is held to: D_i, else X (``None`` before warm-up)."""
+        return request.slo_ttft_s if request.slo_ttft_s is not None else self.target.value
 
     def slack(self, request: GenRequest, now: float) -> float | None:
-        """``X - (now - arrival_time)``; ``None`` for unkeyed waiters or before warm-up."""
-        x = self.target.value
+        """``D - (now - arrival_time)`` with D = D_i or X; ``None`` for unkeyed waiters or
+        pool waiters before warm-up."""
+        x = self.target_of(request)
         if x is None or request.arrival_time is None:
             return None
         return x - (now - request.arrival_time)
 
     def tier(self, request: GenRequest, now: float) -> Tier:
-        x = self.target.value
+        x = self.target_of(request)
         if request.arrival_time is None:
             return Tier.UNKEYED
         if x is not None and now - request.arrival_time > self.guard_factor * x:
@@ -178,8 +214,26 @@ class AdmissionQueue:
         return slack is not None and slack <= self.slack_s
 
     def num_at_risk(self, now: float) -> int:
-        """Keyed waiters with ``slack <= slack_s``, i.e. ``arrival <= now - X + slack_s``."""
+        """Keyed waiters with ``slack <= slack_s``: pool waiters with
+        ``arrival <= now - X + slack_s``, own-target ones with ``deadline <= now + slack_s``."""
+        num_own = bisect.bisect_right(self._own_deadlines, now + self.slack_s) if self._own else 0
         x = self.target.value
         if x is None:
-            return 0
-        return bisect.bisect_right(self._keyed_arrivals, now - x + self.slack_s)
+            return num_own
+        return num_own + bisect.bisect_right(self._keyed_arrivals, now - x + self.slack_s)
+
+
+def _remove_sorted(
+    entries: list[tuple[float, int, GenRequest]],
+    keys: list[float],
+    key: float,
+    request: GenRequest,
+) -> None:
+    """Remove ``request`` (sort key ``key``) from a sorted list and its parallel keys."""
+    start = bisect.bisect_left(keys, key)
+    for position in range(start, len(entries)):
+        if entries[position][2] is request:
+            del entries[position]
+            del keys[position]
+            return
+    raise AssertionError("queue index out of sync")  # pragma: no cover

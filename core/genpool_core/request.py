@@ -39,6 +39,16 @@ def is_valid_time(value: float) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value >= 0.0
 
 
+def is_positive_number(value: object) -> bool:
+    """A per-request SLO value: a finite number above zero (not a bool)."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0.0
+    )
+
+
 @dataclass(eq=False, slots=True)
 class GenRequest:
     """A request waiting for, or holding, a GEN slot.
@@ -49,6 +59,8 @@ class GenRequest:
     total output length, so ``max_tokens - num_output_tokens`` tokens remain.
     ``arrival_time`` is when the request reached this GEN worker; ``None`` makes it
     unkeyed (warm-up, probes): it never triggers pauses and is not in SLO stats.
+    ``slo_ttft_s`` (D_i) and ``target_output_tps`` (T_i) are this request's own
+    admission target and output-rate floor; ``None`` uses the pool's (X and T).
     """
 
     request_id: str
@@ -57,6 +69,8 @@ class GenRequest:
     arrival_time: float | None = None
     first_token_time: float | None = None
     num_output_tokens: int = 1
+    slo_ttft_s: float | None = None
+    target_output_tps: float | None = None
 
     status: RequestStatus = RequestStatus.WAITING
     slot: int | None = None
@@ -97,10 +111,25 @@ class GenRequest:
             value = getattr(self, name)
             if value is not None and not is_valid_time(value):
                 raise ValueError(f"{name} must be a finite time >= 0, got {value!r}")
+        for name in ("slo_ttft_s", "target_output_tps"):
+            value = getattr(self, name)
+            if value is not None and not is_positive_number(value):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
     @property
     def is_keyed(self) -> bool:
         return self.arrival_time is not None
+
+    @property
+    def has_own_slo(self) -> bool:
+        """It brought its own D_i or T_i: counted in SLO stats without waiting for X's
+        warm-up (its targets do not depend on X)."""
+        return self.slo_ttft_s is not None or self.target_output_tps is not None
+
+    def is_below_floor(self, floor: float) -> bool:
+        """Its realised output rate is under ``floor`` (undefined rates are not)."""
+        rate = self.realised_output_rate()
+        return rate is not None and rate < floor
 
     @property
     def num_remaining_tokens(self) -> int:

@@ -286,7 +286,7 @@ class GenScheduler(SchedulerViews):
         request.slot = self.slots.allocate()
         request.resident_since = now
         request.tokens_at_admission = request.num_output_tokens
-        request.is_slo_counted = request.is_keyed and is_after_warmup
+        request.is_slo_counted = request.is_keyed and (is_after_warmup or request.has_own_slo)
         self.pausing.start_run(request, now)
         self._enter_batch(request)
         self._residents[request.request_id] = request

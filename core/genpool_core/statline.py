@@ -143,10 +143,12 @@ def format_statline(line: StatLine) -> str:
         f"at_risk={line.at_risk}",
         f"X={_fmt(line.admission_target_s, 2)}",
     ]
-    if line.mode == SLO_MODE:
+    # Other modes count only requests with their own floor T_i: shown once there are any.
+    if line.mode == SLO_MODE or line.below_target_total is not None:
         parts.append(
             f"below_target={_fmt_pair(line.below_target_window, line.below_target_total, 3)}"
         )
+    if line.mode == SLO_MODE:
         parts.append(f"credit={_fmt(line.credit, 2)}")
     kinds = sorted(line.victims, key=_victim_rank)
     victims = ",".join(f"{k}:{line.victims[k]}" for k in kinds) or "-"

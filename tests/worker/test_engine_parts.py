@@ -1,5 +1,6 @@
 """The engine's parts on their own: the model runner follows the plan's prefill ids,
-the output processor streams only complete text and closes with the plan's reason."""
+the output processor streams only complete text and closes with the plan's reason,
+and the engine hands each request's own SLO to the scheduler."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import asyncio
 import torch
 
 from genpool_core.plan import GenPlan
+from genpool_core.preemption import GenCapacity
 from genpool_core.request import FinishReason
+from genpool_core.scheduler import GenScheduler
+from genpool_core.statline import format_statline, make_statline
+from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Arrival, EngineRequest
-from genpool_worker.events import EngineEvent, Finished, TokenDelta, Usage
+from genpool_worker.events import EngineEvent, Finished, Rejected, TokenDelta, Usage
 from genpool_worker.model_runner import TorchModelRunner
 from genpool_worker.output_processor import OutputProcessor
 
@@ -104,3 +109,58 @@ def test_output_waits_for_complete_utf8_and_closes_with_the_plans_reason() -> No
         ]
     finally:
         loop.close()
+
+
+class CharTokenizer:
+    eos_token_id = 0
+
+    def encode(self, text: str) -> list[int]:
+        return [1 + ord(c) % (VOCAB - 1) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(ord("a") + i) for i in ids)
+
+
+def test_engine_counts_each_request_against_its_own_output_floor() -> None:
+    """Off mode has no pool floor: only requests that bring a T_i are counted, each
+    against its own (an unreachable floor is missed, a loose one met)."""
+
+    ticks = iter(range(1, 1000))
+    scheduler = GenScheduler.from_settings({}, GenCapacity(max_batch_size=4))
+    engine = GenEngine(
+        TorchModelRunner(RecordingModel()),
+        CharTokenizer(),
+        scheduler,
+        clock=lambda: 0.1 * next(ticks),
+    )
+    arrivals = [
+        Arrival("tight", [1], 5, arrival_time=0.0, target_output_tps=1e6),
+        Arrival("loose", [1], 5, arrival_time=0.0, target_output_tps=0.01),
+        Arrival("pool", [1], 5, arrival_time=0.0),
+    ]
+    for arrival in arrivals:
+        engine.submit(EngineRequest(arrival))
+    for _ in range(12):  # five tokens each, one per pass, all three in one batch
+        engine.step(engine._collect())
+    stats = scheduler.make_stats(engine._now())
+    assert stats.completed == 3
+    assert (stats.slo_completed, stats.below_target) == (2, 1)
+    line = format_statline(make_statline(stats, None))
+    assert "below_target=0.500/0.500" in line
+
+
+def test_engine_rejects_a_bad_per_request_floor() -> None:
+
+    scheduler = GenScheduler.from_settings({}, GenCapacity(max_batch_size=4))
+    engine = GenEngine(TorchModelRunner(RecordingModel()), CharTokenizer(), scheduler)
+    request = EngineRequest(Arrival("bad", [1], 5, arrival_time=0.0, target_output_tps=-1.0))
+    request.loop = asyncio.new_event_loop()
+    try:
+        engine.submit(request)
+        engine.step(engine._collect())
+        request.loop.run_until_complete(asyncio.sleep(0))
+        event = request.events.get_nowait()
+    finally:
+        request.loop.close()
+    assert isinstance(event, Rejected)
+    assert event.status == 400 and "target_output_tps" in event.message

@@ -236,6 +236,8 @@ class GenEngine:
             arrival_time=None if arrival.arrival_time is None else min(arrival.arrival_time, now),
             first_token_time=arrival.first_token_time,
             num_output_tokens=0,
+            slo_ttft_s=arrival.slo_ttft_s,
+            target_output_tps=arrival.target_output_tps,
         )
         try:
             self.scheduler.add_request(gen, now)

@@ -109,7 +109,10 @@ class PolicyBase:
         return None
 
     def on_complete(self, request: GenRequest, now: float) -> bool | None:
-        return None
+        """Modes without a pool floor count only requests that bring their own T_i."""
+        if not request.is_slo_counted or request.target_output_tps is None:
+            return None
+        return request.is_below_floor(request.target_output_tps)
 
     def on_stat_period(self, now: float) -> None:
         return None

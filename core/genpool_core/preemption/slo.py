@@ -1,5 +1,8 @@
 """``target_output_tps``: T is a per-request output-rate floor met by >= 1 - eps of requests.
 
+A request may bring its own floor T_i (``GenRequest.target_output_tps``); its span D,
+laxity, windows and below-target test use T_i, every other request uses the pool's T.
+
 Victims, in order (docs/design.md#slo-mode): the laxity victim (most laxity, paused until
 its laxity is nearly spent), a request already below T (it has nothing left to
 lose), or, paid from the credit bucket, a sacrifice. Credit accrues ``eps`` per
@@ -49,32 +52,40 @@ class TargetOutputTpsPolicy(PolicyBase):
 
     # -- the request's SLO clock ---------------------------------------------------
 
-    def decode_span(self, request: GenRequest) -> float:
-        """D = (max_tokens - 1) / T: the decode span the floor allows."""
-        return (request.max_tokens - 1) / self.target_tps
+    def floor(self, request: GenRequest) -> float:
+        """The request's output-rate floor: its own T_i, else the pool's T."""
+        own = request.target_output_tps
+        return own if own is not None else self.target_tps
 
-    def prior_rate(self) -> float:
-        """Tokens/s of a request without history: 1 / the recent step time."""
-        return 1.0 / self.step_time_s if self.step_time_s is not None else self.target_tps
+    def decode_span(self, request: GenRequest) -> float:
+        """D = (max_tokens - 1) / T_i: the decode span the request's floor allows."""
+        return (request.max_tokens - 1) / self.floor(request)
+
+    def prior_rate(self) -> float | None:
+        """Tokens/s of a request without history: 1 / the recent step time (``None``:
+        no step yet, each request's own floor is its prior)."""
+        return 1.0 / self.step_time_s if self.step_time_s is not None else None
 
     def laxity(self, request: GenRequest, now: float) -> float:
-        """L = first_token_time + (max_tokens - 1)/T - (now + remaining / r)."""
+        """L = first_token_time + (max_tokens - 1)/T_i - (now + remaining / r)."""
         return self._laxity(request, now, self.decode_span(request), self.prior_rate())
 
-    def _laxity(self, request: GenRequest, now: float, span: float, prior: float) -> float:
+    def _laxity(self, request: GenRequest, now: float, span: float, prior: float | None) -> float:
         """:meth:`laxity` given D and the prior (the victim scan computes them once).
 
         ``r`` is the request's own unpaused rate once it has ``RATE_PRIOR_TOKENS``
-        tokens here, else ``prior``. ``num_gen_tokens`` and ``num_remaining_tokens``
-        are spelled out: this runs for every batch member of a pass that takes a
+        tokens here, else ``prior`` (its floor before the first step).
+        ``num_gen_tokens`` and ``num_remaining_tokens`` are spelled out: this runs for every batch member of a pass that takes a
         victim, and two property calls per member are a tenth of that pass.
         """
         unpaused = request.unpaused_time(now)
         generated = request.num_output_tokens - request.tokens_at_admission
         if generated >= self.RATE_PRIOR_TOKENS and unpaused > 0.0:
             rate = generated / unpaused
-        else:
+        elif prior is not None:
             rate = prior
+        else:
+            rate = self.floor(request)
         finish_at = now + (request.max_tokens - request.num_output_tokens) / rate
         return request.output_start_time() + span - finish_at
 
@@ -180,8 +191,7 @@ class TargetOutputTpsPolicy(PolicyBase):
     # -- credit --------------------------------------------------------------------
 
     def is_below_target(self, request: GenRequest) -> bool:
-        rate = request.realised_output_rate()
-        return rate is not None and rate < self.target_tps
+        return request.is_below_floor(self.floor(request))
 
     def on_complete(self, request: GenRequest, now: float) -> bool | None:
         if not request.is_slo_counted:

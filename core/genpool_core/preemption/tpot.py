@@ -11,6 +11,12 @@ Window law (once per stat period, only when paused requests completed in it):
 where ``m`` is the mean realised inflation ``paused / unpaused`` of those requests.
 Victims that ended well under budget lengthen the window (fewer, longer pauses use
 their budget); overshoot shortens it. Bounded steps and bounds keep it stable.
+
+A request with its own output-rate floor T_i (``GenRequest.target_output_tps``) is
+counted against it at completion (the stat line's ``below_target``), and it is a wait
+victim only while its realised rate would still meet T_i after one more window's
+pause (:func:`keeps_floor_through`): the budget bounds everyone's inflation, the floor
+protects the requests that asked for one. Requests without T_i are not counted.
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ class TpotBudgetPolicy(PolicyBase):
         if request.num_pauses > 0 and request.unpaused_decode_time > 0.0:
             self._period_inflation_sum += request.paused_time / request.unpaused_decode_time
             self._period_victims += 1
-        return None  # no output-rate target in this mode
+        return super().on_complete(request, now)  # counted only against an own T_i
 
     def on_stat_period(self, now: float) -> None:
         if self._period_victims == 0:
@@ -159,9 +165,22 @@ class BudgetOrder:
                 position += 1
                 if request.num_pauses >= max_pauses or is_in_hysteresis(request, now):
                     continue
+                if not keeps_floor_through(request, now, window_s):
+                    continue
                 left = self.budget * request.unpaused_time(now) - request.paused_time
                 if left >= window_s:
                     heapq.heappush(frontier, (-left, number, request))
             if not frontier:
                 return
             yield heapq.heappop(frontier)[2]
+
+
+def keeps_floor_through(request: GenRequest, now: float, window_s: float) -> bool:
+    """Whether ``request`` may pause for ``window_s``: always without its own floor;
+    with T_i, only if ``(n - 1) / (now + window_s - first token time) >= T_i``."""
+    floor = request.target_output_tps
+    if floor is None:
+        return True
+    span = now + window_s - request.output_start_time()
+    num_intervals = request.num_output_tokens - 1
+    return num_intervals > 0 and span > 0.0 and num_intervals / span >= floor
