@@ -6,7 +6,7 @@ STAMP := $(VENV)/.genpool-dev-installed
 PYTEST_ARGS ?=
 
 .PHONY: setup test unit test-model test-worker test-cluster test-e2e lint format bench clean \
-	devcluster demo
+	devcluster demo inferencepool-crd
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -53,6 +53,11 @@ bench: setup
 devcluster: setup
 	$(VENV)/bin/genpool devcluster up
 	@$(VENV)/bin/genpool devcluster env
+
+# The vendored InferencePool CRD (tests/data/crds) against the pinned Gateway API Inference
+# Extension Go module: fetched with `go mod download`, sha256 checked.
+inferencepool-crd:
+	tests/data/crds/fetch-inferencepool-crd.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
