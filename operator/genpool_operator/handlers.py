@@ -16,8 +16,16 @@ from typing import Any
 import httpx
 import kopf
 
-from genpool_core.names import API_GROUP, API_PLURAL, API_VERSION, MANAGED_BY, MANAGED_BY_LABEL
+from genpool_core.names import (
+    API_GROUP,
+    API_PLURAL,
+    API_VERSION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    POOL_LABEL,
+)
 from genpool_operator.kube import Kube, load_config
+from genpool_operator.pool_health import record_worker_health
 from genpool_operator.reconcile import (
     OperatorOptions,
     apply_children,
@@ -27,7 +35,8 @@ from genpool_operator.reconcile import (
 from genpool_operator.round_plan import round_events, round_interval
 from genpool_operator.scaling_plan import spec_in_force
 from genpool_operator.scrape import WorkerClient
-from genpool_operator.spec import GenPoolSpec
+from genpool_operator.spec import GenPoolSpec, GenPoolSpecError
+from genpool_operator.spec_check import checked_spec, invalid_spec_message
 from genpool_operator.statsloop import PoolMemory, RoundReport, run_round
 
 DEFAULT_WORKER_IMAGE = "genpool/worker:0.1.0"
@@ -91,9 +100,9 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime = memo.runtime
     raw = dict(body)
     try:
-        spec = GenPoolSpec.from_body(dict(body.get("spec") or {}))
-    except ValueError as exc:
-        message = f"invalid spec: {exc}"
+        spec = checked_spec(dict(body.get("spec") or {}))
+    except GenPoolSpecError as exc:
+        message = invalid_spec_message(exc)
         await record_spec_status(runtime.kube, raw, None, message)
         kopf.warn(body, reason="InvalidSpec", message=message)
         raise kopf.PermanentError(message) from None
@@ -115,6 +124,14 @@ async def statefulset_changed(body: kopf.Body, type: str | None, memo: kopf.Memo
     if type == "DELETED":
         return
     await mirror_statefulset(memo.runtime.kube, dict(body))
+
+
+@kopf.on.event("", "v1", "pods", labels={MANAGED_BY_LABEL: MANAGED_BY, POOL_LABEL: kopf.PRESENT})
+async def worker_pod_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A worker's status changed (or it is gone): Degraded says whether the pool's
+    workers crash-loop or cannot start, and why (their termination messages)."""
+    meta = body["metadata"]
+    await record_worker_health(memo.runtime.kube, meta["namespace"], meta["labels"][POOL_LABEL])
 
 
 @kopf.daemon(API_GROUP, API_VERSION, API_PLURAL, cancellation_timeout=5.0, initial_delay=1.0)
@@ -151,8 +168,8 @@ async def stats_daemon(
 def _valid_spec(body: kopf.Body) -> GenPoolSpec | None:
     """The spec, or None when invalid (the reconcile handler reports that)."""
     try:
-        return GenPoolSpec.from_body(dict(body.get("spec") or {}))
-    except ValueError:
+        return checked_spec(dict(body.get("spec") or {}))
+    except GenPoolSpecError:
         return None
 
 

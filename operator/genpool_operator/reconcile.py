@@ -35,6 +35,8 @@ from genpool_operator.inference_pool import (
     rejected,
 )
 from genpool_operator.kube import Kube, KubeError, object_path, resource_path, with_retries
+from genpool_operator.pod_failures import degraded_condition
+from genpool_operator.pool_health import worker_failures
 from genpool_operator.spec import GenPoolSpec
 from genpool_operator.status import now_iso, update_status
 
@@ -93,18 +95,15 @@ async def _apply_one(kube: Kube, child: dict[str, Any]) -> ChildChange:
 async def record_spec_status(
     kube: Kube, body: dict[str, Any], spec: GenPoolSpec | None, error: str | None
 ) -> None:
-    """observedGeneration, selector and the Degraded condition after a reconcile."""
+    """observedGeneration, selector and the Degraded condition after a reconcile
+    (``error``: the invalid spec's message; else the workers' failures decide)."""
     meta = body["metadata"]
     generation = meta.get("generation")
     stamp = now_iso()
+    failures = [] if error else await worker_failures(kube, meta["namespace"], meta["name"])
+    degraded = degraded_condition(error, failures)
 
     def mutate(status: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
-        degraded = Condition(
-            "Degraded",
-            error is not None,
-            "InvalidSpec" if error else "SpecApplied",
-            error or "children applied",
-        )
         desired = spec.replicas if spec else 0
         patch: dict[str, Any] = {
             "observedGeneration": generation,
@@ -112,7 +111,7 @@ async def record_spec_status(
             "conditions": merge_conditions(
                 status.get("conditions"), [degraded], now_iso=stamp, observed_generation=generation
             ),
-            "phase": phase(desired, int(status.get("readyReplicas") or 0), error is not None),
+            "phase": phase(desired, int(status.get("readyReplicas") or 0), degraded.status),
         }
         if "ready" not in status:
             patch["ready"] = ready_text(desired, 0)

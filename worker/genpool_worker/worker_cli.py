@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from genpool_core.preemption import GenPreemptionConfigError
 from genpool_core.scheduler import GenScheduler
@@ -96,10 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = parse_config(argv)
         scheduler = build_scheduler(config)
     except ValidationError as exc:
-        return _config_error(
-            f"{'.'.join(str(p) for p in error['loc']) or 'config'}: {error['msg']}"
-            for error in exc.errors()
-        )
+        return _config_error(_describe(error) for error in exc.errors())
     except (GenPreemptionConfigError, ConfigEnvError) as exc:
         return _config_error([str(exc)])
     try:
@@ -118,6 +116,12 @@ def _config_error(problems: Iterable[str]) -> int:
         print(f"genpool-worker: error: {line}", file=sys.stderr)
     report_fatal(f"invalid worker configuration: {lines[0]}", "\n".join(lines[1:]))
     return 2
+
+
+def _describe(error: ErrorDetails) -> str:
+    where = ".".join(str(part) for part in error["loc"])
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
 
 
 def _traceback_tail() -> str:

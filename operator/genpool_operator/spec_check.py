@@ -1,0 +1,32 @@
+"""The spec as the operator accepts it (pure): the CRD's rules (``spec.py``) plus what
+the apiserver cannot know, a known model's tensor-parallel limits
+(``genpool_core.model_catalogue``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from genpool_core.model_catalogue import tensor_parallel_problem
+from genpool_operator.spec import GenPoolSpec, GenPoolSpecError
+
+
+def checked_spec(raw: dict[str, Any] | None) -> GenPoolSpec:
+    """The valid spec; GenPoolSpecError (a ValueError) naming the field otherwise."""
+    spec = GenPoolSpec.from_body(raw)
+    problem = tensor_parallel_problem(spec.model, spec.tensor_parallel_size)
+    if problem is not None:
+        raise GenPoolSpecError(problem)
+    return spec
+
+
+def spec_error(raw: dict[str, Any] | None) -> str | None:
+    """What ``Degraded=True/InvalidSpec`` says about ``raw``, or None when it is valid."""
+    try:
+        checked_spec(raw)
+    except GenPoolSpecError as exc:
+        return invalid_spec_message(exc)
+    return None
+
+
+def invalid_spec_message(exc: GenPoolSpecError) -> str:
+    return f"invalid spec: {exc}"
