@@ -1,44 +1,90 @@
-"""``make demo``: GenPool end to end on this machine, with a readable summary.
+"""``make demo``: a GenPool keeps its SLO through a burst; the same pool, static, does not.
 
 Brings up (or reuses) the local control plane, helm-installs the chart (the operator
-runs as a pod under the pod runner), applies a GenPool of two SmolLM2 CPU workers,
-runs the same closed-loop load with preemption on (TargetOutputTps) and off, and
-prints the pool's status, the tuner's Events and a latency table, on vs off.
+runs as a pod under the pod runner) and applies two GenPools of **synthetic** workers
+(``model: synthetic:demo``: real worker processes whose model sleeps the measured
+SmolLM2 step model instead of computing; a 2-core machine cannot run 3 + 1 real
+models): ``autoscaled`` (autoscaling 1..3, ``spec.slo``, preemption TargetOutputTps)
+and ``static`` (1 replica, preemption Off). Both get the same open-loop load at the
+same time: quiet, a burst, quiet again, mixed request lengths. It prints, per phase,
+each pool's latency, attainment at T, tokens/s and replicas, then the operator's
+decisions (its Events) in order, and writes a PNG of p90 TTFT and replicas over time.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from genpool_core.names import API_KIND, GROUP_VERSION
 from genpool_devcluster import build, cli
-from genpool_devcluster.loadgen import PodPicker, closed_loop, summarize
+from genpool_devcluster.demo_load import (
+    Phase,
+    PlannedRequest,
+    SentRequest,
+    open_loop,
+    phase_bounds,
+    plan_arrivals,
+)
+from genpool_devcluster.demo_plot import write_plot
+from genpool_devcluster.demo_report import (
+    ReplicaSample,
+    format_events,
+    format_table,
+    phase_rows,
+    ttft_p90_series,
+)
+from genpool_devcluster.loadgen import PodPicker
 from genpool_operator.kube import Kube, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
-NAMESPACE, POOL = "genpool-demo", "demo"
+NAMESPACE = "genpool-demo"
+AUTO, STATIC = "autoscaled", "static"
 RELEASE, OPERATOR_NS = "genpool", "genpool-system"
-DEMO_SPEC: dict[str, Any] = {
-    "replicas": 2,
-    "model": "smollm2-135m",
+TARGET_TPS, SLO_TTFT_S = 10.0, 1.5
+PHASES = (Phase("quiet", 45, 1.0), Phase("burst", 90, 6.0), Phase("quiet again", 105, 1.0))
+DECISION_REASONS = ("ScaledUp", "ScaledDown", "Tuned", "SLOMissed")
+BASE_SPEC: dict[str, Any] = {
+    "replicas": 1,
+    "model": "synthetic:demo",
     "accelerator": "none",
-    "engine": {"maxBatchSize": 4, "maxSeqLen": 512},
-    "preemption": {"mode": "TargetOutputTps", "targetOutputTps": 4},
-    # Long enough windows for the tuner's evidence rule (>= 20 completions per window).
-    "tuning": {"intervalSeconds": 10, "cooldownIntervals": 1},
+    "engine": {"maxBatchSize": 8, "maxSeqLen": 512},
+    # Short windows: the scaler and the tuner act on 5 s of stat lines.
+    "tuning": {"intervalSeconds": 5, "cooldownIntervals": 1},
     "drain": {"timeoutSeconds": 60},
     "podTemplate": {"env": [{"name": "OMP_NUM_THREADS", "value": "1"}]},
 }
+
+
+def pool_specs() -> dict[str, dict[str, Any]]:
+    """The two pools: identical but for preemption, the SLO and the scaler."""
+    auto = BASE_SPEC | {
+        "preemption": {"mode": "TargetOutputTps", "targetOutputTps": TARGET_TPS},
+        "slo": {"ttftP90Seconds": SLO_TTFT_S, "attainment": 0.8},
+        "autoscaling": {
+            "enabled": True,
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "scaleUpStabilizationSeconds": 0,
+            "scaleDownStabilizationSeconds": 60,
+            "maxStep": 2,
+        },
+    }
+    static = BASE_SPEC | {"preemption": {"mode": "Off"}}
+    return {AUTO: auto, STATIC: static}
 
 
 class Tools:
@@ -53,9 +99,9 @@ class Tools:
             raise SystemExit(f"{tool} {' '.join(args)} failed:\n{res.stderr}")
         return res.stdout
 
-    def pool(self) -> dict[str, Any]:
+    def pool(self, name: str) -> dict[str, Any]:
         pool: dict[str, Any] = json.loads(
-            self.run("kubectl", "get", "gp", POOL, "-n", NAMESPACE, "-o", "json")
+            self.run("kubectl", "get", "gp", name, "-n", NAMESPACE, "-o", "json")
         )
         return pool
 
@@ -70,93 +116,70 @@ def wait(check: Callable[[], bool], what: str, timeout: float) -> None:
     raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def pool_ready(tools: Tools, generation: int | None = None) -> bool:
-    status = tools.pool().get("status", {})
-    if generation is not None and status.get("observedGeneration", 0) < generation:
-        return False
+def pool_ready(tools: Tools, name: str) -> bool:
+    """The pool's StatefulSet has all its replicas ready on the current revision."""
     out = tools.run(
-        "kubectl", "get", "sts", f"{POOL}-worker", "-n", NAMESPACE, "-o", "json",
+        "kubectl", "get", "sts", f"{name}-worker", "-n", NAMESPACE, "-o", "json",
         "--ignore-not-found",
     )  # fmt: skip
     if not out.strip():
         return False  # the operator has not created it yet
     sts = json.loads(out)
-    counts = sts.get("status", {})
-    want = sts["spec"]["replicas"]
+    counts, want = sts.get("status", {}), sts["spec"]["replicas"]
     return bool(
         counts.get("readyReplicas") == want
         and counts.get("updatedReplicas") == want
         and counts.get("currentRevision") == counts.get("updateRevision")
-        and status.get("readyReplicas") == want
+        and tools.pool(name).get("status", {}).get("readyReplicas") == want
     )
 
 
-def run_load(
-    kubeconfig: Path,
-    clients: int,
-    duration_s: float,
-    *,
-    namespace: str = NAMESPACE,
-    pool: str = POOL,
-) -> dict[str, Any]:
-    """Closed-loop load on the pool's ready pods; returns ``loadgen.summarize``."""
+PoolRun = tuple[list[SentRequest], list[ReplicaSample]]
 
-    async def main() -> dict[str, Any]:
+
+def run_load(kubeconfig: Path, plan: list[PlannedRequest]) -> dict[str, PoolRun]:
+    """The same plan against both pools at once; ready pods sampled every second."""
+
+    async def sample(picker: PodPicker, started: float, stop: asyncio.Event) -> list[ReplicaSample]:
+        samples = []
+        while not stop.is_set():
+            with contextlib.suppress(httpx.HTTPError, OSError):
+                await picker.refresh()  # keeps the last list when the API blips
+            samples.append((round(time.monotonic() - started, 2), len(picker.targets)))
+            await asyncio.sleep(1.0)
+        return samples
+
+    async def main() -> dict[str, PoolRun]:
         kube = Kube(load_config(str(kubeconfig)))
-        picker = PodPicker(kube, namespace, pool)
-        await picker.refresh()
-        stop = asyncio.Event()
-        refresher = asyncio.create_task(picker.keep_fresh(stop))
+        pickers = {name: PodPicker(kube, NAMESPACE, name) for name in (AUTO, STATIC)}
+        for picker in pickers.values():
+            await picker.refresh()
+        started, stop = time.monotonic() + 1.0, asyncio.Event()
+        samplers = {n: asyncio.create_task(sample(p, started, stop)) for n, p in pickers.items()}
         try:
-            results = await closed_loop(
-                picker, clients=clients, duration_s=duration_s, max_tokens=24
-            )
+            loads = await asyncio.gather(*(open_loop(p, plan, started) for p in pickers.values()))
         finally:
             stop.set()
-            await refresher
+            samples = {n: await task for n, task in samplers.items()}
             await kube.aclose()
-        return summarize(results, duration_s)
+        return {n: (sent, samples[n]) for n, sent in zip(pickers, loads, strict=True)}
 
-    print(f"  load: {clients} clients for {duration_s:.0f} s ...", flush=True)
+    seconds = sum(p.duration_s for p in PHASES)
+    print(f"  {len(plan)} requests over {seconds:.0f} s, the same to both pools ...", flush=True)
     return asyncio.run(main())
-
-
-def latency_table(on: dict[str, Any], off: dict[str, Any]) -> str:
-    rows = [
-        ("requests", "requests"),
-        ("failed", "failed"),
-        ("p50 TTFT (s)", "ttft_p50_s"),
-        ("p90 TTFT (s)", "ttft_p90_s"),
-        ("mean TPOT (s)", "tpot_mean_s"),
-        ("p90 E2E (s)", "e2e_p90_s"),
-        ("tokens/s", "tokens_per_s"),
-    ]
-    lines = [f"{'':16} {'preemption on':>14} {'preemption off':>15}"]
-    for label, key in rows:
-        lines.append(f"{label:16} {_cell(on.get(key)):>14} {_cell(off.get(key)):>15}")
-    return "\n".join(lines)
-
-
-def _cell(value: object) -> str:
-    return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="genpool-demo", description=__doc__)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the load (default: 0)")
     parser.add_argument(
-        "--clients", type=int, default=12, help="closed-loop clients, 1..256 (default: %(default)s)"
+        "--out",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "genpool-demo",
+        help="folder for the plot and the JSON summary (default: %(default)s)",
     )
-    parser.add_argument(
-        "--duration",
-        type=float,
-        default=60.0,
-        help="seconds of load per mode, 5..1800 (default: %(default)s)",
-    )
-    parser.add_argument("--keep", action="store_true", help="leave the demo GenPool running")
-    args = parser.parse_args(argv)
-    if not 1 <= args.clients <= 256 or not 5 <= args.duration <= 1800:
-        parser.error("--clients must be 1..256 and --duration 5..1800")
-    return args
+    parser.add_argument("--keep", action="store_true", help="leave the demo GenPools running")
+    return parser.parse_args(argv)
 
 
 def _install_operator(tools: Tools) -> None:
@@ -169,44 +192,54 @@ def _install_operator(tools: Tools) -> None:
          "the operator", 180)  # fmt: skip
 
 
-def _apply_pool(tools: Tools) -> None:
-    """Create the namespace and the demo GenPool (preemption on); wait for its workers."""
+def _apply_pools(tools: Tools) -> None:
+    """Create the namespace and both GenPools (1 replica each); wait for their workers."""
     tools.run("kubectl", "apply", "-f", "-", stdin=yaml.safe_dump(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))  # fmt: skip
-    manifest = {"apiVersion": GROUP_VERSION, "kind": API_KIND,
-                "metadata": {"name": POOL}, "spec": DEMO_SPEC}  # fmt: skip
-    tools.run("kubectl", "apply", "-n", NAMESPACE, "-f", "-", stdin=yaml.safe_dump(manifest))
-    wait(lambda: pool_ready(tools), "2 ready workers", 300)
+    for name, spec in pool_specs().items():
+        manifest = {"apiVersion": GROUP_VERSION, "kind": API_KIND,
+                    "metadata": {"name": name}, "spec": spec}  # fmt: skip
+        tools.run("kubectl", "apply", "-n", NAMESPACE, "-f", "-", stdin=yaml.safe_dump(manifest))
+    for name in pool_specs():
+        wait(functools.partial(pool_ready, tools, name), f"pool {name}: 1 ready worker", 300)
 
 
-def _turn_preemption_off(tools: Tools) -> None:
-    """Patch the pool's mode to Off and wait for the rollout that follows."""
-    patch = {"spec": {"preemption": {"mode": "Off"}}}
-    out = tools.run("kubectl", "patch", "gp", POOL, "-n", NAMESPACE, "--type=merge",
-                    "-p", json.dumps(patch), "-o", "json")  # fmt: skip
-    generation = json.loads(out)["metadata"]["generation"]
-    time.sleep(2)
-    wait(lambda: pool_ready(tools, generation), "the rollout to preemption off", 300)
+def _print_decisions(tools: Tools, name: str) -> None:
+    """The operator's decisions for one pool: its Events in order, then its status."""
+    pool = tools.pool(name)
+    selector = f"involvedObject.uid={pool['metadata']['uid']}"
+    events = json.loads(tools.run("kubectl", "get", "events", "-n", NAMESPACE,
+                                  "--field-selector", selector, "-o", "json"))  # fmt: skip
+    lines = format_events(events.get("items", []), DECISION_REASONS)
+    print(f"Operator decisions for {name} (Events {', '.join(DECISION_REASONS)}), oldest first:")
+    print("\n".join(f"  {line}" for line in lines) or "  (none)")
+    status: dict[str, Any] = pool.get("status", {})
+    slo_met: dict[str, Any] = next(
+        (c for c in status.get("conditions", []) if c.get("type") == "SLOMet"), {}
+    )
+    print(f"  now: desiredReplicas {status.get('desiredReplicas')} | scaling "
+          f"{json.dumps(status.get('scaling'))} | measured SLO {json.dumps(status.get('slo'))} "
+          f"| SLOMet {slo_met.get('status')} {slo_met.get('reason', '')}")  # fmt: skip
 
 
-def _print_summary(
-    tools: Tools,
-    status_on: str,
-    tuned: dict[str, Any],
-    on: dict[str, Any],
-    off: dict[str, Any],
-) -> None:
-    print("GenPool status (preemption on, after its load):")
-    print(status_on)
-    uid = tools.pool()["metadata"]["uid"]  # this run's pool, not an earlier one's
-    events = tools.run("kubectl", "get", "events", "-n", NAMESPACE, "--field-selector",
-                       f"involvedObject.uid={uid}", "--sort-by=.lastTimestamp")  # fmt: skip
-    print("Operator events for the pool:")
-    print(events)
-    print("Tuning (preemption on): last reason", tuned.get("lastReason"),
-          "| history", json.dumps(tuned.get("history", [])))  # fmt: skip
-    print("\nLatency, same closed-loop load:")
-    print(latency_table(on, off))
+def _report(tools: Tools, runs: dict[str, PoolRun], out: Path) -> int:
+    """Print the per-phase table and the decisions, write the plot; the failed count."""
+    bounds = phase_bounds(PHASES)
+    rows = {name: phase_rows(sent, bounds, TARGET_TPS, samples)
+            for name, (sent, samples) in runs.items()}  # fmt: skip
+    print(f"Per phase, same open-loop load on both pools (T = {TARGET_TPS:g} tok/s, "
+          f"SLO p90 TTFT <= {SLO_TTFT_S:g} s; synthetic workers):")  # fmt: skip
+    print(format_table(rows, [name for name, _, _ in bounds]))
+    print()
+    _print_decisions(tools, AUTO)
+    print()
+    print(tools.run("kubectl", "get", "gp", "-n", NAMESPACE, "-o", "wide"))
+    series = {name: ttft_p90_series(sent, 10.0) for name, (sent, _) in runs.items()}
+    replicas = {name: samples for name, (_, samples) in runs.items()}
+    plot = write_plot(series, replicas, bounds, SLO_TTFT_S, out / "genpool-demo.png")
+    (out / "genpool-demo.json").write_text(json.dumps({"phases": rows}, indent=2) + "\n")
+    print(f"plot: {plot}")
+    return sum(row["failed"] for pool_rows in rows.values() for row in pool_rows.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,22 +252,20 @@ def main(argv: list[str] | None = None) -> int:
     tools = Tools(Path(cli.DEFAULT_STATE_DIR).expanduser() / "kubeconfig")
     print("[2/5] helm install the chart (operator pod under the pod runner)", flush=True)
     _install_operator(tools)
-    print("[3/5] GenPool with preemption on (TargetOutputTps)", flush=True)
-    _apply_pool(tools)
-    on = run_load(tools.kubeconfig, args.clients, args.duration)
-    status_on = tools.run("kubectl", "get", "gp", "-n", NAMESPACE, "-o", "wide")
-    tuned = tools.pool().get("status", {}).get("tuning", {})
-    print("[4/5] the same load with preemption off (a rollout: mode is a template field)")
-    _turn_preemption_off(tools)
-    off = run_load(tools.kubeconfig, args.clients, args.duration)
+    print(f"[3/5] GenPools {AUTO} (autoscaling 1..3, SLO, TargetOutputTps) and {STATIC} "
+          "(1 replica, preemption Off), synthetic workers", flush=True)  # fmt: skip
+    _apply_pools(tools)
+    print("[4/5] load: " + ", ".join(f"{p.name} {p.duration_s:g} s at {p.rate_per_s:g}/s"
+                                     for p in PHASES), flush=True)  # fmt: skip
+    runs = run_load(tools.kubeconfig, plan_arrivals(PHASES, args.seed))
     print("[5/5] summary\n")
-    _print_summary(tools, status_on, tuned, on, off)
+    failed = _report(tools, runs, args.out)
     if not args.keep:
-        tools.run("kubectl", "delete", "gp", POOL, "-n", NAMESPACE, "--wait=true")
+        for name in pool_specs():
+            tools.run("kubectl", "delete", "gp", name, "-n", NAMESPACE, "--wait=true")
     print(f"\ndemo finished in {time.monotonic() - started:.0f} s; the cluster stays up:")
     print(f"  export KUBECONFIG={tools.kubeconfig}   # then: kubectl get gp -A")
     print("  genpool devcluster down                 # to stop it")
-    failed = on["failed"] + off["failed"]
     return 1 if failed else 0
 
 

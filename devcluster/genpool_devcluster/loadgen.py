@@ -17,7 +17,7 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -55,6 +55,23 @@ class RequestResult:
         return (self.e2e_s - self.ttft_s) / (self.tokens - 1)
 
 
+class Picker(Protocol):
+    """Where the next request goes: a pod target, or None while no pod is ready."""
+
+    def pick(self) -> PodTarget | None: ...
+
+
+class StaticPicker:
+    """A fixed list of targets, round-robin (one worker process in a bench)."""
+
+    def __init__(self, targets: list[PodTarget]) -> None:
+        self.targets = targets
+        self._turn = itertools.count()
+
+    def pick(self) -> PodTarget | None:
+        return self.targets[next(self._turn) % len(self.targets)] if self.targets else None
+
+
 class PodPicker:
     """Ready pods of one pool, refreshed in the background; round-robin."""
 
@@ -83,7 +100,7 @@ class PodPicker:
 
 
 async def one_request(
-    http: httpx.AsyncClient, picker: PodPicker, prompt: str, max_tokens: int
+    http: httpx.AsyncClient, picker: Picker, prompt: str, max_tokens: int
 ) -> RequestResult:
     start = time.time()
     refusals = 0
@@ -147,7 +164,7 @@ async def _stream(
 
 
 async def closed_loop(
-    picker: PodPicker, *, clients: int, duration_s: float, max_tokens: int
+    picker: Picker, *, clients: int, duration_s: float, max_tokens: int
 ) -> list[RequestResult]:
     """``clients`` users, each sending its next request when the last one ends."""
     results: list[RequestResult] = []

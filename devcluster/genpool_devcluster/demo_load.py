@@ -1,0 +1,88 @@
+"""The demo's open-loop phased load: quiet, a burst, quiet again, mixed request lengths.
+
+:func:`plan_arrivals` is pure and seeded: Poisson arrivals per phase (rate in requests
+per second) and each request's length drawn from :data:`LENGTH_MIX`, so two pools
+given the same plan see exactly the same requests at the same offsets.
+:func:`open_loop` sends them on time whatever the pool's latency (an open loop: a
+slow pool does not slow its own load down, which a closed loop would).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from genpool_devcluster.loadgen import PROMPTS, Picker, RequestResult, one_request
+
+# (max_tokens, weight): mostly short answers, some long ones (mean about 59 tokens).
+LENGTH_MIX: tuple[tuple[int, float], ...] = ((16, 0.5), (64, 0.35), (192, 0.15))
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    duration_s: float
+    rate_per_s: float  # mean arrivals per second (Poisson)
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    at_s: float  # offset from the load's start
+    phase: str
+    prompt: str
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class SentRequest:
+    """One planned request and what came of it."""
+
+    planned: PlannedRequest
+    result: RequestResult
+
+
+def phase_bounds(phases: Sequence[Phase]) -> list[tuple[str, float, float]]:
+    """Each phase's (name, start, end) offsets in seconds."""
+    bounds, start = [], 0.0
+    for phase in phases:
+        bounds.append((phase.name, start, start + phase.duration_s))
+        start += phase.duration_s
+    return bounds
+
+
+def plan_arrivals(phases: Sequence[Phase], seed: int = 0) -> list[PlannedRequest]:
+    """Poisson arrivals within each phase, lengths from LENGTH_MIX; sorted by time."""
+    rng = random.Random(seed)
+    lengths, weights = zip(*LENGTH_MIX, strict=True)
+    plan: list[PlannedRequest] = []
+    for name, start, end in phase_bounds(phases):
+        rate = next(p.rate_per_s for p in phases if p.name == name)
+        if rate <= 0:
+            continue
+        at = start + rng.expovariate(rate)
+        while at < end:
+            prompt = PROMPTS[rng.randrange(len(PROMPTS))]
+            max_tokens = rng.choices(lengths, weights)[0]
+            plan.append(PlannedRequest(round(at, 4), name, prompt, max_tokens))
+            at += rng.expovariate(rate)
+    return plan
+
+
+async def open_loop(
+    picker: Picker, plan: Sequence[PlannedRequest], started: float
+) -> list[SentRequest]:
+    """Send every planned request at ``started + at_s`` (``time.monotonic`` clock)."""
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
+    async with httpx.AsyncClient(limits=limits) as http:
+
+        async def send(planned: PlannedRequest) -> SentRequest:
+            await asyncio.sleep(max(0.0, started + planned.at_s - time.monotonic()))
+            result = await one_request(http, picker, planned.prompt, planned.max_tokens)
+            return SentRequest(planned, result)
+
+        return list(await asyncio.gather(*(send(p) for p in plan)))

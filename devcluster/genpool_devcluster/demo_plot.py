@@ -1,0 +1,56 @@
+"""The demo's PNG: p90 TTFT and ready replicas over time, one line per pool.
+
+matplotlib (Agg) is imported only here and only when the plot is drawn, as
+``genpool_sim.plots`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from genpool_devcluster.demo_report import ReplicaSample
+
+Series = Sequence[tuple[float, float]]
+
+
+def write_plot(
+    ttft_p90: Mapping[str, Series],
+    replicas: Mapping[str, Sequence[ReplicaSample]],
+    phases: Sequence[tuple[str, float, float]],
+    slo_s: float,
+    path: Path,
+) -> Path:
+    """Two stacked panels sharing the time axis; phases shaded; returns ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    for pool, points in ttft_p90.items():
+        if points:
+            top.plot(*zip(*points, strict=True), marker="o", markersize=3, label=pool)
+    top.axhline(slo_s, color="grey", linestyle="--", linewidth=0.8, label="SLO p90 TTFT")
+    top.set(ylabel="p90 TTFT (s), per 10 s of arrivals", yscale="log")
+    for pool, samples in replicas.items():
+        if samples:
+            bottom.step(*zip(*samples, strict=True), where="post", label=pool)
+    bottom.set(xlabel="seconds since the load started", ylabel="ready replicas")
+    bottom.yaxis.get_major_locator().set_params(integer=True)
+    for axis in (top, bottom):
+        for index, (name, start, end) in enumerate(phases):
+            if index % 2 == 1:
+                axis.axvspan(start, end, color="orange", alpha=0.08)
+            if axis is top:
+                axis.text((start + end) / 2, 0.97, name, ha="center", va="top",
+                          transform=axis.get_xaxis_transform(), fontsize=8)  # fmt: skip
+        axis.set_xlim(0, phases[-1][2] if phases else None)
+        axis.grid(alpha=0.3)
+        axis.legend(loc="upper right", fontsize=8)
+    fig.suptitle("The same load on both pools: p90 TTFT and ready replicas")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
