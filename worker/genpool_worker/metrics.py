@@ -101,7 +101,7 @@ class WorkerMetrics(Collector):
             return
         snap = self.engine.snapshot
         s = snap.stats
-        yield from self._model_server_gauges(s)
+        yield from self.model_server_gauges(s)
         yield counter("genpool_tokens", "Output tokens produced", snap.tokens_total)
         yield gauge("genpool_queue_length", "Waiters in the admission queue", s.waiters)
         yield gauge("genpool_residents", "Resident requests (active + paused)", s.residents)
@@ -126,7 +126,7 @@ class WorkerMetrics(Collector):
             yield gauge("genpool_admission_target_seconds", "Adaptive target X",
                         s.admission_target_s)  # fmt: skip
 
-    def _model_server_gauges(self, s: SchedulerStats) -> Iterator[Metric]:
+    def model_server_gauges(self, s: SchedulerStats) -> Iterator[Metric]:
         """Queued = waiting for admission. Running = residents: a paused resident keeps
         its KV slot, so it is running to a router. KV usage = resident slots held over
         the slots in force (B + H), as a fraction in [0, 1]."""

@@ -1,5 +1,7 @@
-"""OpenAI ``stop`` strings over streamed text: the output ends just before the first
-stop string, which may span any number of token deltas.
+"""OpenAI ``stop`` strings over streamed text: the output ends just before the stop
+string that is completed first, which may span any number of token deltas. "Completed
+first" (earliest end; on a tie the longer string) is what generating text one piece at
+a time sees, so the result does not depend on how the text is split into tokens.
 
 Text that could still be the start of a stop string is held back until the next delta
 settles it, so a client never sees a prefix of a stop string that then matches.
@@ -19,15 +21,16 @@ class StopMatcher:
 
     def feed(self, text: str) -> str:
         """The part of ``held + text`` that is safe to send now. On a match: the text
-        before the earliest stop string, and ``is_stopped`` is set (later text is dropped)."""
+        before the first completed stop string, and ``is_stopped`` is set (later text is
+        dropped)."""
         if self.is_stopped:
             return ""
         buffer = self._held + text
-        cuts = [at for stop in self.stops if (at := buffer.find(stop)) >= 0]
-        if cuts:
+        matches = [(at + len(stop), at) for stop in self.stops if (at := buffer.find(stop)) >= 0]
+        if matches:
             self.is_stopped = True
             self._held = ""
-            return buffer[: min(cuts)]
+            return buffer[: min(matches)[1]]
         num_held = self._num_held(buffer)
         self._held = buffer[len(buffer) - num_held :]
         return buffer[: len(buffer) - num_held]
