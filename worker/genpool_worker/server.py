@@ -5,8 +5,6 @@ Every error, the framework's own (404, 405) included, has the JSON shape of
 
 from __future__ import annotations
 
-import logging
-
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -20,7 +18,6 @@ from genpool_worker.metrics import WorkerMetrics
 
 INVALID_STATUSES = (400, 413, 422)  # counted as ``genpool_requests_total{outcome="invalid"}``
 ERROR_KINDS = {404: "not_found_error", 405: "invalid_request_error"}
-log = logging.getLogger("genpool.worker")
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
@@ -50,7 +47,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    # Starlette re-raises after this answer, so the server logs the traceback once.
     return error_response(500, f"internal error: {type(exc).__name__}", "internal_error")
 
 
