@@ -42,6 +42,7 @@ POOL_RULES: dict[tuple[str, str], frozenset[str]] = {
     ("", "events"): frozenset({"create", "patch"}),
     ("events.k8s.io", "events"): frozenset({"create", "patch"}),
     ("apps", "statefulsets"): POOL_VERBS,
+    ("apps", "statefulsets/scale"): frozenset({"get", "patch"}),
     ("", "services"): POOL_VERBS,
     ("", "configmaps"): POOL_VERBS,
     ("policy", "poddisruptionbudgets"): POOL_VERBS,

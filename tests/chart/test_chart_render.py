@@ -13,6 +13,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from genpool_core.names import OPERATOR_METRICS_PORT
+
 from .conftest import (
     CASES,
     CHART,
@@ -157,7 +159,7 @@ def test_default_operator_deployment(tmp_path: Path) -> None:
     assert c["image"] == f"genpool/operator:{chart['appVersion']}"
     assert chart["appVersion"] == "0.1.0" and chart["apiVersion"] == "v2"
     assert c["command"] == ["genpool-operator"]
-    assert c["args"] == ["--liveness-port=8080", "--all-namespaces"]
+    assert c["args"] == ["--liveness-port=8080", "--metrics-port=8081", "--all-namespaces"]
     probe = c["livenessProbe"]["httpGet"]
     assert probe == {"path": "/healthz", "port": 8080}
     assert {"name": "healthz", "containerPort": 8080, "protocol": "TCP"} in c["ports"]
@@ -331,3 +333,29 @@ def test_grafana_dashboard(tmp_path: Path) -> None:
         for t in p.get("targets", []):
             assert t["datasource"]["uid"] == "${datasource}"
             assert "$pool" in t["expr"]
+
+
+def test_the_operator_serves_metrics_and_its_monitor_scrapes_them(tmp_path: Path) -> None:
+    c = container(render({}, tmp_path))
+    assert f"--metrics-port={OPERATOR_METRICS_PORT}" in c["args"]
+    port = {"name": "metrics", "containerPort": OPERATOR_METRICS_PORT, "protocol": "TCP"}
+    assert port in c["ports"]
+    objs = render({"monitoring": {"operatorPodMonitor": {"enabled": True}}}, tmp_path)
+    (monitor,) = [
+        o for o in of_kind(objs, "PodMonitor") if o["metadata"]["name"].endswith("-operator")
+    ]
+    labels = workload(objs)["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+    off = container(render({"operator": {"metricsPort": 0}}, tmp_path))
+    assert "--metrics-port=0" in off["args"] and all(p["name"] != "metrics" for p in off["ports"])
+    failed = run_helm(
+        *template_args(),
+        values={
+            "operator": {"metricsPort": 0},
+            "monitoring": {"operatorPodMonitor": {"enabled": True}},
+        },
+        tmp_path=tmp_path,
+    )
+    assert failed.returncode != 0 and "needs operator.metricsPort" in failed.stderr

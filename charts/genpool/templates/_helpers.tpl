@@ -119,6 +119,10 @@ from its env) into each pool's "<pool>-worker-admin" Secret and never reads one.
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+# The replica scaler (spec.autoscaling) sets a pool's StatefulSet through its scale subresource.
+- apiGroups: ["apps"]
+  resources: ["statefulsets/scale"]
+  verbs: ["get", "patch"]
 - apiGroups: [""]
   resources: ["services", "configmaps"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
