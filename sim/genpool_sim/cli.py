@@ -20,7 +20,7 @@ from genpool_sim.autoscale_cli import AutoscaleUsageError, run_autoscale
 from genpool_sim.cli_options import DEFAULT_TRACE, build_parser
 from genpool_sim.cluster import ClusterConfig
 from genpool_sim.experiment import RunResult, Workload, run_seed
-from genpool_sim.report import format_table, summarize
+from genpool_sim.report import class_summary, format_class_table, format_table, summarize
 from genpool_sim.tuning import TuneConfig
 from genpool_sim.workload import (
     RatePhase,
@@ -94,6 +94,8 @@ def run_sim(ns: argparse.Namespace) -> int:
     if not 0 <= ns.warmup < ns.duration:
         raise UsageError("need 0 <= --warmup < --duration")
     scenarios = _scenarios(ns, trace, rate_phases)
+    if ns.classes is not None:
+        scenarios = [(name, replace(w, classes=ns.classes)) for name, w in scenarios]
     base = ClusterConfig(workers=ns.workers, max_batch=ns.max_batch, ctx_servers=ns.ctx_servers,
                          tpot_budget=ns.tpot_budget)  # fmt: skip
     if ns.autoscale:
@@ -191,6 +193,8 @@ def report(ns: argparse.Namespace, results: dict[tuple[str, float], list[RunResu
         target = summary.get("off", summary[next(iter(summary))])["target_output_tps"]["mean"]
         title = f"\n== {name}, paused cap {fraction} A, T = {target:.2f} tok/s, {ns.seeds} seeds =="
         print(format_table(summary, title))
+        if ns.classes:
+            print(format_class_table(summary, ns.classes))
         if ns.stat_lines:
             for run in runs:
                 if run.seed == 0:
@@ -203,7 +207,7 @@ def report(ns: argparse.Namespace, results: dict[tuple[str, float], list[RunResu
             "per_seed": [{"mode": r.mode, "seed": r.seed, "target_output_tps":
                           r.target_output_tps, "metrics": r.metrics}
                          | ({"tuning": r.tuning} if r.tuning else {}) for r in runs],
-        })  # fmt: skip
+        } | ({"classes": class_summary(summary, ns.classes)} if ns.classes else {}))  # fmt: skip
     if ns.json:
         ns.json.parent.mkdir(parents=True, exist_ok=True)
         ns.json.write_text(json.dumps(document, indent=1, allow_nan=True))

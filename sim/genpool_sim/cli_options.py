@@ -10,6 +10,7 @@ from pathlib import Path
 from genpool_sim.autoscale_cli import add_autoscale_options
 from genpool_sim.cluster import MODES
 from genpool_sim.datafiles import AZURE_CONV, data_file
+from genpool_sim.slo_classes import SloClass, parse_classes
 from genpool_sim.tuning import Phase, parse_phases
 
 DEFAULT_TRACE = data_file(AZURE_CONV)
@@ -55,6 +56,13 @@ def _modes(text: str) -> list[str]:
 def _phases(text: str) -> list[Phase]:
     try:
         return parse_phases(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _classes(text: str) -> list[SloClass]:
+    try:
+        return parse_classes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -134,6 +142,13 @@ def _add_load_options(sim: argparse.ArgumentParser) -> None:
         float,
         1.0,
         "factor on replayed arrival times, unitless (below 1: more load; default: 1)",
+    )
+    sim.add_argument(
+        "--classes",
+        type=_classes,
+        help="request classes with their own SLOs: NAME:SHARE[:tpot_ms=MS][:ttft_ms=MS],..."
+        " (shares add up to 1; T_i = 1000/tpot_ms tokens/s, D_i = ttft_ms GEN admission"
+        " target); adds the per_request_tps run and per-class attainment (docs/sim.md)",
     )
     sim.add_argument("--duration", type=_positive(float), help="simulated seconds (default: 600)")
     sim.add_argument(

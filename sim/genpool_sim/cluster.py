@@ -204,6 +204,8 @@ class Cluster:
             max_tokens=request.output_tokens,
             arrival_time=request.gen_arrival,
             first_token_time=request.first_token_time,
+            slo_ttft_s=request.slo_ttft_s,
+            target_output_tps=request.target_output_tps,
         )
         worker.scheduler.add_request(request.gen, self.now)
         self._wake(worker)
@@ -309,6 +311,8 @@ class Cluster:
             arrival_time=self.now,  # back of the line: no immediate re-eviction thrash
             first_token_time=old.first_token_time,
             num_output_tokens=old.num_output_tokens,
+            slo_ttft_s=old.slo_ttft_s,
+            target_output_tps=old.target_output_tps,
         )
         request.gen.first_gen_token_time = old.first_gen_token_time
         worker.recompute_tokens[request_id] = old.prompt_len + old.num_output_tokens

@@ -2,6 +2,9 @@
 
 ``run_seed`` runs every requested mode on the same seed: ``off`` first, because
 ``T = auto`` is the off run's median output rate / 1.10 (the seed's definition).
+With request classes (``Workload.classes``) every run labels each request with its
+class, but only the extra :data:`PER_REQUEST_MODE` run hands the classes' D_i and T_i
+to the workers; the others see one pool T, the baseline it is compared against.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from genpool_core.names import OFF_MODE, SLO_MODE
 from genpool_core.quantiles import percentile
 from genpool_sim.cluster import Cluster, ClusterConfig
 from genpool_sim.records import SimRequest
+from genpool_sim.slo_classes import ClassPicker, SloClass, class_metrics
 from genpool_sim.tuning import Phase, SimTuner, TuneConfig, clients_at, phase_starts
 from genpool_sim.workload import (
     LengthSampler,
@@ -26,6 +30,8 @@ from genpool_sim.workload import (
 )
 
 AUTO_T_DIVISOR = 1.10
+# target_output_tps with each request carrying its class's own floor (and D_i)
+PER_REQUEST_MODE = "per_request_tps"
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class Workload:
     phases: Sequence[Phase] | None = None
     rate_phases: Sequence[RatePhase] | None = None
     cv: float = 1.0
+    classes: Sequence[SloClass] = ()
 
     def __post_init__(self) -> None:
         kinds = (self.concurrency, self.arrivals, self.phases, self.rate_phases)
@@ -74,10 +81,19 @@ def simulate(
     seed: int,
     tuner: SimTuner | None = None,
     controllers: Sequence[Controller] = (),
+    carries_slo: bool = False,
 ) -> Cluster:
+    """One run; with classes, requests carry their class's SLO only if ``carries_slo``."""
     rng = random.Random(seed)
     cluster = Cluster(config)
     ids = itertools.count()
+    picker = ClassPicker(workload.classes, seed) if workload.classes else None
+
+    def submit(request: SimRequest) -> None:
+        if picker is not None:
+            picker.assign(request, carries_slo=carries_slo)
+        cluster.submit(request)
+
     if tuner is not None:
         tuner.attach(cluster)
         every(cluster, tuner.config.interval_s, workload.duration_s, tuner.tick, order=1)
@@ -89,7 +105,7 @@ def simulate(
         arrivals = phased_gamma_arrivals(workload.rate_phases, workload.cv, workload.lengths, rng)
     if arrivals is not None:
         for request in arrivals:
-            cluster.submit(
+            submit(
                 SimRequest(
                     f"r{next(ids)}",
                     request.arrival_s,
@@ -106,7 +122,7 @@ def simulate(
     def send(client: int, at: float) -> None:
         if at < workload.duration_s and client < clients_at(phases, at):
             prompt, output = sampler.sample()
-            cluster.submit(SimRequest(f"c{client}-{next(ids)}", at, prompt, output, client))
+            submit(SimRequest(f"c{client}-{next(ids)}", at, prompt, output, client))
         else:  # retired: the phase's client count fell below it (or the run ended)
             active.discard(client)
 
@@ -192,11 +208,16 @@ def run_seed(
     keep_records: bool = False,
     tune: TuneConfig | None = None,
 ) -> list[RunResult]:
-    """All modes on one seed. ``target_output_tps=None`` means auto (needs ``off``)."""
+    """All modes on one seed. ``target_output_tps=None`` means auto (needs ``off``);
+    with classes and the SLO mode, also :data:`PER_REQUEST_MODE`."""
     ordered = sorted(modes, key=lambda m: m != OFF_MODE)
+    runs = [(mode, mode, False) for mode in ordered]
+    if workload.classes and SLO_MODE in modes:
+        runs.append((PER_REQUEST_MODE, SLO_MODE, True))
     results: list[RunResult] = []
+    finished: list[list[SimRequest]] = []
     target = target_output_tps
-    for mode in ordered:
+    for label, mode, carries_slo in runs:
         if mode == SLO_MODE and target is None:
             raise ValueError("T = auto needs the off mode in the same run")
         config = replace(base, mode=mode, target_output_tps=target)
@@ -204,7 +225,7 @@ def run_seed(
         if tune is not None and mode == SLO_MODE:
             config = replace(config, max_resident_headroom=tune.bounds.max_resident_headroom)
             tuner = SimTuner(tune)
-        cluster = simulate(config, workload, seed, tuner)
+        cluster = simulate(config, workload, seed, tuner, carries_slo=carries_slo)
         metrics, done = measure(cluster, workload, target)
         if mode == OFF_MODE and target is None:
             target = metrics["output_rate_p50"] / AUTO_T_DIVISOR
@@ -214,8 +235,11 @@ def run_seed(
         records = done if keep_records else []
         decisions = tuner.records if tuner is not None else []
         results.append(
-            RunResult(mode, seed, target, metrics, cluster.stat_lines, records, decisions)
+            RunResult(label, seed, target, metrics, cluster.stat_lines, records, decisions)
         )
-    for result in results:
+        finished.append(done)
+    for result, done in zip(results, finished, strict=True):
         result.target_output_tps = target
+        if workload.classes:  # against the final T: a class without a floor uses it
+            result.metrics |= class_metrics(done, workload.classes, target)
     return results

@@ -36,6 +36,10 @@ class SimRequest:
     worker: int | None = None
     gen: GenRequest | None = None
     is_done: bool = False
+    # ``--classes``: the request's class, and the D_i / T_i it carries to the worker
+    slo_class: str | None = None
+    slo_ttft_s: float | None = None
+    target_output_tps: float | None = None
 
     @property
     def ttft_ctx(self) -> float | None:

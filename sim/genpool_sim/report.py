@@ -1,4 +1,5 @@
-"""Aggregate runs over seeds: means, paired deltas vs ``off`` with 95% CIs, the table."""
+"""Aggregate runs over seeds: means, paired deltas vs ``off`` with 95% CIs, the tables
+(all requests; per request class with ``--classes``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 from collections.abc import Sequence
 
 from genpool_sim.experiment import RunResult
+from genpool_sim.slo_classes import SloClass
 
 # Two-sided 95% Student t quantiles by degrees of freedom (1..30); 1.96 beyond.
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
@@ -97,6 +99,61 @@ def format_table(summary: dict[str, dict[str, dict[str, float]]], title: str = "
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = [title] if title else []
     lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
+
+
+# Per-class rows: (metric suffix, label, is a ratio).
+CLASS_METRICS = (
+    ("below_target", "below own floor", True),
+    ("wait_over_target", "wait > D_i", True),
+    ("ttft_p90", "TTFT p90 s", False),
+    ("requests", "requests", False),
+)
+
+
+def class_summary(
+    summary: dict[str, dict[str, dict[str, float]]], classes: Sequence[SloClass]
+) -> dict[str, dict[str, object]]:
+    """{class: {share, tpot_ms, ttft_ms, modes: {mode: {metric: {mean, ci95, ...}}}}}."""
+    out: dict[str, dict[str, object]] = {}
+    for slo_class in classes:
+        prefix = f"class.{slo_class.name}."
+        modes = {
+            mode: {k.removeprefix(prefix): v for k, v in metrics.items() if k.startswith(prefix)}
+            for mode, metrics in summary.items()
+        }
+        out[slo_class.name] = {"share": slo_class.share, "tpot_ms": slo_class.tpot_ms,
+                               "ttft_ms": slo_class.ttft_ms, "modes": modes}  # fmt: skip
+    return out
+
+
+def _mean_ci_cell(entry: dict[str, float] | None, is_ratio: bool) -> str:
+    if entry is None or math.isnan(entry["mean"]):
+        return "-"
+    scale, unit = (100.0, "%") if is_ratio else (1.0, "")
+    text = f"{entry['mean'] * scale:.1f}{unit}" if is_ratio else f"{entry['mean']:.3g}"
+    half = entry.get("ci95", math.nan)
+    return text if math.isnan(half) else f"{text} ±{half * scale:.2g}{unit}"
+
+
+def format_class_table(
+    summary: dict[str, dict[str, dict[str, float]]], classes: Sequence[SloClass]
+) -> str:
+    """One row per class and metric, one column per mode: mean ±95% CI over seeds."""
+    modes = list(summary)
+    rows = []
+    for slo_class in classes:
+        floor = f"tpot {slo_class.tpot_ms:g} ms" if slo_class.tpot_ms else "pool T"
+        for suffix, label, is_ratio in CLASS_METRICS:
+            key = f"class.{slo_class.name}.{suffix}"
+            if any(key in summary[m] for m in modes):
+                cells = [_mean_ci_cell(summary[m].get(key), is_ratio) for m in modes]
+                rows.append([f"{slo_class.name} ({floor}) {label}", *cells])
+    header = ["class metric (mean ±95% CI over seeds)", *modes]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join(lines)
