@@ -9,20 +9,30 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from genpool_core.names import INFERENCE_POOL_GROUP, INFERENCE_POOL_PLURAL, WORKER_PORT
 from genpool_operator.builders import PoolRef
 from genpool_operator.inference_pool import CRD_NAME, build_inference_pool
 from genpool_operator.spec import GenPoolSpec
 from tests.conftest import DevCluster, Kubectl
+from tests.integration.inference_pool_harness import (
+    IP_VERSION,
+    PICKER,
+    get_inference_pool,
+    install_genpool_crd,
+    install_inference_pool_crd,
+    is_gone,
+    objects,
+    patch_pool,
+    pool_condition,
+    remove_inference_pool_crd,
+    routed_spec,
+)
 from tests.integration.operator_harness import (
-    CRD_PATH,
     GROUP,
     PLURAL,
     VERSION,
@@ -31,59 +41,29 @@ from tests.integration.operator_harness import (
     genpool,
     get_pool,
     ready_pods,
-    synthetic_spec,
 )
 from tests.polling import wait_for
-
-INFERENCE_POOL_CRD = (
-    Path(__file__).parents[1] / "data" / "crds" / "inference.networking.k8s.io_inferencepools.yaml"
-)
-IP_VERSION = "v1"
-PICKER = {"name": "chat-epp", "port": 9002}
-
-
-def routed_spec(replicas: int = 1, **picker: Any) -> dict[str, Any]:
-    ref = {**PICKER, **picker}
-    return synthetic_spec(
-        replicas=replicas, inferencePool={"enabled": True, "endpointPickerRef": ref}
-    )
-
-
-def _served(kube_api: client.ApiClient) -> bool:
-    groups = client.ApisApi(kube_api).get_api_versions().groups
-    return any(g.name == INFERENCE_POOL_GROUP for g in groups)
-
-
-def _remove_crd(kubectl: Kubectl, kube_api: client.ApiClient) -> None:
-    kubectl("delete", "crd", CRD_NAME, "--ignore-not-found", "--wait=true")
-    wait_for(lambda: not _served(kube_api), timeout=60, what=f"{CRD_NAME} no longer served")
-
-
-def _install_crd(kubectl: Kubectl) -> None:
-    kubectl("apply", "--server-side", "-f", str(INFERENCE_POOL_CRD))
-    kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
 
 
 @pytest.fixture(scope="module")
 def genpool_crd(kubectl: Kubectl) -> None:
-    kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/genpools.genpool.dev")
+    install_genpool_crd(kubectl)
 
 
 @pytest.fixture(scope="module")
 def crd_cleanup(kubectl: Kubectl, kube_api: client.ApiClient) -> Iterator[None]:
     yield
-    _remove_crd(kubectl, kube_api)
+    remove_inference_pool_crd(kubectl, kube_api)
 
 
 @pytest.fixture
 def no_inference_pool_crd(kubectl: Kubectl, kube_api: client.ApiClient, crd_cleanup: None) -> None:
-    _remove_crd(kubectl, kube_api)
+    remove_inference_pool_crd(kubectl, kube_api)
 
 
 @pytest.fixture
 def inference_pool_crd(kubectl: Kubectl, crd_cleanup: None) -> None:
-    _install_crd(kubectl)
+    install_inference_pool_crd(kubectl)
 
 
 @pytest.fixture
@@ -96,38 +76,6 @@ def operator(
     print(proc.log_tail())
 
 
-def _objects(kube_api: client.ApiClient) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(kube_api)
-
-
-def _inference_pool(kube_api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
-    found: dict[str, Any] = _objects(kube_api).get_namespaced_custom_object(
-        INFERENCE_POOL_GROUP, IP_VERSION, namespace, INFERENCE_POOL_PLURAL, name
-    )
-    return found
-
-
-def _is_gone(kube_api: client.ApiClient, namespace: str, name: str) -> bool:
-    try:
-        _inference_pool(kube_api, namespace, name)
-    except ApiException as exc:
-        if exc.status == 404:
-            return True
-        raise
-    return False
-
-
-def _condition(kube_api: client.ApiClient, namespace: str, pool: str) -> dict[str, Any] | None:
-    conditions = get_pool(kube_api, namespace, pool).get("status", {}).get("conditions") or []
-    return next((c for c in conditions if c["type"] == "InferencePoolReady"), None)
-
-
-def _patch_pool(kube_api: client.ApiClient, namespace: str, pool: str, spec: Any) -> None:
-    _objects(kube_api).patch_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, pool, {"spec": spec}
-    )
-
-
 @pytest.mark.parametrize("failure_mode", ["FailOpen", "FailClose"])
 def test_the_apiserver_accepts_the_built_inference_pool(
     kube_api: client.ApiClient, namespace: str, inference_pool_crd: None, failure_mode: str
@@ -137,7 +85,7 @@ def test_the_apiserver_accepts_the_built_inference_pool(
     spec = GenPoolSpec.from_body(routed_spec(failureMode=failure_mode))
     body = build_inference_pool(PoolRef("chat", namespace, "uid-1", 1), spec.inference_pool)
     del body["metadata"]["ownerReferences"]  # the owner does not exist
-    created = _objects(kube_api).create_namespaced_custom_object(
+    created = objects(kube_api).create_namespaced_custom_object(
         INFERENCE_POOL_GROUP, IP_VERSION, namespace, INFERENCE_POOL_PLURAL, body,
         field_validation="Strict", dry_run="All",
     )  # fmt: skip
@@ -153,7 +101,7 @@ def test_without_the_crd_a_condition_says_so_until_it_is_installed(
 ) -> None:
     create_pool(kube_api, namespace, genpool("routed", routed_spec()))
     condition = wait_for(
-        lambda: _condition(kube_api, namespace, "routed"), timeout=60, what="InferencePoolReady"
+        lambda: pool_condition(kube_api, namespace, "routed"), timeout=60, what="InferencePoolReady"
     )
     assert (condition["status"], condition["reason"]) == ("False", "CRDNotInstalled")
     assert CRD_NAME in condition["message"]
@@ -164,16 +112,18 @@ def test_without_the_crd_a_condition_says_so_until_it_is_installed(
     assert degraded["status"] == "False"
     client.AppsV1Api(kube_api).read_namespaced_stateful_set("routed-worker", namespace)
 
-    _install_crd(kubectl)
-    _patch_pool(kube_api, namespace, "routed", {"inferencePool": {"endpointPickerRef": {
+    install_inference_pool_crd(kubectl)
+    patch_pool(kube_api, namespace, "routed", {"inferencePool": {"endpointPickerRef": {
         **PICKER, "failureMode": "FailOpen"}}})  # fmt: skip
     condition = wait_for(
-        lambda: (c := _condition(kube_api, namespace, "routed")) and c["status"] == "True" and c,
+        lambda: (
+            (c := pool_condition(kube_api, namespace, "routed")) and c["status"] == "True" and c
+        ),
         timeout=60,
         what="InferencePoolReady True after the CRD is installed",
     )
     assert condition["reason"] == "Applied"
-    picker = _inference_pool(kube_api, namespace, "routed")["spec"]["endpointPickerRef"]
+    picker = get_inference_pool(kube_api, namespace, "routed")["spec"]["endpointPickerRef"]
     assert picker["failureMode"] == "FailOpen"
 
 
@@ -188,7 +138,7 @@ def test_the_inference_pool_selects_the_workers_and_goes_with_the_pool(
         timeout=120,
         what="2 ready worker pods",
     )
-    pool = wait_for(lambda: _inference_pool(kube_api, namespace, "chat"), what="InferencePool")
+    pool = wait_for(lambda: get_inference_pool(kube_api, namespace, "chat"), what="InferencePool")
     owners = pool["metadata"]["ownerReferences"]
     assert [(o["kind"], o["name"], o["uid"], o["controller"]) for o in owners] == [
         ("GenPool", "chat", uid, True)
@@ -205,18 +155,18 @@ def test_the_inference_pool_selects_the_workers_and_goes_with_the_pool(
         assert response.status_code == 200
         assert "genpool_" in response.text
 
-    _patch_pool(kube_api, namespace, "chat", {"inferencePool": {"enabled": False}})
-    wait_for(lambda: _is_gone(kube_api, namespace, "chat"), what="the InferencePool deleted")
+    patch_pool(kube_api, namespace, "chat", {"inferencePool": {"enabled": False}})
+    wait_for(lambda: is_gone(kube_api, namespace, "chat"), what="the InferencePool deleted")
     wait_for(
-        lambda: _condition(kube_api, namespace, "chat") is None,
+        lambda: pool_condition(kube_api, namespace, "chat") is None,
         what="InferencePoolReady dropped",
     )
 
-    _patch_pool(kube_api, namespace, "chat", {"inferencePool": {"enabled": True}})
-    wait_for(lambda: _inference_pool(kube_api, namespace, "chat"), what="InferencePool again")
-    _objects(kube_api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "chat")
+    patch_pool(kube_api, namespace, "chat", {"inferencePool": {"enabled": True}})
+    wait_for(lambda: get_inference_pool(kube_api, namespace, "chat"), what="InferencePool again")
+    objects(kube_api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "chat")
     wait_for(
-        lambda: _is_gone(kube_api, namespace, "chat"),
+        lambda: is_gone(kube_api, namespace, "chat"),
         timeout=90,
         what="garbage collection of the InferencePool",
     )
