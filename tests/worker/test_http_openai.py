@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
 from genpool_core.stats import SchedulerStats
 from genpool_worker.metrics import (
@@ -20,6 +21,7 @@ from genpool_worker.metrics import (
     NUM_REQUESTS_WAITING,
     WorkerMetrics,
 )
+from genpool_worker.server import create_app
 from genpool_worker.slo_request import TPOT_HEADER, TTFT_HEADER
 from tests.worker.conftest import RunningWorker
 
@@ -193,3 +195,37 @@ def test_paused_residents_count_as_running_and_hold_kv() -> None:
     over = dataclasses.replace(stats, residents=6, resident_headroom=0)
     values = {m.name: m.samples[0].value for m in metrics.model_server_gauges(over)}
     assert values[KV_CACHE_USAGE_PERC] == 1.0
+
+
+def test_a_chat_client_that_disconnects_frees_its_slot(worker_factory: Factory) -> None:
+    worker = worker_factory(max_batch_size=2)
+    body = CHAT | {"max_tokens": 500, "stream": True}
+    with worker.client() as client:
+        with client.stream("POST", "/v1/chat/completions", json=body) as reply:
+            for _ in reply.iter_lines():
+                break  # the role chunk: accepted, then gone
+        deadline = time.monotonic() + 5
+        while worker.engine.inflight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert worker.engine.inflight == 0
+
+
+class BrokenTokenizer:
+    eos_token_id = 0
+
+    def encode(self, text: str) -> list[int]:
+        raise RuntimeError("tokenizer bug")
+
+    def decode(self, ids: list[int]) -> str:
+        return ""
+
+
+def test_an_unexpected_exception_is_a_json_500(worker_factory: Factory) -> None:
+    engine = worker_factory().engine
+    metrics = WorkerMetrics("synthetic:test", is_synthetic=True)
+    app = create_app(engine, BrokenTokenizer(), metrics)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        reply = client.post("/v1/completions", json={"prompt": "x"})
+    assert reply.status_code == 500
+    assert reply.json()["error"] == {"message": "internal error: RuntimeError",
+                                     "type": "internal_error", "code": 500}  # fmt: skip
