@@ -69,3 +69,28 @@ def test_statline_shows_own_floor_attainment_only_where_counted() -> None:
     stats = scheduler.make_stats(2.0)
     assert (stats.slo_completed, stats.below_target) == (1, 1)  # before X's warm-up, too
     assert "below_target=1.000/1.000" in format_statline(make_statline(stats, None))
+
+
+@pytest.mark.parametrize("own_target", [None, 0.2])
+def test_a_waiter_with_its_own_target_pauses_a_loose_resident_before_x_warms_up(
+    own_target: float | None,
+) -> None:
+    settings = {"target_output_tps": 10.0, "paused_cap": 2, "resident_headroom": 2}
+    scheduler = make_scheduler(2, settings)
+    for name in ("loose_a", "loose_b"):
+        request = keyed(name, arrival=0.0, max_tokens=20)
+        request.target_output_tps = 0.5  # D = 38 s: plenty of laxity
+        scheduler.add_request(request, 0.0)
+    now = 0.0
+    for _ in range(10):  # out of hysteresis: 10 tokens, 1 s >= 0.02 D
+        run_pass(scheduler, now)
+        now += 0.1
+    waiter = keyed("waiter", arrival=now, max_tokens=20)
+    waiter.slo_ttft_s = own_target
+    scheduler.add_request(waiter, now)
+    plan = run_pass(scheduler, now + 0.1)
+    assert scheduler.queue.target.value is None  # X has not warmed up
+    if own_target is None:  # a pool waiter is never at risk before X exists
+        assert plan.paused_ids == () and scheduler.num_waiting == 1
+    else:
+        assert plan.paused_ids == ("loose_a",) and plan.admitted_ids == ("waiter",)
