@@ -60,6 +60,8 @@ def test_chat_completion_has_openai_shape_and_usage(worker_factory: Factory) -> 
         same = client.post("/v1/chat/completions",
                            json={"messages": [parts], "max_completion_tokens": 12})  # fmt: skip
         assert same.json()["choices"][0]["message"]["content"] == choice["message"]["content"]
+        sdk = {"n": 1, "top_p": 1, "presence_penalty": 0, "frequency_penalty": 0.0}
+        assert client.post("/v1/chat/completions", json=CHAT | sdk).status_code == 200
         models = client.get("/v1/models").json()
         assert models["object"] == "list"
         assert [m["id"] for m in models["data"]] == ["synthetic:test"]
@@ -135,7 +137,8 @@ BAD_CHATS: list[object] = [
     CHAT | {"max_tokens": 0}, CHAT | {"max_completion_tokens": -1},
     CHAT | {"max_tokens": 5, "max_completion_tokens": 6}, CHAT | {"max_tokens": 10**6},
     CHAT | {"stop": ["a", "b", "c", "d", "e"]}, CHAT | {"stop": [""]}, CHAT | {"stop": 5},
-    CHAT | {"stream_options": {"include_usage": "yes"}}, CHAT | {"n": 2},
+    CHAT | {"stream_options": {"include_usage": "yes"}}, CHAT | {"n": 2}, CHAT | {"top_p": 0.9},
+    CHAT | {"frequency_penalty": 1}, CHAT | {"logprobs": True},
     CHAT | {"temperature": 3}, CHAT | {"slo": {"ttft_ms": -1}}, CHAT | {"slo": 5},
 ]  # fmt: skip
 

@@ -13,6 +13,7 @@ MAX_TEMPERATURE = 2.0
 # future is clamped to now; further is a client bug and rejected.
 ARRIVAL_SKEW_TOLERANCE_S = 5.0
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+NEUTRAL_ONLY = {"n": 1, "top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
 def _finite_time(value: float | None, name: str) -> float | None:
@@ -55,6 +56,12 @@ class GenerationRequest(BaseModel):
     genpool: GenPoolTiming | None = None
     # ``{"ttft_ms", "tpot_ms"}``: checked by slo_request (a bad value is a 400 naming it)
     slo: dict[str, object] | None = None
+    # OpenAI knobs the worker does not implement: SDKs send them explicitly, so their
+    # neutral values (``NEUTRAL_ONLY``) are accepted and anything else is refused.
+    n: int = 1
+    top_p: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     @field_validator("temperature", mode="before")
     @classmethod
@@ -77,6 +84,15 @@ class GenerationRequest(BaseModel):
         if not all(stops):
             raise ValueError("stop strings must not be empty")
         return value
+
+    @model_validator(mode="after")
+    def _neutral_only(self) -> GenerationRequest:
+        for name, neutral in NEUTRAL_ONLY.items():
+            if getattr(self, name) != neutral:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is not supported (only {neutral})"
+                )
+        return self
 
     def stop_strings(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
