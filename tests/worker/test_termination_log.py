@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 import genpool_worker.termination_log as termination_log
 from genpool_core.termination import MAX_TERMINATION_MESSAGE_BYTES, TERMINATION_LOG_ENV
+from genpool_worker.multirank import free_port
 from genpool_worker.termination_log import report_fatal
 from genpool_worker.worker_cli import main
+from tests.polling import wait_for
 
 
 @pytest.fixture
@@ -62,3 +70,29 @@ def test_outside_a_pod_nothing_is_created(tmp_path: Path, monkeypatch: pytest.Mo
     absent.write_bytes(b"")  # the kubelet's mount: an empty file
     assert report_fatal("cause")
     assert absent.read_text() == "cause\n"
+
+
+def test_a_dead_tensor_parallel_rank_is_the_workers_cause(log_file: Path) -> None:
+    port = free_port()
+    env = {**os.environ, TERMINATION_LOG_ENV: str(log_file)}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "genpool_worker.worker_cli", "--model", "synthetic:tp",
+         "--tensor-parallel-size", "2", "--port", str(port), "--synthetic-time-scale", "0"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: _ready(port), "the worker ready", 60)
+        rank_1 = subprocess.run(["pgrep", "-P", str(worker.pid), "-f", "spawn_main"],
+                                capture_output=True, text=True, check=True)  # fmt: skip
+        os.kill(int(rank_1.stdout.split()[0]), signal.SIGKILL)
+        assert worker.wait(timeout=30) != 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert log_file.read_text() == "tensor-parallel rank 1 exited with code -9\n"
+
+
+def _ready(port: int) -> bool:
+    with contextlib.suppress(httpx.TransportError):  # not listening yet
+        return httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200
+    return False
