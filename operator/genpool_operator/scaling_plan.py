@@ -6,6 +6,11 @@ itself is :func:`genpool_core.scaler.scale`; this module only feeds it from the
 GenPool (settings from the spec, state and replicas in force from the status) and
 says what to record.
 
+The scaler's windows count recommendations on a grid: a window is covered when its
+oldest recommendation is the window's length old, which rounds never are exactly (they
+come every interval plus the round's own time). So the plan hands the scaler a clock
+rounded to the interval (:func:`on_the_grid`) and windows rounded up to whole intervals.
+
 With ``autoscaling.enabled`` the truth about replicas is ``status.desiredReplicas``:
 the round writes it and sets the StatefulSet to it, and a reconcile renders the
 StatefulSet from :func:`desired_replicas` so it never puts ``spec.replicas`` back.
@@ -13,6 +18,7 @@ StatefulSet from :func:`desired_replicas` so it never puts ``spec.replicas`` bac
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -109,6 +115,20 @@ def spec_in_force(spec: GenPoolSpec, status: Mapping[str, Any] | None) -> GenPoo
     return spec if replicas == spec.replicas else spec.model_copy(update={"replicas": replicas})
 
 
+def round_interval_s(spec: GenPoolSpec) -> float:
+    return float(spec.tuning.interval_seconds)
+
+
+def on_the_grid(seconds: float, interval_s: float) -> float:
+    """``seconds`` rounded to a whole number of intervals."""
+    return round(seconds / interval_s) * interval_s
+
+
+def _whole_intervals(window_s: int, interval_s: float) -> float:
+    """A window rounded up to whole intervals: never shorter than the user's."""
+    return math.ceil(window_s / interval_s) * interval_s
+
+
 def scaler_settings(spec: GenPoolSpec) -> ScalerSettings:
     """The scaler's settings from the spec (autoscaling enabled, so slo and max are set)."""
     slo, auto = spec.slo, spec.autoscaling
@@ -123,7 +143,9 @@ def scaler_settings(spec: GenPoolSpec) -> ScalerSettings:
         attainment=slo.attainment if has_attainment else None,
         cap_max=spec.bounds().max_paused_cap if has_knob_lever else None,
         max_step=auto.max_step,
-        down_window_s=float(auto.scale_down_stabilization_seconds),
+        down_window_s=_whole_intervals(
+            auto.scale_down_stabilization_seconds, round_interval_s(spec)
+        ),
     )
 
 
@@ -157,9 +179,10 @@ def plan_scaling(
         return ScalingPlan(before, None, spec.advisory, previous)
     state = ScalerState.from_status((pool.status.get("scaling") or {}).get("state"))
     settings = scaler_settings(spec)
-    now = pool.wall_now
+    interval_s = round_interval_s(spec)
+    now = on_the_grid(pool.wall_now, interval_s)
     decision = scale(before, pool.num_ready, stats, settings, state, now)
-    window_s = float(spec.autoscaling.scale_up_stabilization_seconds)
+    window_s = _whole_intervals(spec.autoscaling.scale_up_stabilization_seconds, interval_s)
     decision = _stabilise_up(decision, before, window_s, now)
     return ScalingPlan(before, decision, spec.advisory, previous)
 

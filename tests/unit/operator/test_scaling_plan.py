@@ -35,6 +35,7 @@ AUTO: dict[str, Any] = {
     "engine": {"maxBatchSize": 8},
     "preemption": {"mode": "TargetOutputTps", "targetOutputTps": 20},
     "slo": {"ttftP90Seconds": 1.0, "attainment": 0.8},
+    "tuning": {"intervalSeconds": 10},
     "autoscaling": {
         "enabled": True, "minReplicas": 1, "maxReplicas": 3,
         "scaleDownStabilizationSeconds": 20, "maxStep": 2,
@@ -64,7 +65,12 @@ def _stats(workers: int = 1, **overrides: Any) -> PoolStats:
     return replace(base, **overrides)
 
 
-OVERLOAD: dict[str, Any] = {"waiters": 30, "arrivals_window": 200, "batch_mean": 8.0, "ttft_hist": _hist(4.0, 60)}
+OVERLOAD: dict[str, Any] = {
+    "waiters": 30,
+    "arrivals_window": 200,
+    "batch_mean": 8.0,
+    "ttft_hist": _hist(4.0, 60),
+}
 QUIET: dict[str, Any] = {"batch_mean": 0.5, "arrivals_window": 20, "completed_window": 20}
 
 
@@ -73,6 +79,9 @@ def test_settings_come_from_the_spec() -> None:
     assert (settings.ttft_p90_s, settings.attainment) == (1.0, 0.8)
     assert (settings.min_replicas, settings.max_replicas, settings.max_step) == (1, 3, 2)
     assert settings.max_batch == 8 and settings.down_window_s == 20.0
+    # Windows are whole intervals, never shorter than asked.
+    odd = _spec(autoscaling={**AUTO["autoscaling"], "scaleDownStabilizationSeconds": 25})
+    assert scaler_settings(odd).down_window_s == 30.0
     assert settings.cap_max == 8  # the tuner's cap bound: pausing is a lever
     off = scaler_settings(_spec(preemption={"mode": "Off"}))
     assert off.attainment is None and off.cap_max is None  # TTFT alone, no knob lever
@@ -117,7 +126,8 @@ def test_scale_down_waits_for_the_window_restored_from_status() -> None:
     spec = _spec()
     status: dict[str, Any] = {"desiredReplicas": 3}
     decisions = []
-    for now in (1000.0, 1010.0, 1020.0):
+    # Rounds come every interval plus their own time: the window still closes.
+    for now in (1000.3, 1010.9, 1021.4):
         pool = PoolView(status, num_ready=3, wall_now=now)
         plan = plan_scaling(spec, pool, _stats(3, **QUIET), is_due=True)
         assert plan is not None and plan.decision is not None
@@ -129,10 +139,10 @@ def test_scale_down_waits_for_the_window_restored_from_status() -> None:
 
 
 def test_scale_up_window_holds_until_every_recommendation_agrees() -> None:
-    spec = _spec(autoscaling={**AUTO["autoscaling"], "scaleUpStabilizationSeconds": 10})
+    spec = _spec(autoscaling={**AUTO["autoscaling"], "scaleUpStabilizationSeconds": 20})
     status: dict[str, Any] = {"desiredReplicas": 1}
     seen = []
-    for now in (1000.0, 1005.0, 1010.0):
+    for now in (1000.0, 1010.4, 1020.9):
         plan = plan_scaling(spec, PoolView(status, 1, now), _stats(**OVERLOAD), is_due=True)
         assert plan is not None and plan.decision is not None
         seen.append((plan.desired, plan.decision.reason))

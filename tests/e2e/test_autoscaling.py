@@ -1,0 +1,261 @@
+"""End to end (issue 15): the operator keeps an autoscaled pool of synthetic workers at its
+SLO on the local control plane.
+
+A pool min 1 / max 3 takes a load step and scales up until the SLO holds again; the
+operator is killed and restarted at the plateau and the StatefulSet's replicas do not
+move; the load falls and the pool scales down, draining the leaving pods, with not one
+accepted request lost. Intervals and windows are short so that it runs in minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from kubernetes import client
+
+from genpool_core.names import GROUP_VERSION
+from genpool_devcluster.loadgen import PROMPTS, PodPicker, RequestResult, one_request
+from genpool_operator.builders import statefulset_name
+from genpool_operator.kube import Kube, load_config
+from tests.conftest import DevCluster, Kubectl
+from tests.integration.operator_harness import (
+    ADMIN_TOKEN,
+    CRD_PATH,
+    OperatorProcess,
+    create_pool,
+    get_pool,
+    synthetic_spec,
+)
+from tests.polling import wait_for
+
+POOL = "auto"
+SLO_TTFT_S = 0.5
+HIGH_CLIENTS, LOW_CLIENTS = 10, 2
+MAX_TOKENS = 24  # about 0.8 s of decode per request at the synthetic model's step time
+SPEC = synthetic_spec(
+    replicas=1,
+    engine={"maxBatchSize": 4},  # 10 clients need all three replicas' batch positions
+    preemption={"mode": "Off"},  # the scaler alone: TTFT is its only lever
+    tuning={"intervalSeconds": 3},
+    drain={"timeoutSeconds": 20},
+    slo={"ttftP90Seconds": SLO_TTFT_S},
+    autoscaling={
+        "enabled": True, "minReplicas": 1, "maxReplicas": 3,
+        "scaleDownStabilizationSeconds": 12, "maxStep": 2,
+    },
+)  # fmt: skip
+
+
+class MetricsOperator(OperatorProcess):
+    """The harness's operator process, with /metrics on a port of its own (the default
+    port may be taken by another operator on this machine)."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path, port: int) -> None:
+        super().__init__(kubeconfig, namespace, log_path)
+        self.port = port
+
+    def start(self) -> MetricsOperator:
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "GENPOOL_ADMIN_TOKEN": ADMIN_TOKEN,
+            "GENPOOL_WORKER_IMAGE": "genpool/worker:test",
+        }
+        argv = [sys.executable, "-m", "genpool_operator.main", "--namespace", self.namespace]
+        flags = ["--liveness-port", "0", "--metrics-port", str(self.port)]
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen([*argv, *flags], env=env, stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def metrics(self) -> str:
+        return httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class SteppedLoad:
+    """Closed-loop users against the pool's ready pods, on their own thread; ``clients``
+    can be changed while it runs (users above it wait). Every result is kept with its
+    end time."""
+
+    def __init__(self, kubeconfig: Path, namespace: str) -> None:
+        self.kubeconfig, self.namespace = kubeconfig, namespace
+        self.clients = 0
+        self.results: list[tuple[float, RequestResult]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    def start(self, clients: int) -> SteppedLoad:
+        self.clients = clients
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[tuple[float, RequestResult]]:
+        self._stop.set()
+        self._thread.join(180)
+        assert not self._thread.is_alive(), "load generator did not stop"
+        return self.results
+
+    async def _run(self) -> None:
+        kube = Kube(load_config(str(self.kubeconfig)))
+        picker = PodPicker(kube, self.namespace, POOL)
+        stop = asyncio.Event()
+        refresher = asyncio.create_task(picker.keep_fresh(stop))
+        limits = httpx.Limits(max_connections=4 * HIGH_CLIENTS)
+        try:
+            async with httpx.AsyncClient(limits=limits) as http:
+                await asyncio.gather(*(self._user(http, picker, i) for i in range(HIGH_CLIENTS)))
+        finally:
+            stop.set()
+            await refresher
+            await kube.aclose()
+
+    async def _user(self, http: httpx.AsyncClient, picker: PodPicker, index: int) -> None:
+        n = 0
+        while not self._stop.is_set():
+            if index >= self.clients:
+                await asyncio.sleep(0.2)
+                continue
+            prompt = PROMPTS[(index + n) % len(PROMPTS)]
+            result = await one_request(http, picker, prompt, MAX_TOKENS)
+            self.results.append((time.time(), result))
+            n += 1
+
+
+def _status(api: client.ApiClient, namespace: str) -> dict[str, Any]:
+    status: dict[str, Any] = get_pool(api, namespace, POOL).get("status") or {}
+    return status
+
+
+def _condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == kind), {})
+
+
+def _explain(api: client.ApiClient, namespace: str) -> str:
+    """The scaler's view, for a failure message."""
+    status = _status(api, namespace)
+    keys = ("desiredReplicas", "scaling", "slo", "preemption", "workersReporting")
+    return repr({key: status.get(key) for key in keys})
+
+
+def _statefulset_replicas(api: client.ApiClient, namespace: str) -> int:
+    scale = client.AppsV1Api(api).read_namespaced_stateful_set_scale(
+        statefulset_name(POOL), namespace
+    )
+    return int(scale.spec.replicas)
+
+
+def _events(api: client.ApiClient, namespace: str) -> list[tuple[str, str]]:
+    events = client.CoreV1Api(api).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={POOL}"
+    )
+    ordered = sorted(events.items, key=lambda e: e.last_timestamp or e.event_time or 0)
+    return [(e.reason, e.message) for e in ordered]
+
+
+@pytest.fixture
+def crd(kubectl: Kubectl) -> None:
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/genpools.genpool.dev")
+
+
+@pytest.fixture
+def operator(
+    cluster: DevCluster, crd: None, namespace: str, tmp_path: Path
+) -> Iterator[MetricsOperator]:
+    proc = MetricsOperator(cluster.kubeconfig, namespace, tmp_path / "operator.log", _free_port())
+    yield proc.start()
+    proc.stop()
+    print(proc.log_tail(120))
+
+
+def _hold_steady_through_restart(
+    operator: MetricsOperator, api: client.ApiClient, namespace: str, seconds: float
+) -> list[int]:
+    """Kill the operator, start it again, and sample the StatefulSet's replicas all along."""
+    samples = [_statefulset_replicas(api, namespace)]
+    operator.kill()
+    time.sleep(2)
+    operator.start()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        samples.append(_statefulset_replicas(api, namespace))
+        time.sleep(0.5)
+    return samples
+
+
+def test_autoscaled_pool_meets_its_slo_scales_down_draining_and_survives_a_restart(
+    cluster: DevCluster, kube_api: client.ApiClient, namespace: str, operator: MetricsOperator
+) -> None:
+    body = {"apiVersion": GROUP_VERSION, "kind": "GenPool", "metadata": {"name": POOL}}
+    create_pool(kube_api, namespace, {**body, "spec": SPEC})
+    wait_for(lambda: _status(kube_api, namespace).get("readyReplicas") == 1, "1 ready", 180)
+
+    # The step: ten users on one replica of four batch positions.
+    load = SteppedLoad(cluster.kubeconfig, namespace).start(HIGH_CLIENTS)
+    wait_for(
+        lambda: _condition(_status(kube_api, namespace), "SLOMet").get("status") == "False",
+        "the SLO missed under the step",
+        60,
+    )
+    wait_for(
+        lambda: _status(kube_api, namespace).get("readyReplicas") == 3,
+        "three ready replicas",
+        240,
+    )
+    assert _status(kube_api, namespace)["desiredReplicas"] == 3
+    met = wait_for(
+        lambda: (c := _condition(_status(kube_api, namespace), "SLOMet"))["status"] == "True" and c,
+        "the SLO met again at three replicas",
+        120,
+    )
+    assert met["reason"] == "WithinTarget", met
+
+    # An operator restart at the plateau: nothing resets the scaler's replicas.
+    samples = _hold_steady_through_restart(operator, kube_api, namespace, seconds=15)
+    assert set(samples) == {3}, samples
+    assert _status(kube_api, namespace)["desiredReplicas"] == 3
+
+    # The load falls: after the down window the pool shrinks, draining as it goes.
+    fell_at = time.time()
+    load.clients = LOW_CLIENTS
+    try:
+        wait_for(lambda: _statefulset_replicas(kube_api, namespace) == 1, "scaled down to 1", 120)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; {_explain(kube_api, namespace)}") from None
+    wait_for(lambda: _status(kube_api, namespace).get("replicas") == 1, "one pod left", 120)
+    time.sleep(3)  # requests still running when the last pod left finish on their own
+    results = load.stop()
+
+    failed = [r for _, r in results if not r.ok]
+    assert not failed, failed[:5]
+    served_while_down = {r.pod for t, r in results if t > fell_at}
+    assert len(served_while_down) > 1, "the leaving pods served requests until drained"
+    status = _status(kube_api, namespace)
+    history = [h for h in status["tuning"]["history"] if h.get("kind") == "Replicas"]
+    steps = [(h["from"]["replicas"], h["to"]["replicas"]) for h in history]
+    assert steps[0][0] == 1 and max(to for _, to in steps) == 3 and steps[-1][1] == 1, steps
+    reasons = [reason for reason, _ in _events(kube_api, namespace)]
+    assert "ScaledUp" in reasons and "ScaledDown" in reasons and "SLOMissed" in reasons
+    assert reasons.index("ScaledUp") < reasons.index("ScaledDown")
+    text = operator.metrics()
+    assert f'genpool_operator_desired_replicas{{namespace="{namespace}",pool="{POOL}"}} 1.0' in text
+    assert "genpool_operator_decisions_total{" in text
+    assert "genpool_operator_round_duration_seconds_count{" in text
+    print(f"e2e autoscaling: {len(results)} requests, 0 failed, pods {sorted(served_while_down)}")
