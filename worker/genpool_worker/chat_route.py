@@ -5,7 +5,7 @@ stream chunks take OpenAI's chat shapes."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from genpool_worker.api import ChatCompletionRequest
 from genpool_worker.chat_template import ChatTemplateError
-from genpool_worker.generation import End, make_arrival, pieces, submit
+from genpool_worker.generation import End, Pieces, make_arrival, submit
 from genpool_worker.http_common import ApiError, context_of, read_json, sse
 from genpool_worker.metrics import RequestTimer
 
@@ -45,7 +45,7 @@ async def chat_completions(request: Request) -> Response:
     timer = RequestTimer(context.metrics)
     submitted = await submit(context, arrival)
     name = body.model or context.engine.model_info.name
-    source = pieces(context.engine, submitted, body.stop_strings(), timer)
+    source = Pieces(context.engine, submitted, body.stop_strings(), timer)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         events = stream(source, _Reply(arrival.request_id, name), include_usage)
@@ -68,14 +68,12 @@ class _Reply:
         return self.head("chat.completion.chunk") | {"choices": [choice]}
 
 
-async def stream(
-    source: AsyncGenerator[str | End, None], reply: _Reply, include_usage: bool
-) -> AsyncIterator[bytes]:
+async def stream(source: Pieces, reply: _Reply, include_usage: bool) -> AsyncIterator[bytes]:
     """Role first, then content deltas, then the finish reason (with usage), ``[DONE]``.
     ``stream_options.include_usage`` adds OpenAI's usage-only chunk before ``[DONE]``."""
-    yield sse(reply.chunk({"role": "assistant", "content": ""})).encode()
-    async with aclosing(source):
+    async with aclosing(source):  # entered first: closing at any yield aborts the request
         try:
+            yield sse(reply.chunk({"role": "assistant", "content": ""})).encode()
             async for piece in source:
                 if not isinstance(piece, End):
                     yield sse(reply.chunk({"content": piece})).encode()
@@ -89,7 +87,7 @@ async def stream(
             yield sse({"error": {"message": exc.message, "type": exc.kind}}).encode()
 
 
-async def collect(source: AsyncGenerator[str | End, None], reply: _Reply) -> Response:
+async def collect(source: Pieces, reply: _Reply) -> Response:
     parts: list[str] = []
     async with aclosing(source):
         async for piece in source:

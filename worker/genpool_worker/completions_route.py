@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from genpool_worker.api import CompletionRequest
-from genpool_worker.generation import End, make_arrival, pieces, submit
+from genpool_worker.generation import End, Pieces, make_arrival, submit
 from genpool_worker.http_common import ApiError, ServerContext, context_of, read_json, sse
 from genpool_worker.metrics import RequestTimer
 
@@ -38,7 +38,7 @@ async def completions(request: Request) -> Response:
     timer = RequestTimer(context.metrics)
     submitted = await submit(context, arrival)
     name = body.model or context.engine.model_info.name
-    source = pieces(context.engine, submitted, body.stop_strings(), timer)
+    source = Pieces(context.engine, submitted, body.stop_strings(), timer)
     if body.stream:
         return StreamingResponse(stream(source, arrival.request_id, name),
                                  media_type="text/event-stream")  # fmt: skip
@@ -55,9 +55,7 @@ def _chunk(request_id: str, name: str, text: str, finish: str | None) -> dict[st
     }
 
 
-async def stream(
-    source: AsyncGenerator[str | End, None], request_id: str, name: str
-) -> AsyncIterator[bytes]:
+async def stream(source: Pieces, request_id: str, name: str) -> AsyncIterator[bytes]:
     async with aclosing(source):
         try:
             async for piece in source:
@@ -72,7 +70,7 @@ async def stream(
             yield sse({"error": {"message": exc.message, "type": exc.kind}}).encode()
 
 
-async def collect(source: AsyncGenerator[str | End, None], request_id: str, name: str) -> Response:
+async def collect(source: Pieces, request_id: str, name: str) -> Response:
     parts: list[str] = []
     async with aclosing(source):
         async for piece in source:

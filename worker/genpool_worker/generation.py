@@ -7,13 +7,22 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncGenerator, Mapping
+from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from genpool_worker.api import ARRIVAL_SKEW_TOLERANCE_S, GenerationRequest
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Arrival, EngineRequest
-from genpool_worker.events import Accepted, Failed, Finished, Rejected, TokenDelta, Usage
+from genpool_worker.events import (
+    Accepted,
+    EngineEvent,
+    Failed,
+    Finished,
+    Rejected,
+    TokenDelta,
+    Usage,
+)
 from genpool_worker.http_common import ApiError, ServerContext
 from genpool_worker.metrics import RequestTimer
 from genpool_worker.slo_request import request_slo
@@ -79,38 +88,54 @@ async def submit(context: ServerContext, arrival: Arrival) -> EngineRequest:
     return submitted
 
 
-async def pieces(
-    engine: GenEngine, request: EngineRequest, stops: tuple[str, ...], timer: RequestTimer
-) -> AsyncGenerator[str | End, None]:
-    """Text to send, then one ``End``. A stop string ends the text before it and aborts
-    the request (the engine's client-disconnect path), which still reports its usage.
-    Closed early (the client went away): the request is aborted, freeing its slot."""
-    matcher = StopMatcher(stops) if stops else None
-    is_done = False
-    try:
-        while True:
-            event = await request.events.get()
-            if isinstance(event, TokenDelta):
-                timer.text()
-                if matcher is None:
-                    yield event.text
-                    continue
-                was_stopped = matcher.is_stopped
-                if text := matcher.feed(event.text):
-                    yield text
-                if matcher.is_stopped and not was_stopped:
-                    engine.abort(request.request_id)
-            elif isinstance(event, Finished):
-                is_done = True
-                timer.done(event.usage.completion_tokens)
-                if matcher is not None and (tail := matcher.flush()):
-                    yield tail
-                is_stopped = matcher is not None and matcher.is_stopped
-                yield End("stop" if is_stopped else event.reason.value, event.usage)
+class Pieces:
+    """A request's output as text pieces, then one ``End``. A stop string ends the text
+    before it and aborts the request (the engine's client-disconnect path), which still
+    reports its usage. Closed before its ``End`` (the client went away, even before the
+    first piece was asked for): the request is aborted, freeing its slot."""
+
+    def __init__(
+        self, engine: GenEngine, request: EngineRequest, stops: tuple[str, ...], timer: RequestTimer
+    ) -> None:
+        self._engine, self._request, self._timer = engine, request, timer
+        self._matcher = StopMatcher(stops) if stops else None
+        self._ready: deque[str | End] = deque()
+        self._is_done = False
+
+    def __aiter__(self) -> Pieces:
+        return self
+
+    async def __anext__(self) -> str | End:
+        while not self._ready:
+            if self._is_done:
+                raise StopAsyncIteration
+            self._on_event(await self._request.events.get())
+        return self._ready.popleft()
+
+    async def aclose(self) -> None:
+        if not self._is_done:
+            self._is_done = True
+            self._engine.abort(self._request.request_id)
+
+    def _on_event(self, event: EngineEvent) -> None:
+        matcher = self._matcher
+        if isinstance(event, TokenDelta):
+            self._timer.text()
+            if matcher is None:
+                self._ready.append(event.text)
                 return
-            elif isinstance(event, Failed):
-                is_done = True
-                raise ApiError(500, event.message, "engine_error")
-    finally:
-        if not is_done:
-            engine.abort(request.request_id)
+            was_stopped = matcher.is_stopped
+            if text := matcher.feed(event.text):
+                self._ready.append(text)
+            if matcher.is_stopped and not was_stopped:
+                self._engine.abort(self._request.request_id)
+        elif isinstance(event, Finished):
+            self._is_done = True
+            self._timer.done(event.usage.completion_tokens)
+            if matcher is not None and (tail := matcher.flush()):
+                self._ready.append(tail)
+            is_stopped = matcher is not None and matcher.is_stopped
+            self._ready.append(End("stop" if is_stopped else event.reason.value, event.usage))
+        elif isinstance(event, Failed):
+            self._is_done = True
+            raise ApiError(500, event.message, "engine_error")
