@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from genpool_core.names import pool_label_selector
+from genpool_operator.builders import statefulset_name
 from genpool_operator.conditions import merge_conditions, phase
 from genpool_operator.kube import Kube, resource_path
 from genpool_operator.pod_failures import DEGRADED, PodFailure, degraded_condition, pool_failures
@@ -23,6 +24,10 @@ async def record_worker_health(kube: Kube, namespace: str, pool: str) -> None:
     """After a worker pod changed: Degraded and phase from the pool's pods, written only
     when they change (pods change often; the status need not)."""
     failures = await worker_failures(kube, namespace, pool)
+    # The phase counts replicas as the StatefulSet mirror does: the StatefulSet's, which
+    # the replica scaler may have set apart from spec.replicas.
+    path = resource_path("apps/v1", "StatefulSet", namespace, statefulset_name(pool))
+    desired = int(((await kube.get(path) or {}).get("spec") or {}).get("replicas") or 0)
     stamp = now_iso()
 
     def mutate(status: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any] | None:
@@ -33,8 +38,6 @@ async def record_worker_health(kube: Kube, namespace: str, pool: str) -> None:
         now = ("True" if degraded.status else "False", degraded.reason, degraded.message)
         if (current.get("status"), current.get("reason"), current.get("message")) == now:
             return None
-        replicas = (fresh.get("spec") or {}).get("replicas", 1)
-        desired = replicas if isinstance(replicas, int) else 1
         ready = int(status.get("readyReplicas") or 0)
         return {
             "conditions": merge_conditions(

@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(config, scheduler)
     except Exception as exc:  # model load, engine set-up: the cause goes to the pod's status
-        log.exception("worker failed to start")
+        log.exception("worker failed")
         report_fatal(f"{type(exc).__name__}: {exc}", _traceback_tail())
         return 1
 
