@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import pytest
+from starlette.requests import ClientDisconnect
 
 from genpool_core.request import FinishReason
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Arrival, EngineRequest
 from genpool_worker.events import Failed, Finished, TokenDelta, Usage
-from genpool_worker.generation import End, Pieces
+from genpool_worker.generation import End, Pieces, PiecesResponse
 from genpool_worker.http_common import ApiError
 from genpool_worker.metrics import RequestTimer, WorkerMetrics
 
@@ -68,3 +70,24 @@ def test_an_engine_failure_is_a_500() -> None:
     with pytest.raises(ApiError) as caught:
         asyncio.run(drain(pieces))
     assert caught.value.status == 500 and caught.value.message == "boom"
+
+
+def test_a_response_that_fails_before_its_first_event_aborts() -> None:
+    pieces, engine = pieces_of([])
+    started: list[bool] = []
+
+    async def events() -> AsyncIterator[bytes]:
+        started.append(True)
+        yield b""
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()  # no disconnect message: the send fails first
+        return {}
+
+    async def send(message: dict[str, Any]) -> None:
+        raise OSError("client gone")  # the headers cannot be sent
+
+    scope = {"type": "http", "asgi": {"spec_version": "2.4"}}
+    with pytest.raises(ClientDisconnect):  # what Starlette makes of the OSError
+        asyncio.run(PiecesResponse(events(), pieces)(scope, receive, send))
+    assert started == [] and engine.aborted == ["r1"]

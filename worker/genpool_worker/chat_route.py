@@ -10,11 +10,11 @@ from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from genpool_worker.api import ChatCompletionRequest
 from genpool_worker.chat_template import ChatTemplateError
-from genpool_worker.generation import End, Pieces, make_arrival, submit
+from genpool_worker.generation import End, Pieces, PiecesResponse, make_arrival, submit
 from genpool_worker.http_common import ApiError, context_of, read_json, sse
 from genpool_worker.metrics import RequestTimer
 
@@ -49,7 +49,7 @@ async def chat_completions(request: Request) -> Response:
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         events = stream(source, _Reply(arrival.request_id, name), include_usage)
-        return StreamingResponse(events, media_type="text/event-stream")
+        return PiecesResponse(events, source)
     return await collect(source, _Reply(arrival.request_id, name))
 
 
@@ -71,20 +71,19 @@ class _Reply:
 async def stream(source: Pieces, reply: _Reply, include_usage: bool) -> AsyncIterator[bytes]:
     """Role first, then content deltas, then the finish reason (with usage), ``[DONE]``.
     ``stream_options.include_usage`` adds OpenAI's usage-only chunk before ``[DONE]``."""
-    async with aclosing(source):  # entered first: closing at any yield aborts the request
-        try:
-            yield sse(reply.chunk({"role": "assistant", "content": ""})).encode()
-            async for piece in source:
-                if not isinstance(piece, End):
-                    yield sse(reply.chunk({"content": piece})).encode()
-                    continue
-                usage = {"usage": piece.usage.as_dict()}
-                text = sse(reply.chunk({}, piece.finish_reason) | usage)
-                if include_usage:
-                    text += sse(reply.head("chat.completion.chunk") | {"choices": []} | usage)
-                yield (text + "data: [DONE]\n\n").encode()
-        except ApiError as exc:
-            yield sse({"error": {"message": exc.message, "type": exc.kind}}).encode()
+    try:
+        yield sse(reply.chunk({"role": "assistant", "content": ""})).encode()
+        async for piece in source:
+            if not isinstance(piece, End):
+                yield sse(reply.chunk({"content": piece})).encode()
+                continue
+            usage = {"usage": piece.usage.as_dict()}
+            text = sse(reply.chunk({}, piece.finish_reason) | usage)
+            if include_usage:
+                text += sse(reply.head("chat.completion.chunk") | {"choices": []} | usage)
+            yield (text + "data: [DONE]\n\n").encode()
+    except ApiError as exc:
+        yield sse({"error": {"message": exc.message, "type": exc.kind}}).encode()
 
 
 async def collect(source: Pieces, reply: _Reply) -> Response:

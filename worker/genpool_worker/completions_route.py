@@ -9,10 +9,10 @@ from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from genpool_worker.api import CompletionRequest
-from genpool_worker.generation import End, Pieces, make_arrival, submit
+from genpool_worker.generation import End, Pieces, PiecesResponse, make_arrival, submit
 from genpool_worker.http_common import ApiError, ServerContext, context_of, read_json, sse
 from genpool_worker.metrics import RequestTimer
 
@@ -40,8 +40,7 @@ async def completions(request: Request) -> Response:
     name = body.model or context.engine.model_info.name
     source = Pieces(context.engine, submitted, body.stop_strings(), timer)
     if body.stream:
-        return StreamingResponse(stream(source, arrival.request_id, name),
-                                 media_type="text/event-stream")  # fmt: skip
+        return PiecesResponse(stream(source, arrival.request_id, name), source)
     return await collect(source, arrival.request_id, name)
 
 
@@ -56,18 +55,16 @@ def _chunk(request_id: str, name: str, text: str, finish: str | None) -> dict[st
 
 
 async def stream(source: Pieces, request_id: str, name: str) -> AsyncIterator[bytes]:
-    async with aclosing(source):
-        try:
-            async for piece in source:
-                if isinstance(piece, End):
-                    chunk = _chunk(request_id, name, "", piece.finish_reason)
-                    yield (
-                        sse(chunk | {"usage": piece.usage.as_dict()}) + "data: [DONE]\n\n"
-                    ).encode()
-                else:
-                    yield sse(_chunk(request_id, name, piece, None)).encode()
-        except ApiError as exc:
-            yield sse({"error": {"message": exc.message, "type": exc.kind}}).encode()
+    try:
+        async for piece in source:
+            if isinstance(piece, End):
+                chunk = _chunk(request_id, name, "", piece.finish_reason)
+                usage = {"usage": piece.usage.as_dict()}
+                yield (sse(chunk | usage) + "data: [DONE]\n\n").encode()
+            else:
+                yield sse(_chunk(request_id, name, piece, None)).encode()
+    except ApiError as exc:
+        yield sse({"error": {"message": exc.message, "type": exc.kind}}).encode()
 
 
 async def collect(source: Pieces, request_id: str, name: str) -> Response:

@@ -8,8 +8,11 @@ import asyncio
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from genpool_worker.api import ARRIVAL_SKEW_TOLERANCE_S, GenerationRequest
 from genpool_worker.engine import GenEngine
@@ -139,3 +142,19 @@ class Pieces:
         elif isinstance(event, Failed):
             self._is_done = True
             raise ApiError(500, event.message, "engine_error")
+
+
+class PiecesResponse(StreamingResponse):
+    """Server-sent events of ``source``; however the response ends (done, client gone,
+    even before the first event was produced), ``source`` is closed, so an unfinished
+    request is aborted."""
+
+    def __init__(self, events: AsyncIterator[bytes], source: Pieces) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self._source = source
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._source.aclose()
