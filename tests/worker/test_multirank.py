@@ -62,11 +62,13 @@ def test_three_ranks_of_smollm2_plan_identically_and_match_one_rank() -> None:
 
 
 def test_unsupported_tensor_parallel_sizes_are_rejected() -> None:
-    check_tensor_parallel_size(1)
-    check_tensor_parallel_size(3)
+    check_tensor_parallel_size("smollm2-135m", 1)
+    check_tensor_parallel_size("smollm2-135m", 3)
+    check_tensor_parallel_size("/models/Llama-3.1-8B-Instruct", 8)
+    check_tensor_parallel_size("/models/unknown-checkpoint", 5)  # checked when weights load
     for size in (0, 2, 4, 9):
         with pytest.raises(ValueError, match="must divide"):
-            check_tensor_parallel_size(size)
+            check_tensor_parallel_size("smollm2-135m", size)
 
 
 def _children(pid: int) -> list[int]:

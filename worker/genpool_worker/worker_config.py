@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from genpool_core.model_catalogue import known_shape
 from genpool_core.names import (
     DEFAULT_ADMISSION_TARGET_MAX_S,
     DEFAULT_ADMISSION_TARGET_MIN_S,
@@ -30,11 +31,16 @@ CONFIG_ENV = "GENPOOL_WORKER_CONFIG"
 Mode = Literal["off", "tpot_budget", "target_output_tps"]
 
 
-def check_tensor_parallel_size(size: int, num_heads: int = 9, num_kv_heads: int = 3) -> None:
-    if size < 1 or num_heads % size or num_kv_heads % size:
+def check_tensor_parallel_size(model: str, size: int) -> None:
+    """Refuse a size that cannot shard a model of the catalogue before anything loads
+    (the operator applies the same rule at reconcile; other checkpoints are checked when
+    their weights load)."""
+    shape = known_shape(model)
+    if shape is not None and (size < 1 or not shape.can_shard(size)):
+        sizes = ", ".join(map(str, shape.tensor_parallel_sizes()))
         raise ValueError(
-            f"tensor_parallel_size={size} must divide the model's {num_heads} query heads and "
-            f"{num_kv_heads} KV heads (SmolLM2-135M: 1 or 3)"
+            f"tensor_parallel_size={size} must divide {model}'s {shape.num_heads} query heads, "
+            f"{shape.num_kv_heads} KV heads and MLP width {shape.ffn_size} (sizes: {sizes})"
         )
 
 
@@ -52,7 +58,10 @@ class WorkerConfig(BaseModel):
     port: int = Field(default=WORKER_PORT, ge=0, le=65535, description="HTTP port (0-65535)")
     device: str = Field(default="cpu", description="torch device: cpu or cuda")
     tensor_parallel_size: int = Field(
-        default=1, ge=1, le=64, description="ranks (processes) sharding the model (1 or 3)"
+        default=1,
+        ge=1,
+        le=64,
+        description="ranks (processes) sharding the model (must divide its heads; SmolLM2: 1 or 3)",
     )
     max_batch_size: int = Field(
         default=16, ge=1, le=4096, description="B: requests decoded per pass (requests)"
@@ -123,9 +132,7 @@ class WorkerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _mode_parameter(self) -> WorkerConfig:
-        if self.tensor_parallel_size > 1 and self.model == "smollm2-135m":
-            # Other checkpoints' head counts are checked when the model loads.
-            check_tensor_parallel_size(self.tensor_parallel_size)
+        check_tensor_parallel_size(self.model, self.tensor_parallel_size)
         if self.preemption_mode == SLO_MODE and self.target_output_tps is None:
             raise ValueError("--preemption-mode target_output_tps needs --target-output-tps")
         if self.preemption_mode == TPOT_MODE and self.tpot_budget is None:
