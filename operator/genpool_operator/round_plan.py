@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from genpool_core import tuner
 from genpool_core.aggregate import PoolStats, aggregate
@@ -18,6 +18,7 @@ from genpool_core.knobs import KnobBounds, Knobs
 from genpool_core.names import DEFAULT_STAT_INTERVAL_S
 from genpool_core.statline import StatLine
 from genpool_operator.conditions import Condition, merge_conditions
+from genpool_operator.freshness import LineClock, observe
 from genpool_operator.scaling_plan import (
     PoolView,
     ScalingPlan,
@@ -34,49 +35,12 @@ from genpool_operator.scaling_plan import (
 from genpool_operator.spec import GenPoolSpec
 
 HISTORY_LIMIT = 10  # status.tuning.history keeps this many knob and replica changes
-STALE_INTERVALS = 2  # stats are stale when no pod's line moved for this many intervals
 
 
 def round_interval(spec: GenPoolSpec | None) -> float:
     """Seconds between tuning rounds: ``tuning.intervalSeconds``, the CRD's default for an
     invalid spec (its daemon keeps ticking so a fixed spec is picked up)."""
     return float(spec.tuning.interval_seconds if spec else DEFAULT_STAT_INTERVAL_S)
-
-
-@dataclass(frozen=True, slots=True)
-class LineClock:
-    """What the operator has seen of each pod's stat lines (not persisted: after a
-    restart the first round simply counts as fresh)."""
-
-    last_t: Mapping[str, float] = field(default_factory=dict)  # each pod's newest line time
-    last_advance: Mapping[str, float] = field(default_factory=dict)  # when it last moved
-    started_at: float | None = None
-
-
-class Freshness(NamedTuple):
-    seen: LineClock
-    is_stale: bool  # no pod's line moved for STALE_INTERVALS intervals
-    has_advanced: bool  # some pod has a line the tuner has not seen
-
-
-def observe(
-    seen: LineClock, lines: Mapping[str, StatLine], *, now: float, interval: float
-) -> Freshness:
-    """Stale when no pod's line moved for two intervals; advanced when some pod has a
-    line the tuner has not seen (so it never counts one twice)."""
-    last_t, last_advance = dict(seen.last_t), dict(seen.last_advance)
-    has_advanced = False
-    for pod, line in lines.items():
-        if last_t.get(pod) != line.t:
-            last_t[pod], last_advance[pod] = line.t, now
-            has_advanced = True
-    started_at = now if seen.started_at is None else seen.started_at
-    clock = LineClock(last_t, last_advance, started_at)
-    newest = max((last_advance.get(pod, 0.0) for pod in lines), default=None)
-    if newest is None:
-        # Nothing reports: stale once we have waited long enough to expect a line.
-        return Freshness(clock, now - started_at > STALE_INTERVALS * interval, False)
-    return Freshness(clock, now - newest > STALE_INTERVALS * interval, has_advanced)
 
 
 def knobs_in_force(spec: GenPoolSpec, tuning_status: Mapping[str, Any]) -> Knobs:

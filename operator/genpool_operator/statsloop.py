@@ -20,8 +20,9 @@ from genpool_core.names import pool_label_selector
 from genpool_core.statline import StatLine
 from genpool_operator import metrics
 from genpool_operator.builders import statefulset_name
+from genpool_operator.freshness import LineClock
 from genpool_operator.kube import Kube, resource_path
-from genpool_operator.round_plan import LineClock, PushOutcome, RoundPlan, plan_round, status_patch
+from genpool_operator.round_plan import PushOutcome, RoundPlan, plan_round, status_patch
 from genpool_operator.scaling_plan import PoolView, desired_replicas, is_autoscaled
 from genpool_operator.scrape import (
     PodTarget,

@@ -10,15 +10,14 @@ from genpool_core import tuner
 from genpool_core.knobs import KnobBounds, Knobs
 from genpool_core.names import DEFAULT_STAT_INTERVAL_S
 from genpool_core.statline import StatLine, parse_statline
+from genpool_operator.freshness import LineClock, observe
 from genpool_operator.round_plan import (
     HISTORY_LIMIT,
-    LineClock,
     PushOutcome,
     RoundPlan,
     desired_generation,
     knobs_in_force,
     live_config,
-    observe,
     plan_round,
     round_events,
     round_interval,

@@ -8,13 +8,8 @@ from typing import Any
 
 from genpool_core import ttft_histogram
 from genpool_core.aggregate import PoolStats
-from genpool_operator.round_plan import (
-    LineClock,
-    PushOutcome,
-    plan_round,
-    round_events,
-    status_patch,
-)
+from genpool_operator.freshness import LineClock
+from genpool_operator.round_plan import PushOutcome, plan_round, round_events, status_patch
 from genpool_operator.scaling_plan import (
     PoolView,
     ScalingPlan,
