@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from genpool_sim.experiment import RunResult
+from genpool_core.names import SLO_MODE
+from genpool_sim.experiment import PER_REQUEST_MODE, RunResult
 from genpool_sim.slo_classes import SloClass
 
 # Two-sided 95% Student t quantiles by degrees of freedom (1..30); 1.96 beyond.
@@ -68,10 +69,27 @@ def summarize(results: Sequence[RunResult]) -> dict[str, dict[str, dict[str, flo
                 base = sum(b for _, b in paired) / len(paired)
                 entry |= {"delta": delta, "delta_ci95": delta_ci}
                 entry["delta_pct"] = 100.0 * delta / base if base else math.nan
+            if mode == PER_REQUEST_MODE:  # the comparison that matters: one pool T
+                entry |= _paired(runs, by_mode.get(SLO_MODE, {}), name, "vs_pool_t_")
             summary[mode][name] = entry
         targets = [r.target_output_tps for r in runs.values() if r.target_output_tps]
         summary[mode]["target_output_tps"] = {"mean": mean_ci(targets)[0] if targets else math.nan}
     return summary
+
+
+def _paired(
+    runs: dict[int, RunResult], baseline: dict[int, RunResult], name: str, prefix: str
+) -> dict[str, float]:
+    """``{prefix}delta`` and its 95% CI, paired by seed against ``baseline``."""
+    pairs = [
+        r.metrics[name] - baseline[s].metrics[name]
+        for s, r in runs.items()
+        if s in baseline and name in r.metrics and name in baseline[s].metrics
+    ]
+    if not pairs:
+        return {}
+    delta, ci = mean_ci(pairs)
+    return {f"{prefix}delta": delta, f"{prefix}delta_ci95": ci}
 
 
 def _cell(entry: dict[str, float] | None, is_ratio: bool) -> str:
@@ -135,7 +153,12 @@ def _mean_ci_cell(entry: dict[str, float] | None, is_ratio: bool) -> str:
     scale, unit = (100.0, "%") if is_ratio else (1.0, "")
     text = f"{entry['mean'] * scale:.1f}{unit}" if is_ratio else f"{entry['mean']:.3g}"
     half = entry.get("ci95", math.nan)
-    return text if math.isnan(half) else f"{text} ±{half * scale:.2g}{unit}"
+    text = text if math.isnan(half) else f"{text} ±{half * scale:.2g}{unit}"
+    if "vs_pool_t_delta" in entry:
+        unit = "pt" if is_ratio else ""
+        delta, delta_ci = entry["vs_pool_t_delta"], entry["vs_pool_t_delta_ci95"]
+        text += f" ({delta * scale:+.3g}{unit} ±{delta_ci * scale:.2g} vs pool T)"
+    return text
 
 
 def format_class_table(
@@ -151,7 +174,7 @@ def format_class_table(
             if any(key in summary[m] for m in modes):
                 cells = [_mean_ci_cell(summary[m].get(key), is_ratio) for m in modes]
                 rows.append([f"{slo_class.name} ({floor}) {label}", *cells])
-    header = ["class metric (mean ±95% CI over seeds)", *modes]
+    header = ["class metric (mean ±95% CI over seeds; per_request_tps: paired delta)", *modes]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))

@@ -131,8 +131,15 @@ def test_run_seed_adds_the_per_request_run_and_per_class_metrics() -> None:
     # Carrying the floors changes what the pool does, not only how it is scored.
     assert by_mode[SLO_MODE] != by_mode[PER_REQUEST_MODE]
     summary = summarize(results)
+    entry = summary[PER_REQUEST_MODE]["class.tight.below_target"]
+    assert entry["vs_pool_t_delta"] == pytest.approx(
+        by_mode[PER_REQUEST_MODE]["class.tight.below_target"]
+        - by_mode[SLO_MODE]["class.tight.below_target"]
+    )
+    assert "vs_pool_t_delta" not in summary[SLO_MODE]["class.tight.below_target"]
     table = format_class_table(summary, classes)
     assert "tight (tpot 60 ms) below own floor" in table and PER_REQUEST_MODE in table
+    assert "vs pool T" in table
     per_class = class_summary(summary, classes)
     assert per_class["tight"]["tpot_ms"] == 60.0
     modes = per_class["tight"]["modes"]
