@@ -75,8 +75,9 @@ class TargetOutputTpsPolicy(PolicyBase):
 
         ``r`` is the request's own unpaused rate once it has ``RATE_PRIOR_TOKENS``
         tokens here, else ``prior`` (its floor before the first step).
-        ``num_gen_tokens`` and ``num_remaining_tokens`` are spelled out: this runs for every batch member of a pass that takes a
-        victim, and two property calls per member are a tenth of that pass.
+        ``num_gen_tokens`` and ``num_remaining_tokens`` are spelled out: this runs for
+        every batch member of a pass that takes a victim, and two property calls per
+        member are a tenth of that pass.
         """
         unpaused = request.unpaused_time(now)
         generated = request.num_output_tokens - request.tokens_at_admission
