@@ -259,6 +259,8 @@ def status_patch(
     }
     if plan.scaling is not None:
         patch.update(scaling_status(plan.scaling, status.get("scaling") or {}, now_text))
+    elif "desiredReplicas" in status:  # autoscaling turned off: spec.replicas rules again
+        patch.update(desiredReplicas=None, scaling=None)  # null deletes in a merge patch
     if stats is not None and not plan.is_stale:
         patch["preemption"] = stats.to_status()
         patch["statsUpdatedAt"] = now_text

@@ -240,3 +240,14 @@ def test_no_reporting_worker_means_stale_stats_at_once() -> None:
     stale = next(c for c in patch["conditions"] if c["type"] == "StatsStale")
     assert (stale["status"], stale["reason"]) == ("True", "NoWorkersReporting")
     assert stale["message"] == "0 of 2 ready workers report a stat line"
+
+
+def test_turning_autoscaling_off_clears_the_scalers_status() -> None:
+    manual = GenPoolSpec.from_body({"replicas": 2})
+    plan = plan_round(manual, {}, {"p": LINE}, LineClock(), now=0.0, tune=True)
+    status = {"desiredReplicas": 3, "scaling": {"reason": "hold"}}
+    patch = status_patch(plan, PushOutcome(1, 1), status, observed_generation=1, now_text="T0")
+    assert patch["desiredReplicas"] is None and patch["scaling"] is None
+    assert "desiredReplicas" not in status_patch(
+        plan, PushOutcome(1, 1), {}, observed_generation=1, now_text="T0"
+    )
