@@ -50,8 +50,10 @@ class AutoscaleConfig:
     startup_delay_s: float = 60.0
     interval_s: float = 30.0
     slo_window_s: float = 60.0
-    # the replica-only planner's utilisation ceiling (an ablation; the scaler's default)
-    planner_max_utilisation: float = 0.85
+    # Utilisation ceilings (share of the batch positions the load may fill), the
+    # scaler's defaults; bench/sim_autoscale_sweep.py tunes each to its SLO
+    planner_max_utilisation: float = 0.85  # replicas-only: headroom for bursts
+    genpool_max_utilisation: float = 0.95  # genpool: pausing absorbs the bursts
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.startup_delay_s) and self.startup_delay_s >= 0):
@@ -72,6 +74,7 @@ class AutoscaleConfig:
             attainment=self.attainment if knobs else None,
             cap_max=cap_max if knobs else None,
             max_utilisation=self.planner_max_utilisation,
+            max_utilisation_with_pausing=self.genpool_max_utilisation,
         )
 
 

@@ -54,6 +54,16 @@ def add_autoscale_options(sim: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--scale-interval", default="30", help="seconds between scaler rounds (default: 30)"
     )
+    group.add_argument(
+        "--planner-max-utilisation",
+        default="0.85",
+        help="replicas-only: share of the batch positions the load may fill (default: 0.85)",
+    )
+    group.add_argument(
+        "--genpool-max-utilisation",
+        default="0.95",
+        help="genpool: the same with pausing to absorb bursts (default: 0.95)",
+    )
 
 
 def _number(ns: argparse.Namespace, name: str, kind: type[float] | type[int]) -> float:
@@ -70,6 +80,9 @@ def _number(ns: argparse.Namespace, name: str, kind: type[float] | type[int]) ->
     return value
 
 
+_SHARE = "must be in (0, 1]"
+
+
 def autoscale_config(ns: argparse.Namespace) -> AutoscaleConfig:
     """The flags, each checked with an error that names it."""
     values = {
@@ -79,6 +92,8 @@ def autoscale_config(ns: argparse.Namespace) -> AutoscaleConfig:
         "max_replicas": _number(ns, "max_replicas", int),
         "startup_delay": _number(ns, "startup_delay", float),
         "scale_interval": _number(ns, "scale_interval", float),
+        "planner_max_utilisation": _number(ns, "planner_max_utilisation", float),
+        "genpool_max_utilisation": _number(ns, "genpool_max_utilisation", float),
     }
     checks = (
         ("slo_ttft_p90", values["slo_ttft_p90"] > 0, "must be > 0 s"),
@@ -86,6 +101,8 @@ def autoscale_config(ns: argparse.Namespace) -> AutoscaleConfig:
         ("min_replicas", values["min_replicas"] >= 1, "must be >= 1"),
         ("startup_delay", values["startup_delay"] >= 0, "must be >= 0 s"),
         ("scale_interval", values["scale_interval"] > 0, "must be > 0 s"),
+        ("planner_max_utilisation", 0 < values["planner_max_utilisation"] <= 1, _SHARE),
+        ("genpool_max_utilisation", 0 < values["genpool_max_utilisation"] <= 1, _SHARE),
     )
     for name, ok, what in checks:
         if not ok:
@@ -105,6 +122,8 @@ def autoscale_config(ns: argparse.Namespace) -> AutoscaleConfig:
         attainment=values["slo_attainment"],
         startup_delay_s=values["startup_delay"],
         interval_s=values["scale_interval"],
+        planner_max_utilisation=values["planner_max_utilisation"],
+        genpool_max_utilisation=values["genpool_max_utilisation"],
     )
 
 

@@ -126,6 +126,19 @@ def test_static_counts_its_fixed_pool_and_the_scalers_follow_the_load() -> None:
         assert run.metrics["replica_seconds"] < 6 * 170.0
 
 
+def test_each_scaler_gets_its_own_utilisation_ceiling() -> None:
+    auto = AutoscaleConfig(slo_ttft_p90_s=1.0, target_output_tps=5.0, min_replicas=1,
+                           max_replicas=4, planner_max_utilisation=0.6,
+                           genpool_max_utilisation=0.8)  # fmt: skip
+    planner = auto.scaler_settings(16, knobs=False)
+    genpool = auto.scaler_settings(16, cap_max=16)
+    assert (planner.max_utilisation, planner.attainment, planner.cap_max) == (0.6, None, None)
+    assert (genpool.max_utilisation_with_pausing, genpool.cap_max) == (0.8, 16)
+    with pytest.raises(ValueError, match="utilisation"):
+        AutoscaleConfig(slo_ttft_p90_s=1.0, target_output_tps=5.0, min_replicas=1,
+                        max_replicas=4, genpool_max_utilisation=1.2)  # fmt: skip
+
+
 def test_slo_windows_check_both_parts_per_window() -> None:
     cluster = Cluster(ClusterConfig(workers=1, step_model=FLAT))
     fast = SimRequest("fast", 0.0, 10, 11, gen_arrival=1.0, first_gen_token=1.5,
@@ -180,6 +193,9 @@ def test_cli_autoscale_writes_the_summary_per_seed_and_timeline(
         (["--slo-ttft-p90", "0"], "--slo-ttft-p90"),
         (["--policies", "static,bogus"], "--policies"),
         (["--target-output-tps", "auto"], "--target-output-tps"),
+        (["--planner-max-utilisation", "0"], "--planner-max-utilisation"),
+        (["--genpool-max-utilisation", "1.5"], "--genpool-max-utilisation"),
+        (["--genpool-max-utilisation", "x"], "--genpool-max-utilisation"),
     ],
 )
 def test_cli_autoscale_bad_input_is_one_line_naming_the_flag(
