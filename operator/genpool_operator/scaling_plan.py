@@ -173,8 +173,7 @@ def plan_scaling(
     previous = _recorded_desired(pool.status)
     # Advice is relative to what runs; applied, the recorded count is taken unclamped so
     # that a bounds change shows as the scaler's clamp-to-bounds.
-    is_recorded = previous is not None and not spec.advisory
-    before = previous if is_recorded and previous is not None else spec.replicas
+    before = previous if previous is not None and not spec.advisory else spec.replicas
     if not is_due:
         return ScalingPlan(before, None, spec.advisory, previous)
     state = ScalerState.from_status((pool.status.get("scaling") or {}).get("state"))
