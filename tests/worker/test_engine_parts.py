@@ -5,7 +5,9 @@ and the engine hands each request's own SLO to the scheduler."""
 from __future__ import annotations
 
 import asyncio
+import math
 
+import pytest
 import torch
 
 from genpool_core.plan import GenPlan
@@ -124,7 +126,6 @@ class CharTokenizer:
 def test_engine_counts_each_request_against_its_own_output_floor() -> None:
     """Off mode has no pool floor: only requests that bring a T_i are counted, each
     against its own (an unreachable floor is missed, a loose one met)."""
-
     ticks = iter(range(1, 1000))
     scheduler = GenScheduler.from_settings({}, GenCapacity(max_batch_size=4))
     engine = GenEngine(
@@ -143,17 +144,21 @@ def test_engine_counts_each_request_against_its_own_output_floor() -> None:
     for _ in range(12):  # five tokens each, one per pass, all three in one batch
         engine.step(engine._collect())
     stats = scheduler.make_stats(engine._now())
+    assert not engine._requests  # all three finished
     assert stats.completed == 3
     assert (stats.slo_completed, stats.below_target) == (2, 1)
     line = format_statline(make_statline(stats, None))
     assert "below_target=0.500/0.500" in line
 
 
-def test_engine_rejects_a_bad_per_request_floor() -> None:
-
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("target_output_tps", -1.0), ("slo_ttft_s", 0.0), ("slo_ttft_s", math.inf)],
+)
+def test_engine_rejects_a_bad_per_request_slo(field: str, value: float) -> None:
     scheduler = GenScheduler.from_settings({}, GenCapacity(max_batch_size=4))
     engine = GenEngine(TorchModelRunner(RecordingModel()), CharTokenizer(), scheduler)
-    request = EngineRequest(Arrival("bad", [1], 5, arrival_time=0.0, target_output_tps=-1.0))
+    request = EngineRequest(Arrival("bad", [1], 5, arrival_time=0.0, **{field: value}))
     request.loop = asyncio.new_event_loop()
     try:
         engine.submit(request)
@@ -163,4 +168,4 @@ def test_engine_rejects_a_bad_per_request_floor() -> None:
     finally:
         request.loop.close()
     assert isinstance(event, Rejected)
-    assert event.status == 400 and "target_output_tps" in event.message
+    assert event.status == 400 and field in event.message
