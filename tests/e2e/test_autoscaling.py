@@ -279,3 +279,35 @@ def test_autoscaled_pool_meets_its_slo_scales_down_draining_and_survives_a_resta
         f"e2e autoscaling: {len(results)} requests, 0 failed; after the load fell, "
         f"{sum(leaving.values())} finished on the leaving pods {dict(sorted(leaving.items()))}"
     )
+
+
+def test_advisory_pool_records_what_it_would_do_and_applies_nothing(
+    cluster: DevCluster, kube_api: client.ApiClient, namespace: str, operator: MetricsOperator
+) -> None:
+    spec = {**SPEC, "advisory": True}
+    body = {"apiVersion": GROUP_VERSION, "kind": "GenPool", "metadata": {"name": POOL}}
+    create_pool(kube_api, namespace, {**body, "spec": spec})
+    wait_for(lambda: _status(kube_api, namespace).get("readyReplicas") == 1, "1 ready", 180)
+    load = SteppedLoad(cluster.kubeconfig, namespace).start(HIGH_CLIENTS)
+    try:
+        status = wait_for(
+            lambda: (s := _status(kube_api, namespace)).get("desiredReplicas", 1) > 1 and s,
+            "advice to scale up",
+            90,
+        )
+        time.sleep(10)  # a few more rounds: still nothing applied
+        assert _statefulset_replicas(kube_api, namespace) == 1
+    finally:
+        results = load.stop()
+    assert status["scaling"]["advisory"] is True
+    change = status["scaling"]["lastChange"]
+    assert change["advisory"] is True and change["from"] == 1 and change["to"] > 1
+    assert any(
+        h.get("kind") == "Replicas" and h.get("advisory") for h in status["tuning"]["history"]
+    )
+    assert _status(kube_api, namespace)["replicas"] == 1  # no pod was added
+    scaled = [m for reason, m in _events(kube_api, namespace) if reason == "ScaledUp"]
+    assert scaled and all(m.startswith("advisory, not applied: ") for m in scaled), scaled
+    assert not [r for _, r in results if not r.ok]
+    text = operator.metrics()
+    assert 'kind="replicas"' in text and 'advisory="true"' in text
