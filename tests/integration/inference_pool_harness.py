@@ -26,6 +26,11 @@ from tests.polling import wait_for
 INFERENCE_POOL_CRD = (
     Path(__file__).parents[1] / "data" / "crds" / "inference.networking.k8s.io_inferencepools.yaml"
 )
+# The endpoint picker also watches InferenceObjectives: it does not start unless they are served.
+INFERENCE_OBJECTIVE_CRD = INFERENCE_POOL_CRD.with_name(
+    "inference.networking.x-k8s.io_inferenceobjectives.yaml"
+)
+INFERENCE_OBJECTIVE_CRD_NAME = "inferenceobjectives.inference.networking.x-k8s.io"
 IP_VERSION = "v1"
 PICKER = {"name": "chat-epp", "port": 9002}
 
@@ -55,6 +60,16 @@ def remove_inference_pool_crd(kubectl: Kubectl, kube_api: client.ApiClient) -> N
 def install_inference_pool_crd(kubectl: Kubectl) -> None:
     kubectl("apply", "--server-side", "-f", str(INFERENCE_POOL_CRD))
     kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+
+
+def install_inference_objective_crd(kubectl: Kubectl) -> None:
+    kubectl("apply", "--server-side", "-f", str(INFERENCE_OBJECTIVE_CRD))
+    wait = ("wait", "--for=condition=Established", "--timeout=60s")
+    kubectl(*wait, f"crd/{INFERENCE_OBJECTIVE_CRD_NAME}")
+
+
+def remove_inference_objective_crd(kubectl: Kubectl) -> None:
+    kubectl("delete", "crd", INFERENCE_OBJECTIVE_CRD_NAME, "--ignore-not-found", "--wait=true")
 
 
 def objects(kube_api: client.ApiClient) -> client.CustomObjectsApi:

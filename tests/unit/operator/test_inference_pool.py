@@ -36,7 +36,12 @@ from genpool_operator.spec import GenPoolSpec, GenPoolSpecError, InferencePool
 CRDS = Path(__file__).parents[2] / "data" / "crds"
 INFERENCE_POOL_CRD = CRDS / "inference.networking.k8s.io_inferencepools.yaml"
 # Pinned in tests/data/crds/fetch-inferencepool-crd.sh (gateway-api-inference-extension v1.2.0).
-INFERENCE_POOL_CRD_SHA256 = "87d5eb89eabd776a1936b0df8e6c144e086d743374bd91c6b865cfb28dbd6b60"
+PINNED_CRDS = {
+    INFERENCE_POOL_CRD.name: "87d5eb89eabd776a1936b0df8e6c144e086d743374bd91c6b865cfb28dbd6b60",
+    "inference.networking.x-k8s.io_inferenceobjectives.yaml": (
+        "499f80fe3b7d9a8be54e454f1d9e7defb90adbf679167039e7f6df611f3c97f5"
+    ),
+}
 POOL = PoolRef("chat", "serving", "0f6c2a1e-uid", 3)
 PICKER = {"name": "chat-epp", "port": 9002}
 
@@ -55,11 +60,16 @@ def inference_pool_crd() -> dict[str, Any]:
 # ---- the vendored CRD ----------------------------------------------------------------------
 
 
-def test_the_vendored_crd_is_the_pinned_upstream_file() -> None:
-    digest = hashlib.sha256(INFERENCE_POOL_CRD.read_bytes()).hexdigest()
-    assert digest == INFERENCE_POOL_CRD_SHA256
-    assert INFERENCE_POOL_CRD_SHA256 in (CRDS / "fetch-inferencepool-crd.sh").read_text()
-    assert INFERENCE_POOL_CRD_SHA256 in (CRDS / "README.md").read_text()
+@pytest.mark.parametrize("name", sorted(PINNED_CRDS))
+def test_the_vendored_crds_are_the_pinned_upstream_files(name: str) -> None:
+    assert hashlib.sha256((CRDS / name).read_bytes()).hexdigest() == PINNED_CRDS[name]
+    pin = f"{name} {PINNED_CRDS[name]}"
+    assert pin in (CRDS / "fetch-inferencepool-crd.sh").read_text()
+    assert PINNED_CRDS[name] in (CRDS / "README.md").read_text()
+
+
+def test_every_vendored_crd_is_pinned() -> None:
+    assert {path.name for path in CRDS.glob("*.yaml")} == set(PINNED_CRDS)
 
 
 def test_our_coordinates_are_the_crds(inference_pool_crd: dict[str, Any]) -> None:
