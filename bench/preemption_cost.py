@@ -40,15 +40,19 @@ HOST = "127.1.0.7"  # outside the pod runner's 127.0/16, so a dev cluster can ru
 LOG = Path("/tmp/genpool-preemption-cost-worker.log")
 MODES = ("off", "target_output_tps")
 WORKER_ARGS = ("--max-batch-size", "4", "--max-seq-len", "512", "--stat-interval-s", "5")
+# Synthetic steps slowed to about SmolLM2's on one idle core (~75 ms at batch 4).
+SYNTHETIC_TIME_SCALE = 2.5
 COUNTERS = ("tokens_total", "passes", "completed_total", "pauses_total", "arrivals_total")
 
 
-def _start_worker(mode: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "genpool_worker.worker_cli", "--model", "smollm2-135m",
+def _start_worker(mode: str, model: str) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "genpool_worker.worker_cli", "--model", model,
            "--host", HOST, "--port", str(WORKER_PORT), "--preemption-mode", mode,
            *WORKER_ARGS]  # fmt: skip
     if mode == "target_output_tps":
         cmd += ["--target-output-tps", "4"]
+    if model.startswith("synthetic:"):
+        cmd += ["--synthetic-time-scale", str(SYNTHETIC_TIME_SCALE)]
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     log = LOG.open("ab")  # the worker's own log, for a start that fails
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -132,7 +136,6 @@ def breakdown(
         "tokens_per_pass": round(delta["tokens_total"] / passes, 3) if passes else None,
         "pass_ms": round(pass_s * 1e3, 2) if pass_s else None,
         "step_ms": round(step_s * 1e3, 2) if step_s else None,
-        "overhead_ms": round((pass_s - step_s) * 1e3, 2) if pass_s and step_s else None,
         "prefills": int(delta["arrivals_total"]),
         "completed": int(delta["completed_total"]),
         "pauses": int(delta["pauses_total"]),
@@ -144,8 +147,10 @@ def breakdown(
     }
 
 
-def run_one(mode: str, clients: int, duration_s: float, max_tokens: int) -> dict[str, Any]:
-    proc = _start_worker(mode)
+def run_one(
+    mode: str, model: str, clients: int, duration_s: float, max_tokens: int
+) -> dict[str, Any]:
+    proc = _start_worker(mode, model)
     try:
         _wait_ready(proc)
         asyncio.run(_measure(clients, 5.0, max_tokens))  # warm-up, discarded
@@ -157,6 +162,11 @@ def run_one(mode: str, clients: int, duration_s: float, max_tokens: int) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.preemption_cost", description=__doc__)
+    parser.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="smollm2-135m, or synthetic:<name> (sleeps the step model: no CPU noise)",
+    )
     parser.add_argument("--reps", type=int, default=3, help="runs per mode, interleaved")
     parser.add_argument("--duration", type=float, default=40.0, help="seconds of load per run")
     parser.add_argument("--clients", type=int, default=6, help="closed-loop clients")
@@ -167,13 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for rep in range(args.reps):
         for mode in MODES if rep % 2 == 0 else MODES[::-1]:
-            run = run_one(mode, args.clients, args.duration, args.max_tokens)
+            run = run_one(mode, args.model, args.clients, args.duration, args.max_tokens)
             runs.append(run | {"rep": rep, "loadavg_1m": os.getloadavg()[0]})
             print(json.dumps({k: v for k, v in run.items() if k != "load"}), flush=True)
-    result = {"config": vars(args) | {"worker_args": WORKER_ARGS, "target_output_tps": 4},
-              "runs": runs, "means": _means(runs)}  # fmt: skip
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result["means"], indent=2))
+    result = {"config": vars(args) | {"worker_args": WORKER_ARGS, "target_output_tps": 4,
+                         "synthetic_time_scale": SYNTHETIC_TIME_SCALE},
+              "runs": runs, "means": _means(runs), "paired": paired_ratios(runs)}  # fmt: skip
+    suffix = "_synthetic" if args.model.startswith("synthetic:") else ""
+    path = RESULTS.with_name(f"preemption_cost{suffix}.json")
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({"means": result["means"], "paired": result["paired"]}, indent=2))
     return 0
 
 
@@ -183,6 +196,22 @@ def _means(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         mode: {k: round(statistics.fmean(r[k] for r in runs if r["mode"] == mode), 3) for k in keys}
         for mode in MODES
     }
+
+
+PAIRED = ("tokens_per_s", "tokens_per_pass", "passes_per_s", "step_ms", "mean_active")
+
+
+def paired_ratios(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """on / off within each repetition (back-to-back runs share the machine's load)."""
+    ratios: dict[str, list[float]] = {key: [] for key in PAIRED}
+    for rep in sorted({r["rep"] for r in runs}):
+        pair = {r["mode"]: r for r in runs if r["rep"] == rep}
+        if len(pair) < len(MODES):
+            continue
+        for key in PAIRED:
+            ratios[key].append(round(pair[MODES[1]][key] / pair[MODES[0]][key], 3))
+    return {key: {"per_rep": v, "mean": round(statistics.fmean(v), 3)} for key, v in ratios.items()
+            if v}  # fmt: skip
 
 
 if __name__ == "__main__":

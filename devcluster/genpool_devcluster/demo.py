@@ -55,7 +55,13 @@ NAMESPACE = "genpool-demo"
 AUTO, STATIC = "autoscaled", "static"
 RELEASE, OPERATOR_NS = "genpool", "genpool-system"
 TARGET_TPS, SLO_TTFT_S = 10.0, 1.5
-PHASES = (Phase("quiet", 45, 1.0), Phase("burst", 90, 6.0), Phase("quiet again", 105, 1.0))
+# The burst is two phases, so the table shows the pool before and after it scaled up.
+PHASES = (
+    Phase("quiet", 45, 1.0),
+    Phase("burst", 40, 6.0),
+    Phase("burst, later", 50, 6.0),
+    Phase("quiet again", 150, 1.0),
+)
 DECISION_REASONS = ("ScaledUp", "ScaledDown", "Tuned", "SLOMissed")
 BASE_SPEC: dict[str, Any] = {
     "replicas": 1,
@@ -79,7 +85,7 @@ def pool_specs() -> dict[str, dict[str, Any]]:
             "minReplicas": 1,
             "maxReplicas": 3,
             "scaleUpStabilizationSeconds": 0,
-            "scaleDownStabilizationSeconds": 60,
+            "scaleDownStabilizationSeconds": 45,
             "maxStep": 2,
         },
     }
@@ -217,9 +223,12 @@ def _print_decisions(tools: Tools, name: str) -> None:
     slo_met: dict[str, Any] = next(
         (c for c in status.get("conditions", []) if c.get("type") == "SLOMet"), {}
     )
-    print(f"  now: desiredReplicas {status.get('desiredReplicas')} | scaling "
-          f"{json.dumps(status.get('scaling'))} | measured SLO {json.dumps(status.get('slo'))} "
-          f"| SLOMet {slo_met.get('status')} {slo_met.get('reason', '')}")  # fmt: skip
+    scaling: dict[str, Any] = status.get("scaling") or {}
+    last = scaling.get("lastChange") or {}
+    print(f"  now: desiredReplicas {status.get('desiredReplicas')}, scaler says "
+          f"{scaling.get('reason')}, last change {last.get('from')} -> {last.get('to')} "
+          f"({last.get('reason')}); measured SLO {json.dumps(status.get('slo'))}; "
+          f"SLOMet={slo_met.get('status')} {slo_met.get('reason', '')}")  # fmt: skip
 
 
 def _report(tools: Tools, runs: dict[str, PoolRun], out: Path) -> int:
@@ -236,7 +245,8 @@ def _report(tools: Tools, runs: dict[str, PoolRun], out: Path) -> int:
     print(tools.run("kubectl", "get", "gp", "-n", NAMESPACE, "-o", "wide"))
     series = {name: ttft_p90_series(sent, 10.0) for name, (sent, _) in runs.items()}
     replicas = {name: samples for name, (_, samples) in runs.items()}
-    plot = write_plot(series, replicas, bounds, SLO_TTFT_S, out / "genpool-demo.png")
+    busy = {p.name for p in PHASES if p.rate_per_s > PHASES[0].rate_per_s}
+    plot = write_plot(series, replicas, bounds, busy, SLO_TTFT_S, out / "genpool-demo.png")
     (out / "genpool-demo.json").write_text(json.dumps({"phases": rows}, indent=2) + "\n")
     print(f"plot: {plot}")
     return sum(row["failed"] for pool_rows in rows.values() for row in pool_rows.values())

@@ -6,7 +6,7 @@ matplotlib (Agg) is imported only here and only when the plot is drawn, as
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from genpool_devcluster.demo_report import ReplicaSample
@@ -18,10 +18,11 @@ def write_plot(
     ttft_p90: Mapping[str, Series],
     replicas: Mapping[str, Sequence[ReplicaSample]],
     phases: Sequence[tuple[str, float, float]],
+    busy: Collection[str],
     slo_s: float,
     path: Path,
 ) -> Path:
-    """Two stacked panels sharing the time axis; phases shaded; returns ``path``."""
+    """Two stacked panels sharing the time axis, the ``busy`` phases shaded; returns ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,8 +40,8 @@ def write_plot(
     bottom.set(xlabel="seconds since the load started", ylabel="ready replicas")
     bottom.yaxis.get_major_locator().set_params(integer=True)
     for axis in (top, bottom):
-        for index, (name, start, end) in enumerate(phases):
-            if index % 2 == 1:
+        for name, start, end in phases:
+            if name in busy:
                 axis.axvspan(start, end, color="orange", alpha=0.08)
             if axis is top:
                 axis.text((start + end) / 2, 0.97, name, ha="center", va="top",

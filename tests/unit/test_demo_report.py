@@ -120,5 +120,7 @@ def test_demo_pools_are_valid_genpools_that_differ_only_where_meant() -> None:
 def test_write_plot_writes_a_png(tmp_path: Path) -> None:
     series = {"auto": [(5.0, 0.4), (15.0, 3.0)], "static": [(5.0, 0.5), (15.0, 20.0)]}
     replicas = {"auto": [(0.0, 1), (10.0, 3)], "static": [(0.0, 1), (10.0, 1)]}
-    path = write_plot(series, replicas, phase_bounds(PHASES), 1.5, tmp_path / "d" / "p.png")
+    path = write_plot(
+        series, replicas, phase_bounds(PHASES), {"burst"}, 1.5, tmp_path / "d" / "p.png"
+    )
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
