@@ -191,6 +191,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _install_operator(tools: Tools) -> None:
     """Helm-install the chart and wait for the operator's deployment to be ready."""
     chart = str(ROOT / "charts" / "genpool")
+    # helm installs crds/ only on first install, never upgrades it: apply the CRD so a
+    # cluster kept from an older demo gets this checkout's fields (spec.autoscaling, ...).
+    tools.run("kubectl", "apply", "--server-side", "--force-conflicts", "-f",
+              str(ROOT / "charts" / "genpool" / "crds"))  # fmt: skip
     tools.run("helm", "upgrade", "--install", RELEASE, chart, "-n", OPERATOR_NS,
               "--create-namespace")  # fmt: skip
     wait(lambda: tools.run("kubectl", "get", "deploy", "-n", OPERATOR_NS, "-o",
