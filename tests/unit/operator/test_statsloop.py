@@ -10,7 +10,7 @@ import httpx
 from bench.fake_workers import FakeWorkerFleet
 from genpool_operator.conditions import Condition, merge_conditions, readiness_conditions
 from genpool_operator.scrape import PodTarget, WorkerClient, in_sync, ready_targets
-from genpool_operator.statsloop import push_live
+from genpool_operator.statsloop import push_live, scale_statefulset
 
 
 def _pod(name: str, ip: str | None, *, ready: bool = True, phase: str = "Running") -> dict:
@@ -80,3 +80,30 @@ def test_push_reaches_out_of_sync_pods_and_reports_failures() -> None:
         await fleet.stop()
 
     asyncio.run(scenario())
+
+
+class _ScaleKube:
+    """The two calls scale_statefulset makes, against one StatefulSet's scale."""
+
+    def __init__(self, replicas: int | None) -> None:
+        self.replicas = replicas
+        self.patches: list[tuple[str, dict]] = []
+
+    async def get(self, path: str) -> dict | None:
+        return None if self.replicas is None else {"spec": {"replicas": self.replicas}}
+
+    async def merge_patch(self, path: str, patch: dict) -> dict:
+        self.patches.append((path, patch))
+        self.replicas = patch["spec"]["replicas"]
+        return {}
+
+
+def test_scale_statefulset_writes_the_scale_subresource_only_on_a_change() -> None:
+    kube = _ScaleKube(1)
+    assert asyncio.run(scale_statefulset(kube, "ns", "pool", 3))  # type: ignore[arg-type]
+    path = "/apis/apps/v1/namespaces/ns/statefulsets/pool-worker/scale"
+    assert kube.patches == [(path, {"spec": {"replicas": 3}})]
+    assert not asyncio.run(scale_statefulset(kube, "ns", "pool", 3))  # type: ignore[arg-type]
+    gone = _ScaleKube(None)  # not created yet: the reconcile will, with the same count
+    assert not asyncio.run(scale_statefulset(gone, "ns", "pool", 2))  # type: ignore[arg-type]
+    assert len(kube.patches) == 1 and gone.patches == []
