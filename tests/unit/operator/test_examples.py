@@ -34,5 +34,6 @@ def test_the_hpa_example_drives_a_manual_pool_from_an_operator_metric() -> None:
     }
     assert not GenPoolSpec.from_body(pools[target["name"]]["spec"]).autoscaling.enabled
     (metric,) = hpa["spec"]["metrics"]
-    assert metric["external"]["metric"]["name"] == list(metrics.SLO_TTFT_P90.describe())[0].name
+    (family,) = metrics.SLO_TTFT_P90.describe()
+    assert metric["external"]["metric"]["name"] == family.name
     assert metric["external"]["metric"]["selector"]["matchLabels"] == {"pool": target["name"]}
