@@ -23,6 +23,7 @@ import yaml
 from kubernetes import client
 
 from tests.conftest import DevCluster, Kubectl
+from tests.integration.inference_pool_harness import INFERENCE_POOL_CRD
 
 from .conftest import CHART, PEERING_API_VERSIONS, helm_path
 from .test_chart_rbac import POOL_RULES
@@ -56,10 +57,13 @@ def helm(cluster: DevCluster) -> Helm:
 
 @pytest.fixture(scope="module")
 def crds(kubectl: Kubectl) -> None:
-    """GenPool's CRD (as helm's crds/ would install it) and kopf's peering CRDs."""
+    """GenPool's CRD (as helm's crds/ would install it), kopf's peering CRDs, and GIE's
+    InferencePool CRD: `kubectl auth can-i` resolves a resource through discovery, so the
+    operator's inferencepools rule can only be checked while the CRD is served."""
     for path in (
         CHART / "crds" / "genpool.dev_genpools.yaml",
         CHART / "files/kopf-peering-crds.yaml",
+        INFERENCE_POOL_CRD,
     ):
         kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
     kubectl(
@@ -69,6 +73,7 @@ def crds(kubectl: Kubectl) -> None:
         "crd/genpools.genpool.dev",
         "crd/clusterkopfpeerings.kopf.dev",
         "crd/kopfpeerings.kopf.dev",
+        "crd/inferencepools.inference.networking.k8s.io",
     )
 
 
