@@ -38,6 +38,7 @@ from genpool_operator.scrape import WorkerClient
 from genpool_operator.spec import GenPoolSpec, GenPoolSpecError
 from genpool_operator.spec_check import checked_spec, invalid_spec_message
 from genpool_operator.statsloop import PoolMemory, RoundReport, run_round
+from genpool_operator.status import read_status
 
 DEFAULT_WORKER_IMAGE = "genpool/worker:0.1.0"
 log = logging.getLogger("genpool.operator")
@@ -106,8 +107,10 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await record_spec_status(runtime.kube, raw, None, message)
         kopf.warn(body, reason="InvalidSpec", message=message)
         raise kopf.PermanentError(message) from None
-    # With autoscaling the replicas are the scaler's (status.desiredReplicas): never reset.
-    spec = spec_in_force(spec, body.get("status"))
+    # With autoscaling the replicas are the scaler's (status.desiredReplicas, read afresh:
+    # the event may predate the last round's write): never reset to spec.replicas.
+    meta = body["metadata"]
+    spec = spec_in_force(spec, await read_status(runtime.kube, meta["namespace"], meta["name"]))
     changes = await apply_children(runtime.kube, raw, spec, runtime.options)
     await record_spec_status(runtime.kube, raw, spec, None)
     changed = [f"{c.kind}/{c.name} {c.action}" for c in changes if c.action != "unchanged"]

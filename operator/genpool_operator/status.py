@@ -25,6 +25,13 @@ def pool_path(namespace: str, name: str, sub: str = "") -> str:
     return resource_path(GROUP_VERSION, API_KIND, namespace, name, sub)
 
 
+async def read_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    """The GenPool's status as stored now ({} when gone): an event's copy may be older
+    than the last stats round's write."""
+    body = await kube.get(pool_path(namespace, name))
+    return dict((body or {}).get("status") or {})
+
+
 async def update_status(
     kube: Kube, namespace: str, name: str, mutate: StatusMutation, *, attempts: int = 6
 ) -> dict[str, Any] | None:
