@@ -95,6 +95,18 @@ def crd_not_installed() -> Condition:
     )
 
 
+def not_owned(pool: PoolRef) -> Condition:
+    # Applying would make the GenPool its owner, and its garbage collection would delete it.
+    name = inference_pool_name(pool.name)
+    return Condition(
+        INFERENCE_POOL_CONDITION,
+        False,
+        "NotOwned",
+        f"InferencePool {name} exists and is not this GenPool's; the operator leaves it as it "
+        "is: delete it (or rename the GenPool) for the operator to write its own",
+    )
+
+
 def rejected(status: int, message: str) -> Condition:
     """The apiserver refused the InferencePool (RBAC, validation): nothing else is wrong."""
     reason = "Forbidden" if status == 403 else "Rejected"

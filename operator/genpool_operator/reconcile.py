@@ -32,6 +32,7 @@ from genpool_operator.inference_pool import (
     crd_not_installed,
     inference_pool_name,
     is_owned_by,
+    not_owned,
     rejected,
 )
 from genpool_operator.kube import Kube, KubeError, object_path, resource_path, with_retries
@@ -173,25 +174,31 @@ async def apply_inference_pool(
 ) -> list[ChildChange]:
     """The InferencePool child of an enabled ``spec.inferencePool``, and its condition.
 
-    A missing CRD or a refused object is news for the condition, not a failed reconcile:
-    the workers serve without a gateway in front of them. Disabled, the InferencePool this
-    GenPool wrote is deleted and the condition dropped.
+    A missing CRD, a refused object or an InferencePool of the same name that someone else
+    wrote (left alone) is news for the condition, not a failed reconcile: the workers serve
+    without a gateway in front of them. Disabled, the InferencePool this GenPool wrote is
+    deleted and the condition dropped.
     """
     pool, picker = pool_ref(body), spec.inference_pool.endpoint_picker_ref
     if not spec.inference_pool.enabled or picker is None:
         return await _remove_inference_pool(kube, body)
     child = build_inference_pool(pool, spec.inference_pool)
+    changes: list[ChildChange] = []
     try:
-        change = await _apply_one(kube, child)
+        existing = await kube.get(object_path(child))  # None too when the CRD is not installed
+        if existing is not None and not is_owned_by(existing, pool):
+            condition = not_owned(pool)
+        else:
+            changes.append(await _apply_one(kube, child))
+            condition = applied(pool, picker)
     except KubeError as exc:
         if exc.status >= 500:  # transient: with_retries gave up, kopf retries the handler
             raise
-        failed = crd_not_installed() if exc.status == 404 else rejected(exc.status, exc.message)
-        log.warning("%s/%s: no InferencePool: %s", pool.namespace, pool.name, failed.message)
-        await _set_inference_pool_condition(kube, body, failed)
-        return []
-    await _set_inference_pool_condition(kube, body, applied(pool, picker))
-    return [change]
+        condition = crd_not_installed() if exc.status == 404 else rejected(exc.status, exc.message)
+    if not condition.status:
+        log.warning("%s/%s: no InferencePool: %s", pool.namespace, pool.name, condition.message)
+    await _set_inference_pool_condition(kube, body, condition)
+    return changes
 
 
 async def _remove_inference_pool(kube: Kube, body: dict[str, Any]) -> list[ChildChange]:

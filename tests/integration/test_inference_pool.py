@@ -170,3 +170,25 @@ def test_the_inference_pool_selects_the_workers_and_goes_with_the_pool(
         timeout=90,
         what="garbage collection of the InferencePool",
     )
+
+
+def test_an_inference_pool_someone_else_wrote_is_left_alone(
+    kube_api: client.ApiClient, namespace: str, inference_pool_crd: None, operator: OperatorProcess
+) -> None:
+    # A user's InferencePool under the pool's name: applying would make the GenPool its owner,
+    # and the GenPool's deletion would take it along.
+    spec = GenPoolSpec.from_body(routed_spec())
+    theirs = build_inference_pool(PoolRef("taken", namespace, "uid-1", 1), spec.inference_pool)
+    del theirs["metadata"]["ownerReferences"]
+    theirs["spec"]["targetPorts"] = [{"number": 9000}]
+    objects(kube_api).create_namespaced_custom_object(
+        INFERENCE_POOL_GROUP, IP_VERSION, namespace, INFERENCE_POOL_PLURAL, theirs
+    )
+    create_pool(kube_api, namespace, genpool("taken", routed_spec()))
+    condition = wait_for(
+        lambda: pool_condition(kube_api, namespace, "taken"), timeout=60, what="InferencePoolReady"
+    )
+    assert (condition["status"], condition["reason"]) == ("False", "NotOwned")
+    kept = get_inference_pool(kube_api, namespace, "taken")
+    assert "ownerReferences" not in kept["metadata"]
+    assert kept["spec"]["targetPorts"] == [{"number": 9000}]

@@ -28,6 +28,7 @@ from genpool_operator.inference_pool import (
     build_inference_pool,
     crd_not_installed,
     is_owned_by,
+    not_owned,
     rejected,
 )
 from genpool_operator.kube import object_path
@@ -268,3 +269,13 @@ def test_refused_condition_keeps_the_apiservers_words(status: int, reason: str) 
     condition = rejected(status, "spec.targetPorts: Invalid value")
     assert (condition.status, condition.reason) == (False, reason)
     assert condition.message == f"{status}: spec.targetPorts: Invalid value"
+
+
+def test_not_owned_condition_names_the_inference_pool() -> None:
+    condition = not_owned(POOL)
+    assert (condition.type, condition.status, condition.reason) == (
+        INFERENCE_POOL_CONDITION,
+        False,
+        "NotOwned",
+    )
+    assert "InferencePool chat exists and is not this GenPool's" in condition.message
