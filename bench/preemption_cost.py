@@ -180,10 +180,13 @@ def main(argv: list[str] | None = None) -> int:
             run = run_one(mode, args.model, args.clients, args.duration, args.max_tokens)
             runs.append(run | {"rep": rep, "loadavg_1m": os.getloadavg()[0]})
             print(json.dumps({k: v for k, v in run.items() if k != "load"}), flush=True)
-    result = {"config": vars(args) | {"worker_args": WORKER_ARGS, "target_output_tps": 4,
-                         "synthetic_time_scale": SYNTHETIC_TIME_SCALE},
-              "runs": runs, "means": _means(runs), "paired": paired_ratios(runs)}  # fmt: skip
-    suffix = "_synthetic" if args.model.startswith("synthetic:") else ""
+    is_synthetic = args.model.startswith("synthetic:")
+    config = vars(args) | {"worker_args": WORKER_ARGS, "target_output_tps": 4}
+    if is_synthetic:
+        config["synthetic_time_scale"] = SYNTHETIC_TIME_SCALE
+    result = {"config": config, "runs": runs, "means": _means(runs),
+              "paired": paired_ratios(runs)}  # fmt: skip
+    suffix = "_synthetic" if is_synthetic else ""
     path = RESULTS.with_name(f"preemption_cost{suffix}.json")
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({"means": result["means"], "paired": result["paired"]}, indent=2))
