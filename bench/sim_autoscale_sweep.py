@@ -1,13 +1,16 @@
 """Issue 13's goal, compared fairly: each policy at the cheapest setting that meets the SLO.
 
-    python -m bench.sim_autoscale_sweep --cv 2,3      # bench/results/sim/autoscale_sweep_*.json
+    python -m bench.sim_autoscale_sweep --cv 3,2 --seeds 4
+
+writes bench/results/sim/autoscale_sweep_cv<cv>.json and prints each grid and the goal.
 
 A policy's cost depends on a setting the operator picks: the static pool's size, the
 scaler's utilisation ceiling (the share of the batch positions the load may fill before
 it scales up). Comparing defaults compares guesses, so every setting in the grid runs
 on the same seeds, and each policy is represented by its cheapest setting (lowest mean
-replica-seconds) whose SLO windows met, averaged over the seeds, are >= 95 %. The
-saving is paired per seed: 1 - genpool / replicas-only replica-seconds.
+replica-seconds) that meets the SLO: windows met >= 95 %, read two ways (on the mean
+over the seeds, and in every seed). The saving is paired per seed:
+1 - genpool / replicas-only replica-seconds.
 
 The regime is the one where pausing should pay (docs/results.md): a small pool
 (2 to 8 replicas), bursty Gamma arrivals, a GEN TTFT p90 target of 0.2 s (six decode
@@ -55,8 +58,8 @@ AUTO = AutoscaleConfig(slo_ttft_p90_s=0.2, target_output_tps=12.0, min_replicas=
 # (policy, setting): static pool sizes, then each scaler's utilisation ceilings
 GRID: dict[str, tuple[float, ...]] = {
     "static": (4, 5),
-    "replicas-only": (0.4, 0.5, 0.6, 0.7, 0.85),
-    "genpool": (0.7, 0.8, 0.9, 0.95),
+    "replicas-only": (0.5, 0.55, 0.6, 0.7, 0.85),
+    "genpool": (0.7, 0.75, 0.8, 0.85, 0.9, 0.95),
 }
 
 
@@ -93,11 +96,14 @@ def summarize(runs: list[tuple[str, float, PolicyRun]]) -> list[dict[str, object
     return rows
 
 
-def cheapest_meeting(rows: list[dict[str, object]], policy: str) -> dict[str, object] | None:
-    """The policy's lowest-cost row whose mean SLO windows met is >= 95 %, if any."""
+def cheapest_meeting(
+    rows: list[dict[str, object]], policy: str, part: str = "mean"
+) -> dict[str, object] | None:
+    """The policy's lowest-cost row meeting the SLO: windows met >= 95 % on the mean
+    over the seeds (``part="mean"``) or in every seed (``part="min"``)."""
     meeting = [
         row for row in rows
-        if row["policy"] == policy and _get(row, "slo_windows_met", "mean") >= MIN_WINDOWS_MET
+        if row["policy"] == policy and _get(row, "slo_windows_met", part) >= MIN_WINDOWS_MET
     ]  # fmt: skip
     return min(meeting, key=lambda row: _get(row, "replica_seconds", "mean"), default=None)
 
@@ -108,20 +114,25 @@ def _get(row: dict[str, object], key: str, part: str) -> float:
     return float(value[part])
 
 
-def goal_check(rows: list[dict[str, object]]) -> dict[str, object]:
+def compare(rows: list[dict[str, object]], part: str) -> dict[str, object]:
     """genpool's cheapest meeting row against replicas-only's, paired per seed."""
-    chosen = {policy: cheapest_meeting(rows, policy) for policy in GRID}
+    chosen = {policy: cheapest_meeting(rows, policy, part) for policy in GRID}
     genpool, planner = chosen["genpool"], chosen["replicas-only"]
-    check: dict[str, object] = {"chosen": chosen, "goal_met": False}
+    result: dict[str, object] = {"chosen": chosen, "goal_met": False}
     if genpool is None or planner is None:
-        return check
+        return result
     g, p = genpool["per_seed"], planner["per_seed"]
     assert isinstance(g, dict) and isinstance(p, dict)
     savings = [1.0 - g[seed] / p[seed] for seed in sorted(g)]
     saving, ci = mean_ci(savings)
-    check |= {"saving": saving, "saving_ci95": ci, "saving_per_seed": savings,
-              "goal_met": saving >= 0.20}  # fmt: skip
-    return check
+    result |= {"saving": saving, "saving_ci95": ci, "saving_per_seed": savings,
+               "goal_met": saving >= 0.20}  # fmt: skip
+    return result
+
+
+def goal_check(rows: list[dict[str, object]]) -> dict[str, dict[str, object]]:
+    """The goal under both readings of "meets": the mean over seeds, every seed."""
+    return {"mean_over_seeds": compare(rows, "mean"), "every_seed": compare(rows, "min")}
 
 
 def run_cv(cv: float, seeds: int, jobs: int) -> dict[str, object]:
@@ -145,11 +156,12 @@ def format_rows(document: dict[str, object]) -> str:
         lines.append(f"  {row['policy']:<14} {row['setting']:<5g} {cost['mean']:8.0f} "
                      f"±{cost['ci95']:5.0f}  {100 * met['mean']:5.1f} % {100 * met['min']:5.1f} % "
                      f"{100 * row['below_target']:4.1f} %")  # fmt: skip
-    goal = document["goal"]
-    assert isinstance(goal, dict)
-    saving = goal.get("saving", math.nan)
-    lines.append(f"  saving {100 * saving:.1f} ± {100 * goal.get('saving_ci95', math.nan):.1f} %,"
-                 f" goal met: {goal['goal_met']}")  # fmt: skip
+    goals = document["goal"]
+    assert isinstance(goals, dict)
+    for criterion, goal in goals.items():
+        saving, ci = goal.get("saving", math.nan), goal.get("saving_ci95", math.nan)
+        lines.append(f"  meets on {criterion}: saving {100 * saving:.1f} ± {100 * ci:.1f} %, "
+                     f"goal met: {goal['goal_met']}")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
+from bench.sim_autoscale_sweep import cheapest_meeting, compare, goal_check
 from genpool_core.knobs import KnobBounds
 from genpool_core.stepmodel import StepModel
 from genpool_sim import cli
@@ -208,3 +210,31 @@ def test_cli_autoscale_bad_input_is_one_line_naming_the_flag(
     assert cli.main(["sim", "--trace", str(_trace(tmp_path)), "--autoscale", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("genpool: error: ") and flag in err
+
+
+def _row(policy: str, setting: float, cost: list[float], met: list[float]) -> dict[str, object]:
+    return {
+        "policy": policy, "setting": setting,
+        "replica_seconds": {"mean": sum(cost) / len(cost), "ci95": 0.0},
+        "slo_windows_met": {"mean": sum(met) / len(met), "min": min(met)},
+        "per_seed": dict(enumerate(cost)),
+    }  # fmt: skip
+
+
+def test_the_sweep_compares_each_policys_cheapest_setting_that_meets_the_slo() -> None:
+    rows = [
+        _row("replicas-only", 0.5, [100.0, 100.0], [0.97, 0.96]),
+        _row("replicas-only", 0.6, [90.0, 90.0], [0.99, 0.93]),  # meets on the mean only
+        _row("replicas-only", 0.85, [60.0, 60.0], [0.90, 0.90]),  # cheapest, misses
+        _row("genpool", 0.8, [80.0, 70.0], [0.96, 0.95]),
+        _row("genpool", 0.95, [75.0, 65.0], [0.94, 0.94]),
+    ]
+    assert cheapest_meeting(rows, "replicas-only") == rows[1]
+    assert cheapest_meeting(rows, "replicas-only", "min") == rows[0]
+    assert cheapest_meeting(rows, "static") is None
+    goal = goal_check(rows)
+    mean, strict = goal["mean_over_seeds"], goal["every_seed"]
+    assert mean["saving_per_seed"] == pytest.approx([1 - 80 / 90, 1 - 70 / 90])
+    assert strict["saving_per_seed"] == pytest.approx([0.2, 0.3])
+    assert (mean["goal_met"], strict["goal_met"]) == (False, True)
+    assert compare(rows[:3], "mean") == {"chosen": mock.ANY, "goal_met": False}
