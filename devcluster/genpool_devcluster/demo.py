@@ -189,7 +189,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _install_operator(tools: Tools) -> None:
-    """Helm-install the chart and wait for the operator's deployment to be ready."""
+    """Helm-install the chart and restart the operator, so it runs this checkout."""
     chart = str(ROOT / "charts" / "genpool")
     # helm installs crds/ only on first install, never upgrades it: apply the CRD so a
     # cluster kept from an older demo gets this checkout's fields (spec.autoscaling, ...).
@@ -197,9 +197,11 @@ def _install_operator(tools: Tools) -> None:
               str(ROOT / "charts" / "genpool" / "crds"))  # fmt: skip
     tools.run("helm", "upgrade", "--install", RELEASE, chart, "-n", OPERATOR_NS,
               "--create-namespace")  # fmt: skip
-    wait(lambda: tools.run("kubectl", "get", "deploy", "-n", OPERATOR_NS, "-o",
-                           "jsonpath={.items[0].status.readyReplicas}") == "1",
-         "the operator", 180)  # fmt: skip
+    # The pod runner runs the operator from the working tree: a pod left by an earlier
+    # demo would still run the code it started with.
+    tools.run("kubectl", "rollout", "restart", "deploy", "-n", OPERATOR_NS)
+    print("  waiting for the operator ...", flush=True)
+    tools.run("kubectl", "rollout", "status", "deploy", "-n", OPERATOR_NS, "--timeout=180s")
 
 
 def _apply_pools(tools: Tools) -> None:
