@@ -47,7 +47,7 @@ from genpool_devcluster.demo_report import (
     phase_rows,
     ttft_p90_series,
 )
-from genpool_devcluster.loadgen import PodPicker
+from genpool_devcluster.loadgen import PodPicker, run_closed_loop
 from genpool_operator.kube import Kube, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,6 +73,28 @@ BASE_SPEC: dict[str, Any] = {
     "drain": {"timeoutSeconds": 60},
     "podTemplate": {"env": [{"name": "OMP_NUM_THREADS", "value": "1"}]},
 }
+
+
+# tests/e2e/test_e2e.py's pool and load (the demo's before it showed autoscaling): two
+# SmolLM2 CPU workers in TargetOutputTps mode under a closed loop.
+DEMO_SPEC: dict[str, Any] = {
+    "replicas": 2,
+    "model": "smollm2-135m",
+    "accelerator": "none",
+    "engine": {"maxBatchSize": 4, "maxSeqLen": 512},
+    "preemption": {"mode": "TargetOutputTps", "targetOutputTps": 4},
+    "tuning": {"intervalSeconds": 10, "cooldownIntervals": 1},
+    "drain": {"timeoutSeconds": 60},
+    "podTemplate": {"env": [{"name": "OMP_NUM_THREADS", "value": "1"}]},
+}
+
+
+def run_load(
+    kubeconfig: Path, clients: int, duration_s: float, *, namespace: str, pool: str
+) -> dict[str, Any]:
+    """Closed-loop load on one pool's ready pods (``loadgen.summarize``'s dict)."""
+    print(f"  load: {clients} clients for {duration_s:.0f} s ...", flush=True)
+    return run_closed_loop(str(kubeconfig), clients, duration_s, namespace=namespace, pool=pool)
 
 
 def pool_specs() -> dict[str, dict[str, Any]]:
@@ -143,7 +165,7 @@ def pool_ready(tools: Tools, name: str) -> bool:
 PoolRun = tuple[list[SentRequest], list[ReplicaSample]]
 
 
-def run_load(kubeconfig: Path, plan: list[PlannedRequest]) -> dict[str, PoolRun]:
+def run_phased_load(kubeconfig: Path, plan: list[PlannedRequest]) -> dict[str, PoolRun]:
     """The same plan against both pools at once; ready pods sampled every second."""
 
     async def sample(picker: PodPicker, started: float, stop: asyncio.Event) -> list[ReplicaSample]:
@@ -273,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     _apply_pools(tools)
     print("[4/5] load: " + ", ".join(f"{p.name} {p.duration_s:g} s at {p.rate_per_s:g}/s"
                                      for p in PHASES), flush=True)  # fmt: skip
-    runs = run_load(tools.kubeconfig, plan_arrivals(PHASES, args.seed))
+    runs = run_phased_load(tools.kubeconfig, plan_arrivals(PHASES, args.seed))
     print("[5/5] summary\n")
     failed = _report(tools, runs, args.out)
     if not args.keep:

@@ -23,7 +23,7 @@ import httpx
 
 from genpool_core.names import WORKER_PORT, pool_label_selector
 from genpool_core.quantiles import percentile
-from genpool_operator.kube import Kube, resource_path
+from genpool_operator.kube import Kube, load_config, resource_path
 from genpool_operator.scrape import PodTarget, ready_targets
 
 PROMPTS = (
@@ -181,6 +181,30 @@ async def closed_loop(
 
         await asyncio.gather(*(user(i) for i in range(clients)))
     return results
+
+
+def run_closed_loop(
+    kubeconfig: str, clients: int, duration_s: float, *, namespace: str, pool: str
+) -> dict[str, Any]:
+    """Closed-loop load (24 tokens a request) on a pool's ready pods; ``summarize``'s dict."""
+
+    async def main() -> dict[str, Any]:
+        kube = Kube(load_config(kubeconfig))
+        picker = PodPicker(kube, namespace, pool)
+        await picker.refresh()
+        stop = asyncio.Event()
+        refresher = asyncio.create_task(picker.keep_fresh(stop))
+        try:
+            results = await closed_loop(
+                picker, clients=clients, duration_s=duration_s, max_tokens=24
+            )
+        finally:
+            stop.set()
+            await refresher
+            await kube.aclose()
+        return summarize(results, duration_s)
+
+    return asyncio.run(main())
 
 
 def summarize(results: list[RequestResult], duration_s: float) -> dict[str, Any]:
