@@ -2,13 +2,14 @@
 
 Brings up (or reuses) the local control plane, helm-installs the chart (the operator
 runs as a pod under the pod runner) and applies two GenPools of **synthetic** workers
-(``model: synthetic:demo``: real worker processes whose model sleeps the measured
-SmolLM2 step model instead of computing; a 2-core machine cannot run 3 + 1 real
-models): ``autoscaled`` (autoscaling 1..3, ``spec.slo``, preemption TargetOutputTps)
-and ``static`` (1 replica, preemption Off). Both get the same open-loop load at the
-same time: quiet, a burst, quiet again, mixed request lengths. It prints, per phase,
-each pool's latency, attainment at T, tokens/s and replicas, then the operator's
-decisions (its Events) in order, and writes a PNG of p90 TTFT and replicas over time.
+(``model: synthetic:demo``: real worker processes whose model sleeps the simulator's
+step model, fitted to vLLM step times of Llama-2-70B on H100s, instead of computing;
+a 2-core machine cannot run 3 + 1 real models): ``autoscaled`` (autoscaling 1..3,
+``spec.slo``, preemption TargetOutputTps) and ``static`` (1 replica, preemption Off).
+Both get the same open-loop load at the same time: quiet, a burst, quiet again, mixed
+request lengths. It prints, per phase, each pool's latency, attainment at T, tokens/s
+and replicas, then the operator's decisions (its Events) in order, and writes a PNG
+of p90 TTFT and replicas over time.
 """
 
 from __future__ import annotations
@@ -73,7 +74,6 @@ BASE_SPEC: dict[str, Any] = {
     "drain": {"timeoutSeconds": 60},
     "podTemplate": {"env": [{"name": "OMP_NUM_THREADS", "value": "1"}]},
 }
-
 
 # tests/e2e/test_e2e.py's pool and load (the demo's before it showed autoscaling): two
 # SmolLM2 CPU workers in TargetOutputTps mode under a closed loop.
