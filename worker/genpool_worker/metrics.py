@@ -117,7 +117,11 @@ class WorkerMetrics(Collector):
         for kind, count in sorted(s.victims.items()):
             victims.add_metric([*values, kind], count)
         yield victims
-        yield counter("genpool_below_target", "SLO completions below T", s.below_target)
+        yield counter(
+            "genpool_below_target",
+            "completions below their output-rate floor (their own T_i, else the pool T)",
+            s.below_target,
+        )
         yield counter("genpool_slo_completed", "SLO-counted completions", s.slo_completed)
         credit = s.mode_fields.get("credit")
         if isinstance(credit, (int, float)):
