@@ -57,8 +57,21 @@ def merge_conditions(
     return sorted(by_type.values(), key=lambda c: (order.get(c["type"], 99), c["type"]))
 
 
-def readiness_conditions(desired: int, ready: int, updated: int) -> list[Condition]:
-    """Ready / Progressing from the StatefulSet's counts."""
+def stalled_progress(desired: int, ready: int) -> Condition:
+    """Progressing while workers fail: not progressing (Kubernetes' own convention for a
+    rollout that cannot finish), so no one waits on a pool that will never be ready."""
+    return Condition(
+        "Progressing",
+        False,
+        "WorkersFailing",
+        f"{ready}/{desired} ready; the rollout cannot finish while workers fail (see Degraded)",
+    )
+
+
+def readiness_conditions(
+    desired: int, ready: int, updated: int, *, degraded: bool = False
+) -> list[Condition]:
+    """Ready / Progressing from the StatefulSet's counts (stalled while ``degraded``)."""
     rolling = updated < desired or ready < desired
     if desired == 0:
         ready_cond = Condition("Ready", True, "ScaledToZero", "replicas is 0")
@@ -66,6 +79,8 @@ def readiness_conditions(desired: int, ready: int, updated: int) -> list[Conditi
         ready_cond = Condition("Ready", True, "AllReplicasReady", f"{ready}/{desired} ready")
     else:
         ready_cond = Condition("Ready", False, "ReplicasNotReady", f"{ready}/{desired} ready")
+    if rolling and degraded:
+        return [ready_cond, stalled_progress(desired, ready)]
     progressing = Condition(
         "Progressing",
         rolling,

@@ -8,7 +8,7 @@ from typing import Any
 
 from genpool_core.names import pool_label_selector
 from genpool_operator.builders import statefulset_name
-from genpool_operator.conditions import merge_conditions, phase
+from genpool_operator.conditions import merge_conditions, phase, stalled_progress
 from genpool_operator.kube import Kube, resource_path
 from genpool_operator.pod_failures import DEGRADED, PodFailure, degraded_condition, pool_failures
 from genpool_operator.spec_check import spec_error
@@ -39,10 +39,13 @@ async def record_worker_health(kube: Kube, namespace: str, pool: str) -> None:
         if (current.get("status"), current.get("reason"), current.get("message")) == now:
             return None
         ready = int(status.get("readyReplicas") or 0)
+        updates = [degraded]
+        if degraded.status and ready < desired:  # the StatefulSet mirror keeps it after
+            updates.append(stalled_progress(desired, ready))
         return {
             "conditions": merge_conditions(
                 status.get("conditions"),
-                [degraded],
+                updates,
                 now_iso=stamp,
                 observed_generation=status.get("observedGeneration"),
             ),

@@ -148,7 +148,7 @@ async def mirror_statefulset(kube: Kube, statefulset: dict[str, Any]) -> None:
             "phase": phase(desired, ready, degraded),
             "conditions": merge_conditions(
                 status.get("conditions"),
-                readiness_conditions(desired, ready, updated),
+                readiness_conditions(desired, ready, updated, degraded=degraded),
                 now_iso=stamp,
                 observed_generation=fresh["metadata"].get("generation"),
             ),

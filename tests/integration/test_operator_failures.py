@@ -45,11 +45,15 @@ def operator(
     print(proc.log_tail())
 
 
-def _degraded(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+def _condition(api: client.ApiClient, namespace: str, name: str, kind: str) -> dict[str, Any]:
     status = get_pool(api, namespace, name).get("status") or {}
     conditions = status.get("conditions") or []
-    found = next((c for c in conditions if c["type"] == "Degraded"), {})
+    found = next((c for c in conditions if c["type"] == kind), {})
     return {**found, "phase": status.get("phase")}
+
+
+def _degraded(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    return _condition(api, namespace, name, "Degraded")
 
 
 def test_a_worker_failing_at_start_degrades_the_pool_with_its_message(
@@ -66,6 +70,9 @@ def test_a_worker_failing_at_start_degrades_the_pool_with_its_message(
         f"pod broken-worker-0: GGUFLoadError: GGUF file not found: {MISSING_MODEL}"
     )
     assert degraded["phase"] == "Degraded"
+    # Not "Progressing=True" forever: the rollout is stalled, and says why.
+    progressing = _condition(kube_api, namespace, "broken", "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("False", "WorkersFailing")
 
     fixed = {"spec": {"model": "synthetic:tiny"}}
     client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
