@@ -62,7 +62,8 @@ inferencepool-crd:
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
-# The whole product on this machine: control plane, chart, a SmolLM2 GenPool, load with
-# preemption on and off, and a summary (docs/demo.md). The cluster stays up afterwards.
+# The whole product on this machine: control plane, chart, an autoscaled preempting pool
+# and a static pool without preemption under one bursty load, a per-phase summary, the
+# operator's Events and a PNG (docs/demo.md). The cluster stays up afterwards.
 demo: setup
 	$(PY) -m genpool_devcluster.demo
