@@ -16,24 +16,16 @@ import argparse
 import json
 from pathlib import Path
 
+from bench.sim_autoscale_sweep import day
 from genpool_sim.cli import main as sim_main
 from genpool_sim.report import mean_ci
 
 OUT = Path(__file__).resolve().parent / "results" / "sim"
 
 
-def _ramp(low: float, high: float, steps: int, step_s: int) -> list[str]:
-    return [f"{step_s}:{low + (high - low) * k / (steps + 1):g}" for k in range(1, steps + 1)]
-
-
-def _day(ramp_steps: int, step_s: int) -> str:
-    up = _ramp(6.0, 18.0, ramp_steps, step_s)
-    return ",".join(["300:6", *up, "600:18", *reversed(up), "300:6"])
-
-
 SHAPES = {
-    "fast": _day(4, 60),  # 4 min ramps
-    "slow": _day(10, 60),  # 10 min ramps
+    "fast": day(6.0, 18.0, ramp_steps=4, step_s=60, low_s=300, peak_s=600),  # 4 min ramps
+    "slow": day(6.0, 18.0, ramp_steps=10, step_s=60, low_s=300, peak_s=600),  # 10 min ramps
 }
 COMMON = ["--slo-ttft-p90", "1.0", "--slo-attainment", "0.8",
           "--target-output-tps", "12", "--min-replicas", "4", "--max-replicas", "16",

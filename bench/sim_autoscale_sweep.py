@@ -1,6 +1,6 @@
 """Issue 13's goal, compared fairly: each policy at the cheapest setting that meets the SLO.
 
-    python -m bench.sim_autoscale_sweep --cv 3,2 --seeds 4
+    python -m bench.sim_autoscale_sweep --cv 4,3,2 --seeds 4
 
 writes bench/results/sim/autoscale_sweep_cv<cv>.json and prints each grid and the goal.
 
