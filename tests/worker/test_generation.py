@@ -1,4 +1,5 @@
-"""``Pieces``: an engine request's events as text pieces, stop strings and aborts."""
+"""``Pieces``: an engine request's events as text pieces and aborts; the output
+processor's stop strings."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from genpool_worker.events import Failed, Finished, TokenDelta, Usage
 from genpool_worker.generation import End, Pieces, PiecesResponse
 from genpool_worker.http_common import ApiError
 from genpool_worker.metrics import RequestTimer, WorkerMetrics
+from genpool_worker.output_processor import OutputProcessor
 
 
 class FakeEngine:
@@ -26,32 +28,66 @@ class FakeEngine:
         self.aborted.append(request_id)
 
 
-def pieces_of(events: list[Any], stops: tuple[str, ...] = ()) -> tuple[Pieces, FakeEngine]:
+def pieces_of(events: list[Any]) -> tuple[Pieces, FakeEngine]:
     engine = FakeEngine()
     request = EngineRequest(Arrival("r1", [1], max_tokens=8))
     for event in events:
         request.events.put_nowait(event)
     timer = RequestTimer(WorkerMetrics("m", is_synthetic=True))
-    return Pieces(cast(GenEngine, engine), request, stops, timer), engine
+    return Pieces(cast(GenEngine, engine), request, timer), engine
+
+
+class Collected:
+    """An ``EngineRequest``'s emitted events, without an event loop."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.request = EngineRequest(Arrival("r1", [1], max_tokens=8, stop=stops))
+        self.events: list[Any] = []
+        self.request.emit = self.events.append  # type: ignore[method-assign]
+
+
+class ByteTokenizer:
+    eos_token_id = 0
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(ids).decode(errors="replace")
 
 
 async def drain(pieces: Pieces) -> list[str | End]:
     return [piece async for piece in pieces]
 
 
-def test_a_stop_string_aborts_once_and_ends_with_stop() -> None:
-    usage = Usage(1, 5)
-    events = [TokenDelta("ab"), TokenDelta("c#"), TokenDelta("#d"), TokenDelta("e"),
-              Finished(FinishReason.ABORT, usage)]  # fmt: skip
-    pieces, engine = pieces_of(events, stops=("##",))
-    assert asyncio.run(drain(pieces)) == ["ab", "c", End("stop", usage)]
-    assert engine.aborted == ["r1"]
+def test_the_output_processor_ends_the_text_before_a_stop_string_and_marks_the_match() -> None:
+    output = OutputProcessor(ByteTokenizer(), eos_token_id=0)
+    collected = Collected(stops=("##",))
+    for token in b"abc##de":
+        output.on_token(collected.request, token)
+        if collected.request.is_stop_matched:
+            break  # the engine finishes it as a stop in its next pass
+    output.on_finished(collected.request, FinishReason.STOP)
+    texts = [e.text for e in collected.events if isinstance(e, TokenDelta)]
+    assert texts == ["a", "b", "c"]  # "#" held back until the match settled it
+    assert collected.events[-1] == Finished(FinishReason.STOP, Usage(1, 5))
 
 
-def test_without_a_match_the_engine_reason_and_all_text_pass() -> None:
+def test_without_a_match_held_back_text_is_flushed_at_the_end() -> None:
+    output = OutputProcessor(ByteTokenizer(), eos_token_id=0)
+    collected = Collected(stops=("##",))
+    for token in b"a#":
+        output.on_token(collected.request, token)
+    assert not collected.request.is_stop_matched
+    output.on_finished(collected.request, FinishReason.LENGTH)
+    texts = [e.text for e in collected.events if isinstance(e, TokenDelta)]
+    assert texts == ["a", "#"]
+
+
+def test_pieces_pass_the_text_and_the_engine_reason() -> None:
     usage = Usage(1, 2)
-    pieces, engine = pieces_of([TokenDelta("a#"), Finished(FinishReason.LENGTH, usage)], ("##",))
-    assert asyncio.run(drain(pieces)) == ["a", "#", End("length", usage)]
+    pieces, engine = pieces_of([TokenDelta("a#"), Finished(FinishReason.STOP, usage)])
+    assert asyncio.run(drain(pieces)) == ["a#", End("stop", usage)]
     assert engine.aborted == []
 
 

@@ -99,6 +99,10 @@ def test_stop_strings_truncate_text_and_finish_with_stop(worker_factory: Factory
         cut = client.post("/v1/completions", json=body).json()
         assert cut["choices"][0]["text"] == before
         assert cut["choices"][0]["finish_reason"] == "stop"
+        # The engine finished it as a stop: no token after the match, not an abort.
+        assert cut["usage"]["completion_tokens"] == free["usage"]["completion_tokens"] - (
+            len(text) - len(before) - len(stop)
+        )
         streamed = client.post("/v1/completions", json=body | {"stream": True})
         events = sse_events(streamed.text)
         assert "".join(e["choices"][0]["text"] for e in events) == before  # type: ignore[index]
@@ -109,6 +113,7 @@ def test_stop_strings_truncate_text_and_finish_with_stop(worker_factory: Factory
     while worker.engine.inflight and time.monotonic() < deadline:
         time.sleep(0.05)
     assert worker.engine.inflight == 0  # a stopped request freed its slot
+    assert worker.engine.snapshot.stats.aborted == 0  # stops count as completions
 
 
 def test_every_error_is_our_json_shape(worker_factory: Factory) -> None:

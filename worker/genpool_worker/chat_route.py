@@ -45,7 +45,7 @@ async def chat_completions(request: Request) -> Response:
     timer = RequestTimer(context.metrics)
     submitted = await submit(context, arrival)
     name = body.model or context.engine.model_info.name
-    source = Pieces(context.engine, submitted, body.stop_strings(), timer)
+    source = Pieces(context.engine, submitted, timer)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         events = stream(source, _Reply(arrival.request_id, name), include_usage)

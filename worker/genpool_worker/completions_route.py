@@ -38,7 +38,7 @@ async def completions(request: Request) -> Response:
     timer = RequestTimer(context.metrics)
     submitted = await submit(context, arrival)
     name = body.model or context.engine.model_info.name
-    source = Pieces(context.engine, submitted, body.stop_strings(), timer)
+    source = Pieces(context.engine, submitted, timer)
     if body.stream:
         return PiecesResponse(stream(source, arrival.request_id, name), source)
     return await collect(source, arrival.request_id, name)

@@ -205,8 +205,13 @@ class GenEngine:
         return plan
 
     def _stop_ids(self, tokens: dict[str, int]) -> tuple[str, ...]:
+        """Requests whose last token is EOS or completed one of their stop strings."""
         eos = self.model_info.eos_token_id
-        return tuple(request_id for request_id, token in tokens.items() if token == eos)
+        return tuple(
+            request_id
+            for request_id, token in tokens.items()
+            if token == eos or self._requests[request_id].is_stop_matched
+        )
 
     def _apply(self, inputs: PassInputs) -> None:
         for arrival in inputs.arrivals:

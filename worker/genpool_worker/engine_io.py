@@ -13,6 +13,7 @@ from genpool_core.request import FinishReason
 from genpool_core.statline import StatLine, format_statline
 from genpool_core.stats import SchedulerStats
 from genpool_worker.events import EngineEvent
+from genpool_worker.stop_strings import StopMatcher
 
 
 class Tokenizer(Protocol):
@@ -41,6 +42,8 @@ class Arrival:
 
     ``slo_ttft_s`` and ``target_output_tps`` are this request's own admission target
     (D_i, seconds) and output-rate floor (T_i, tokens/s); None uses the pool's.
+    ``stop``: OpenAI stop strings; the text ends before the first one completed and the
+    request finishes as a stop (every rank decodes, so all see the match in one pass).
     """
 
     request_id: str
@@ -52,6 +55,7 @@ class Arrival:
     first_token_time: float | None = None
     slo_ttft_s: float | None = None
     target_output_tps: float | None = None
+    stop: tuple[str, ...] = ()
 
 
 class ModelRunner(Protocol):
@@ -76,7 +80,16 @@ class EngineRequest:
     loop: asyncio.AbstractEventLoop | None = None  # None on followers: no client
     events: asyncio.Queue[EngineEvent] = field(default_factory=asyncio.Queue)
     output_ids: list[int] = field(default_factory=list)
-    text_sent: int = 0
+    text_sent: int = 0  # characters of the decoded output already through the matcher
+    stop_matcher: StopMatcher | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.arrival.stop:
+            self.stop_matcher = StopMatcher(self.arrival.stop)
+
+    @property
+    def is_stop_matched(self) -> bool:
+        return self.stop_matcher is not None and self.stop_matcher.is_stopped
 
     @property
     def request_id(self) -> str:

@@ -29,7 +29,6 @@ from genpool_worker.events import (
 from genpool_worker.http_common import ApiError, ServerContext
 from genpool_worker.metrics import RequestTimer
 from genpool_worker.slo_request import request_slo
-from genpool_worker.stop_strings import StopMatcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +71,7 @@ def make_arrival(
         first_token_time=timing.first_token_time if timing else None,
         slo_ttft_s=slo.ttft_s,
         target_output_tps=slo.target_output_tps,
+        stop=body.stop_strings(),
     )
 
 
@@ -92,16 +92,13 @@ async def submit(context: ServerContext, arrival: Arrival) -> EngineRequest:
 
 
 class Pieces:
-    """A request's output as text pieces, then one ``End``. A stop string ends the text
-    before it and aborts the request (the engine's client-disconnect path), which still
-    reports its usage. Closed before its ``End`` (the client went away, even before the
-    first piece was asked for): the request is aborted, freeing its slot."""
+    """A request's output as text pieces, then one ``End`` (stop strings are the engine's:
+    its text ends before one and it finishes as a stop). Closed before its ``End`` (the
+    client went away, even before the first piece was asked for): the request is
+    aborted, freeing its slot."""
 
-    def __init__(
-        self, engine: GenEngine, request: EngineRequest, stops: tuple[str, ...], timer: RequestTimer
-    ) -> None:
+    def __init__(self, engine: GenEngine, request: EngineRequest, timer: RequestTimer) -> None:
         self._engine, self._request, self._timer = engine, request, timer
-        self._matcher = StopMatcher(stops) if stops else None
         self._ready: deque[str | End] = deque()
         self._is_done = False
 
@@ -121,24 +118,13 @@ class Pieces:
             self._engine.abort(self._request.request_id)
 
     def _on_event(self, event: EngineEvent) -> None:
-        matcher = self._matcher
         if isinstance(event, TokenDelta):
             self._timer.text()
-            if matcher is None:
-                self._ready.append(event.text)
-                return
-            was_stopped = matcher.is_stopped
-            if text := matcher.feed(event.text):
-                self._ready.append(text)
-            if matcher.is_stopped and not was_stopped:
-                self._engine.abort(self._request.request_id)
+            self._ready.append(event.text)
         elif isinstance(event, Finished):
             self._is_done = True
             self._timer.done(event.usage.completion_tokens)
-            if matcher is not None and (tail := matcher.flush()):
-                self._ready.append(tail)
-            is_stopped = matcher is not None and matcher.is_stopped
-            self._ready.append(End("stop" if is_stopped else event.reason.value, event.usage))
+            self._ready.append(End(event.reason.value, event.usage))
         elif isinstance(event, Failed):
             self._is_done = True
             raise ApiError(500, event.message, "engine_error")

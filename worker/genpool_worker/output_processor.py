@@ -1,5 +1,7 @@
 """Detokenize and stream: each sampled token becomes a text delta for its client, and
-a finished request gets its last text and a ``Finished`` event. No torch here."""
+a finished request gets its last text and a ``Finished`` event. Stop strings are
+matched here, on every rank, so the engine finishes a matched request as a stop in the
+next pass (counted as completed, never aborted). No torch here."""
 
 from __future__ import annotations
 
@@ -25,14 +27,25 @@ class OutputProcessor:
         if text.endswith(INCOMPLETE_UTF8):  # wait for the rest of the sequence
             return
         if len(text) > request.text_sent:
-            request.emit(TokenDelta(text[request.text_sent :]))
+            self._send(request, text[request.text_sent :])
             request.text_sent = len(text)
+
+    def _send(self, request: EngineRequest, text: str) -> None:
+        """Through the stop matcher: what may still begin a stop string is held back."""
+        matcher = request.stop_matcher
+        if matcher is not None:
+            text = matcher.feed(text)
+        if text:
+            request.emit(TokenDelta(text))
 
     def on_finished(self, request: EngineRequest, reason: FinishReason) -> None:
         """Flush any held-back text, then close the stream with the plan's reason."""
         ids = [t for t in request.output_ids if t != self.eos_token_id]
         text = self.tokenizer.decode(ids)
         if len(text) > request.text_sent:
-            request.emit(TokenDelta(text[request.text_sent :]))
+            self._send(request, text[request.text_sent :])
+            request.text_sent = len(text)
+        if request.stop_matcher is not None and (tail := request.stop_matcher.flush()):
+            request.emit(TokenDelta(tail))
         usage = Usage(len(request.arrival.prompt_ids), len(request.output_ids))
         request.emit(Finished(reason, usage))
