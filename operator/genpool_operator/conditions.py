@@ -23,9 +23,13 @@ CONDITION_TYPES = (
 @dataclass(frozen=True, slots=True)
 class Condition:
     type: str
-    status: bool
+    status: bool | None  # None: Unknown (e.g. SLOMet with no sample to judge)
     reason: str
     message: str = ""
+
+    @property
+    def status_text(self) -> str:
+        return "Unknown" if self.status is None else str(self.status)
 
 
 def merge_conditions(
@@ -38,7 +42,7 @@ def merge_conditions(
     """Apply ``updates``; ``lastTransitionTime`` moves only when the status flips."""
     by_type = {c.get("type"): dict(c) for c in current or [] if isinstance(c, dict)}
     for update in updates:
-        status = "True" if update.status else "False"
+        status = update.status_text
         previous = by_type.get(update.type)
         flipped = previous is None or previous.get("status") != status
         entry: dict[str, Any] = {

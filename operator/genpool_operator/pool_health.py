@@ -35,7 +35,7 @@ async def record_worker_health(kube: Kube, namespace: str, pool: str) -> None:
         current: dict[str, Any] = next(
             (c for c in status.get("conditions") or [] if c.get("type") == DEGRADED), {}
         )
-        now = ("True" if degraded.status else "False", degraded.reason, degraded.message)
+        now = (degraded.status_text, degraded.reason, degraded.message)
         if (current.get("status"), current.get("reason"), current.get("message")) == now:
             return None
         ready = int(status.get("readyReplicas") or 0)
@@ -49,7 +49,7 @@ async def record_worker_health(kube: Kube, namespace: str, pool: str) -> None:
                 now_iso=stamp,
                 observed_generation=status.get("observedGeneration"),
             ),
-            "phase": phase(desired, ready, degraded.status),
+            "phase": phase(desired, ready, degraded.status is True),
         }
 
     await update_status(kube, namespace, pool, mutate)

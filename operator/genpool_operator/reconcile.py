@@ -112,7 +112,7 @@ async def record_spec_status(
             "conditions": merge_conditions(
                 status.get("conditions"), [degraded], now_iso=stamp, observed_generation=generation
             ),
-            "phase": phase(desired, int(status.get("readyReplicas") or 0), degraded.status),
+            "phase": phase(desired, int(status.get("readyReplicas") or 0), degraded.status is True),
         }
         if "ready" not in status:
             patch["ready"] = ready_text(desired, 0)

@@ -230,26 +230,11 @@ def merge_slo_condition(
     now_iso: str,
     observed_generation: int | None,
 ) -> list[dict[str, Any]]:
-    """Set SLOMet; ``merge_conditions`` has no Unknown, so that case is merged here."""
-    if verdict.is_met is not None:
-        update = Condition(SLO_MET, verdict.is_met, verdict.reason, verdict.message)
-        return merge_conditions(
-            conditions, [update], now_iso=now_iso, observed_generation=observed_generation
-        )
-    previous = next((c for c in conditions if c.get("type") == SLO_MET), None)
-    is_same = previous is not None and previous.get("status") == "Unknown"
-    entry: dict[str, Any] = {
-        "type": SLO_MET,
-        "status": "Unknown",
-        "reason": verdict.reason,
-        "message": verdict.message,
-        "lastTransitionTime": previous.get("lastTransitionTime")
-        if previous and is_same
-        else now_iso,
-    }
-    if observed_generation is not None:
-        entry["observedGeneration"] = observed_generation
-    return [*(c for c in conditions if c.get("type") != SLO_MET), entry]
+    """Set SLOMet (True, False or Unknown)."""
+    update = Condition(SLO_MET, verdict.is_met, verdict.reason, verdict.message)
+    return merge_conditions(
+        conditions, [update], now_iso=now_iso, observed_generation=observed_generation
+    )
 
 
 def history_entry(plan: ScalingPlan, now_text: str) -> dict[str, Any] | None:

@@ -1,11 +1,34 @@
-"""Fixtures for the pod runner's tests (the cluster fixtures live in tests/conftest.py)."""
+"""Fixtures for the integration tests: the GenPool CRD and an operator process for the
+operator's tests, namespaces for the pod runner's (the cluster fixtures live in
+tests/conftest.py)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kubernetes import client
 
+from tests.conftest import DevCluster, Kubectl
+from tests.integration.operator_harness import OperatorProcess, install_genpool_crd
 from tests.polling import wait_for
+
+
+@pytest.fixture(scope="module")
+def crd(kubectl: Kubectl) -> None:
+    install_genpool_crd(kubectl)
+
+
+@pytest.fixture
+def operator(
+    cluster: DevCluster, crd: None, namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator, in its own process, watching the test's namespace."""
+    proc = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log").start()
+    yield proc
+    proc.stop()
+    print(proc.log_tail())
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from genpool_core.names import INFERENCE_POOL_GROUP, INFERENCE_POOL_PLURAL
 from genpool_operator.inference_pool import CRD_NAME, INFERENCE_POOL_CONDITION
 from tests.conftest import Kubectl
 from tests.integration.operator_harness import (
-    CRD_PATH,
     GROUP,
     PLURAL,
     VERSION,
@@ -40,11 +39,6 @@ def routed_spec(replicas: int = 1, **picker: Any) -> dict[str, Any]:
     return synthetic_spec(
         replicas=replicas, inferencePool={"enabled": True, "endpointPickerRef": ref}
     )
-
-
-def install_genpool_crd(kubectl: Kubectl) -> None:
-    kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/genpools.genpool.dev")
 
 
 def _served(kube_api: client.ApiClient) -> bool:

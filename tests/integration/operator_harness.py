@@ -12,9 +12,17 @@ from typing import Any, TypeVar
 from kubernetes import client
 
 from genpool_core.names import API_GROUP, API_PLURAL, API_VERSION, pool_label_selector
+from tests.conftest import Kubectl
 
 GROUP, VERSION, PLURAL = API_GROUP, API_VERSION, API_PLURAL
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "genpool.dev_genpools.yaml"
+
+
+def install_genpool_crd(kubectl: Kubectl) -> None:
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/genpools.genpool.dev")
+
+
 ADMIN_TOKEN = "integration-admin-token"
 T = TypeVar("T")
 

@@ -25,7 +25,6 @@ from tests.conftest import DevCluster, Kubectl
 from tests.integration.endpoint_picker import EndpointPicker, epp_binary
 from tests.integration.inference_pool_harness import (
     get_inference_pool,
-    install_genpool_crd,
     install_inference_objective_crd,
     install_inference_pool_crd,
     remove_inference_objective_crd,
@@ -51,17 +50,6 @@ def gie_crds(kubectl: Kubectl, kube_api: client.ApiClient) -> Iterator[None]:
     yield
     remove_inference_objective_crd(kubectl)
     remove_inference_pool_crd(kubectl, kube_api)
-
-
-@pytest.fixture
-def operator(
-    cluster: DevCluster, kubectl: Kubectl, namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    install_genpool_crd(kubectl)
-    proc = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log").start()
-    yield proc
-    proc.stop()
-    print(proc.log_tail())
 
 
 @pytest.fixture

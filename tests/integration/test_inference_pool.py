@@ -8,7 +8,6 @@ module removes it before the test that needs it absent and after its last test.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -18,12 +17,11 @@ from genpool_core.names import INFERENCE_POOL_GROUP, INFERENCE_POOL_PLURAL, WORK
 from genpool_operator.builders import PoolRef
 from genpool_operator.inference_pool import CRD_NAME, build_inference_pool
 from genpool_operator.spec import GenPoolSpec
-from tests.conftest import DevCluster, Kubectl
+from tests.conftest import Kubectl
 from tests.integration.inference_pool_harness import (
     IP_VERSION,
     PICKER,
     get_inference_pool,
-    install_genpool_crd,
     install_inference_pool_crd,
     is_gone,
     objects,
@@ -46,11 +44,6 @@ from tests.polling import wait_for
 
 
 @pytest.fixture(scope="module")
-def genpool_crd(kubectl: Kubectl) -> None:
-    install_genpool_crd(kubectl)
-
-
-@pytest.fixture(scope="module")
 def crd_cleanup(kubectl: Kubectl, kube_api: client.ApiClient) -> Iterator[None]:
     yield
     remove_inference_pool_crd(kubectl, kube_api)
@@ -64,16 +57,6 @@ def no_inference_pool_crd(kubectl: Kubectl, kube_api: client.ApiClient, crd_clea
 @pytest.fixture
 def inference_pool_crd(kubectl: Kubectl, crd_cleanup: None) -> None:
     install_inference_pool_crd(kubectl)
-
-
-@pytest.fixture
-def operator(
-    cluster: DevCluster, genpool_crd: None, namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    proc = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log").start()
-    yield proc
-    proc.stop()
-    print(proc.log_tail())
 
 
 @pytest.mark.parametrize("failure_mode", ["FailOpen", "FailClose"])

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ from genpool_operator.kube import Kube, load_config
 from genpool_operator.status import update_status
 from tests.conftest import DevCluster, Kubectl
 from tests.integration.operator_harness import (
-    CRD_PATH,
     GROUP,
     PLURAL,
     VERSION,
@@ -38,22 +36,6 @@ from tests.invalid_genpools import INVALID_GENPOOLS
 from tests.polling import wait_for
 
 CHILD_KINDS = ("statefulsets", "services", "configmaps", "poddisruptionbudgets", "secrets")
-
-
-@pytest.fixture(scope="module")
-def crd(kubectl: Kubectl) -> None:
-    kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/genpools.genpool.dev")
-
-
-@pytest.fixture
-def operator(
-    cluster: DevCluster, crd: None, namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    proc = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log").start()
-    yield proc
-    proc.stop()
-    print(proc.log_tail())
 
 
 def _children(kubectl: Kubectl, namespace: str, pool: str) -> dict[str, list[dict[str, Any]]]:

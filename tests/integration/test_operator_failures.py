@@ -4,16 +4,11 @@ run again; a tensorParallelSize that cannot shard a known model is InvalidSpec."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from kubernetes import client
 
-from tests.conftest import DevCluster, Kubectl
 from tests.integration.operator_harness import (
-    CRD_PATH,
     GROUP,
     PLURAL,
     VERSION,
@@ -27,22 +22,6 @@ from tests.integration.operator_harness import (
 from tests.polling import wait_for
 
 MISSING_MODEL = "no-such-model.gguf"  # unknown to the operator: the worker refuses it
-
-
-@pytest.fixture(scope="module")
-def crd(kubectl: Kubectl) -> None:
-    kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/genpools.genpool.dev")
-
-
-@pytest.fixture
-def operator(
-    cluster: DevCluster, crd: None, namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    proc = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log").start()
-    yield proc
-    proc.stop()
-    print(proc.log_tail())
 
 
 def _condition(api: client.ApiClient, namespace: str, name: str, kind: str) -> dict[str, Any]:
