@@ -107,7 +107,7 @@ def pool_specs() -> dict[str, dict[str, Any]]:
             "minReplicas": 1,
             "maxReplicas": 3,
             "scaleUpStabilizationSeconds": 0,
-            "scaleDownStabilizationSeconds": 45,
+            "scaleDownStabilizationSeconds": 90,  # longer than the burst after the scale-up
             "maxStep": 2,
         },
     }
