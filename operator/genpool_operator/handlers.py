@@ -24,6 +24,7 @@ from genpool_core.names import (
     MANAGED_BY_LABEL,
     POOL_LABEL,
 )
+from genpool_operator import metrics
 from genpool_operator.kube import Kube, load_config
 from genpool_operator.pool_health import record_worker_health
 from genpool_operator.reconcile import (
@@ -146,26 +147,31 @@ async def stats_daemon(
     runtime: Runtime = memo.runtime
     memory = runtime.memory(body["metadata"]["uid"])
     due = time.monotonic()  # when the next tuning round is due
-    while not stopped and not runtime.closing:
-        is_tuning = time.monotonic() >= due
-        memory.wake.clear()  # this round covers every wake so far
-        spec = _valid_spec(body)
-        report = None
-        if spec is not None:
-            try:
-                report = await run_round(
-                    runtime.kube, runtime.workers, dict(body), spec, memory,
-                    now=time.monotonic(), tune=is_tuning,
-                )  # fmt: skip
-            except Exception as exc:  # one bad round must not kill the pool's daemon
-                if stopped or runtime.closing:
-                    return
-                logger.warning("stats round failed: %s", exc)
-        if report is not None:
-            _post_round_events(body, report)
-        if is_tuning:
-            due = time.monotonic() + round_interval(spec)
-        await _sleep_until_woken(stopped, memory.wake, due - time.monotonic())
+    try:
+        while not stopped and not runtime.closing:
+            is_tuning = time.monotonic() >= due
+            memory.wake.clear()  # this round covers every wake so far
+            spec = _valid_spec(body)
+            report = None
+            if spec is not None:
+                try:
+                    report = await run_round(
+                        runtime.kube, runtime.workers, dict(body), spec, memory,
+                        now=time.monotonic(), tune=is_tuning,
+                    )  # fmt: skip
+                except Exception as exc:  # one bad round must not kill the pool's daemon
+                    if stopped or runtime.closing:
+                        return
+                    logger.warning("stats round failed: %s", exc)
+            if report is not None:
+                _post_round_events(body, report)
+            if is_tuning:
+                due = time.monotonic() + round_interval(spec)
+            await _sleep_until_woken(stopped, memory.wake, due - time.monotonic())
+    finally:
+        if stopped.reason and kopf.DaemonStoppingReason.RESOURCE_DELETED in stopped.reason:
+            meta = body["metadata"]
+            metrics.forget_pool(meta["namespace"], meta["name"])
 
 
 def _valid_spec(body: kopf.Body) -> GenPoolSpec | None:

@@ -8,6 +8,7 @@ the stat lines that could not be read.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
@@ -16,6 +17,9 @@ from genpool_operator.round_plan import RoundPlan
 
 log = logging.getLogger("genpool.operator.metrics")
 POOL = ("namespace", "pool")
+# The decision series written per pool, so a deleted pool's can be dropped (the client
+# library removes series by their full label values only).
+_decision_labels: set[tuple[str, str, str, str, str]] = set()
 
 DECISIONS = Counter(
     "genpool_operator_decisions",
@@ -64,12 +68,14 @@ def record_round(
     labels = (namespace, pool)
     advisory = "true" if plan.is_advisory else "false"
     if plan.decision is not None:
-        DECISIONS.labels(*labels, "knobs", plan.decision.reason, advisory).inc()
+        _count_decision((*labels, "knobs", plan.decision.reason, advisory))
     scaling = plan.scaling
     if scaling is not None and scaling.decision is not None:
-        DECISIONS.labels(*labels, "replicas", scaling.decision.reason, advisory).inc()
+        _count_decision((*labels, "replicas", scaling.decision.reason, advisory))
     if scaling is not None:
         DESIRED_REPLICAS.labels(*labels).set(scaling.desired)
+    else:  # autoscaling off: no desired count to report, not the last one frozen
+        _remove(DESIRED_REPLICAS, labels)
     if plan.slo.ttft_p90_s is not None:
         SLO_TTFT_P90.labels(*labels).set(plan.slo.ttft_p90_s)
     if plan.slo.attainment is not None:
@@ -77,3 +83,23 @@ def record_round(
     if num_scrape_errors:
         SCRAPE_ERRORS.labels(*labels).inc(num_scrape_errors)
     ROUND_SECONDS.labels(*labels).observe(seconds)
+
+
+def _count_decision(labels: tuple[str, str, str, str, str]) -> None:
+    _decision_labels.add(labels)
+    DECISIONS.labels(*labels).inc()
+
+
+def _remove(metric: Counter | Gauge | Histogram, labels: tuple[str, ...]) -> None:
+    with contextlib.suppress(KeyError):  # never written for this pool
+        metric.remove(*labels)
+
+
+def forget_pool(namespace: str, pool: str) -> None:
+    """Drop a deleted pool's series, so dashboards and HPAs stop seeing its last values."""
+    labels = (namespace, pool)
+    for metric in (DESIRED_REPLICAS, SLO_TTFT_P90, SLO_ATTAINMENT, ROUND_SECONDS, SCRAPE_ERRORS):
+        _remove(metric, labels)
+    for decision in [d for d in _decision_labels if d[:2] == labels]:
+        _decision_labels.discard(decision)
+        _remove(DECISIONS, decision)
