@@ -26,7 +26,7 @@ from genpool_core.names import (
 )
 from genpool_operator.builders import PoolRef, owner_reference, pool_labels, pool_selector
 from genpool_operator.conditions import Condition
-from genpool_operator.spec import EndpointPickerRef, InferencePool
+from genpool_operator.spec_sections import EndpointPickerRef, InferencePool
 
 INFERENCE_POOL_CONDITION = "InferencePoolReady"
 CRD_NAME = f"{INFERENCE_POOL_PLURAL}.{INFERENCE_POOL_GROUP}"

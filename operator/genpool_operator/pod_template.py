@@ -11,7 +11,8 @@ from typing import Any
 
 from genpool_core.names import CONFIG_HASH_ANNOTATION, WORKER_PORT
 from genpool_core.termination import DEFAULT_TERMINATION_LOG
-from genpool_operator.spec import MODEL_MOUNT_PATH, GenPoolSpec, is_reserved_env
+from genpool_operator.spec import MODEL_MOUNT_PATH, GenPoolSpec
+from genpool_operator.spec_sections import is_reserved_env
 
 CONTAINER_NAME = "worker"
 CONFIG_KEY = "worker.json"

@@ -22,7 +22,8 @@ from genpool_operator.builders import (
     config_hash,
     resolve_image,
 )
-from genpool_operator.spec import EnvVar, GenPoolSpec, PodTemplate
+from genpool_operator.spec import GenPoolSpec
+from genpool_operator.spec_sections import EnvVar, PodTemplate
 
 GOLDEN = Path(__file__).parent / "golden"
 EXAMPLES = Path(__file__).parents[3] / "examples"

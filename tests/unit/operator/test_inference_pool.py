@@ -32,7 +32,8 @@ from genpool_operator.inference_pool import (
     rejected,
 )
 from genpool_operator.kube import object_path
-from genpool_operator.spec import GenPoolSpec, GenPoolSpecError, InferencePool
+from genpool_operator.spec import GenPoolSpec, GenPoolSpecError
+from genpool_operator.spec_sections import InferencePool
 
 CRDS = Path(__file__).parents[2] / "data" / "crds"
 INFERENCE_POOL_CRD = CRDS / "inference.networking.k8s.io_inferencepools.yaml"
