@@ -155,6 +155,7 @@ class GenPoolSpec(Section):
             "max_num_active_requests": self.capacity_a(),
             "max_seq_len": engine.max_seq_len,
             "max_queue_length": engine.max_queue_length,
+            "stamp_arrival": engine.stamp_arrival,
             "preemption_mode": CRD_MODES[preemption.mode],
             "max_pauses_per_request": preemption.max_pauses_per_request,
             # With mode Off (a template field) no slot is reserved: the KV cache stays small.

@@ -55,6 +55,8 @@ class Engine(Section):
     max_num_active_requests: int | None = Field(default=None, ge=1, le=65536)
     max_seq_len: int = Field(default=2048, ge=16, le=1048576)
     max_queue_length: int = Field(default=1024, ge=1, le=1048576)
+    # Key unstamped requests on receipt at the worker (docs/design.md#keyed-by-default).
+    stamp_arrival: bool = True
 
 
 class AdmissionTarget(Section):

@@ -28,6 +28,8 @@ class GenPoolTiming(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     arrival_time: float | None = Field(default=None, description="Unix seconds at GEN arrival")
+    # False: unkeyed on purpose (warm-up, probes); docs/design.md#keyed-by-default
+    keyed: bool | None = None
     first_token_time: float | None = Field(default=None, description="Unix s of token 1")
 
     @field_validator("arrival_time", "first_token_time", mode="before")

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from genpool_worker.api import ARRIVAL_SKEW_TOLERANCE_S, GenerationRequest
+from genpool_worker.api import GenerationRequest
+from genpool_worker.arrival_key import arrival_key
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Arrival, EngineRequest
 from genpool_worker.events import (
@@ -54,13 +55,15 @@ def make_arrival(
         raise ApiError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) "
                        f"exceeds max_seq_len {max_seq_len}")  # fmt: skip
     slo = request_slo(headers, body.slo)
-    now = time.time()
     timing = body.genpool
-    arrival = timing.arrival_time if timing else None
-    if arrival is not None and arrival > now + ARRIVAL_SKEW_TOLERANCE_S:
-        raise ApiError(422, f"genpool.arrival_time is {arrival - now:.1f} s in the future")
-    if arrival is None and context.stamp_arrival:
-        arrival = now
+    has_own_slo = slo.ttft_s is not None or slo.target_output_tps is not None
+    arrival = arrival_key(
+        timing,
+        headers,
+        has_own_slo=has_own_slo,
+        stamp_arrival=context.stamp_arrival,
+        now=time.time(),
+    )
     return Arrival(
         request_id=f"{id_prefix}-{uuid.uuid4().hex[:24]}",
         prompt_ids=ids,

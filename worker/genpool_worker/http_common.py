@@ -30,7 +30,7 @@ class ServerContext:
     tokenizer: Tokenizer
     metrics: WorkerMetrics
     admin_token: str | None = None
-    stamp_arrival: bool = False
+    stamp_arrival: bool = True  # docs/design.md#keyed-by-default
     config_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     chat: ChatPrompter = field(init=False)  # the model's chat template, compiled once
 

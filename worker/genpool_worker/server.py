@@ -57,7 +57,7 @@ def create_app(
     metrics: WorkerMetrics,
     *,
     admin_token: str | None = None,
-    stamp_arrival: bool = False,
+    stamp_arrival: bool = True,
 ) -> FastAPI:
     app = FastAPI(title="GenPool GEN worker", docs_url=None, redoc_url=None)
     app.state.context = ServerContext(engine, tokenizer, metrics, admin_token, stamp_arrival)

@@ -121,8 +121,9 @@ class WorkerConfig(BaseModel):
         description="period of the gen_preemption stat line (seconds)",
     )
     stamp_arrival: bool = Field(
-        default=False,
-        description="stamp requests without genpool.arrival_time on receipt (makes them keyed)",
+        default=True,
+        description="key a request that carries no arrival stamp (genpool.arrival_time,"
+        " x-genpool-arrival-time) with its receipt time; off: such requests are unkeyed",
     )
     synthetic_time_scale: float = Field(
         default=1.0,
@@ -161,7 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
     for name, field in WorkerConfig.model_fields.items():
         flag = "--" + name.replace("_", "-")
         if field.annotation is bool:
-            parser.add_argument(flag, action="store_true", default=None, help=field.description)
+            shown = f" [default: {'on' if field.default else 'off'}]"
+            parser.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"{field.description}{shown}",
+            )
         else:
             shown = "" if field.default is None else f" [default: {field.default}]"
             parser.add_argument(flag, default=None, help=f"{field.description}{shown}")
