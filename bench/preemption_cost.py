@@ -6,8 +6,8 @@ Starts one ``genpool-worker`` (SmolLM2-135M, CPU, ``OMP_NUM_THREADS=1``, B = 4) 
 on a loopback address, alternating preemption ``off`` and ``target_output_tps``
 (T = 4 tok/s, default headroom and paused cap: the demo's pool per worker), and drives
 it with the demo's closed loop (6 clients = the demo's 12 over 2 workers, 24 tokens
-each, arrival-stamped). Each run reads the worker's counters before and after the
-load window and samples ``/stats`` twice a second, and breaks tokens/s down as
+each, keyed on receipt as any client's are). Each run reads the worker's counters before
+and after the load window and samples ``/stats`` twice a second, and breaks tokens/s down as
 
     tokens/s = passes/s * tokens per pass,   passes/s = 1 / (step time + engine overhead)
 

@@ -1,9 +1,10 @@
 """A closed-loop load generator for a GenPool's ready worker pods (e2e and demo).
 
 It plays the router: it sends OpenAI streaming completions to the pool's ready pods
-(discovered through the API, refreshed every second), stamps ``genpool.arrival_time``
-so requests are keyed for admission, and retries elsewhere only when a pod refused a
-request before accepting it (503 while draining, 429, connection refused) — exactly
+(discovered through the API, refreshed every second), as any client sends them (no
+private fields: the worker keys each request with its receipt, docs/design.md#keyed-by-default;
+per-request SLO headers when the caller gives them), and retries elsewhere only when a
+pod refused a request before accepting it (503 while draining, 429, connection refused) — exactly
 what a Service endpoint update does for a terminating pod. A request that was
 accepted and then broke counts as failed.
 """
@@ -16,6 +17,7 @@ import itertools
 import json
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -100,7 +102,11 @@ class PodPicker:
 
 
 async def one_request(
-    http: httpx.AsyncClient, picker: Picker, prompt: str, max_tokens: int
+    http: httpx.AsyncClient,
+    picker: Picker,
+    prompt: str,
+    max_tokens: int,
+    headers: Mapping[str, str] | None = None,
 ) -> RequestResult:
     start = time.time()
     refusals = 0
@@ -110,14 +116,9 @@ async def one_request(
             refusals += 1
             await asyncio.sleep(0.2)
             continue
-        body = {
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "stream": True,
-            "genpool": {"arrival_time": time.time()},
-        }
+        body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True}
         try:
-            return await _stream(http, target, body, start, refusals)
+            return await _stream(http, target, body, dict(headers or {}), start, refusals)
         except _Refused:
             refusals += 1
             await asyncio.sleep(0.1)
@@ -129,13 +130,18 @@ class _Refused(Exception):
 
 
 async def _stream(
-    http: httpx.AsyncClient, target: PodTarget, body: dict[str, Any], start: float, refusals: int
+    http: httpx.AsyncClient,
+    target: PodTarget,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    start: float,
+    refusals: int,
 ) -> RequestResult:
     url = f"http://{target.ip}:{WORKER_PORT}/v1/completions"
     first: float | None = None
     tokens = 0
     try:
-        async with http.stream("POST", url, json=body, timeout=120) as response:
+        async with http.stream("POST", url, json=body, headers=headers, timeout=120) as response:
             if response.status_code in RETRYABLE:
                 raise _Refused
             if response.status_code != 200:
