@@ -162,4 +162,10 @@ INVALID_GENPOOLS: list[InvalidGenPool] = [
           {"autoscaling": {"scaleDownStabilizationSeconds": -1}}, "greater than or equal to 0"),
     InvalidGenPool("advisory-string", {"advisory": "yes"}, "must be of type boolean",
                    "spec.advisory: Input should be a valid bool"),
+    _same("autoscaling-utilization-zero", {"autoscaling": {"targetUtilization": 0}},
+          "greater than 0"),
+    _same("autoscaling-utilization-above-one", {"autoscaling": {"targetUtilization": 1.5}},
+          "less than or equal to 1"),
+    InvalidGenPool("stamp-arrival-string", {"engine": {"stampArrival": "yes"}},
+                   "must be of type boolean", "spec.engine.stampArrival: Input should be a valid bool"),
 ]  # fmt: skip

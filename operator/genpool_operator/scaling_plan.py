@@ -135,7 +135,7 @@ def scaler_settings(spec: GenPoolSpec) -> ScalerSettings:
     assert slo is not None and auto.max_replicas is not None
     has_attainment = spec.preemption.mode == "TargetOutputTps"
     has_knob_lever = spec.preemption_on and spec.tuning.enabled
-    return ScalerSettings(
+    settings = ScalerSettings(
         ttft_p90_s=slo.ttft_p90_seconds,
         min_replicas=auto.min_replicas,
         max_replicas=auto.max_replicas,
@@ -147,6 +147,10 @@ def scaler_settings(spec: GenPoolSpec) -> ScalerSettings:
             auto.scale_down_stabilization_seconds, round_interval_s(spec)
         ),
     )
+    ceiling = auto.target_utilization
+    if ceiling is None:
+        return settings
+    return replace(settings, max_utilisation=ceiling, max_utilisation_with_pausing=ceiling)
 
 
 def _stabilise_up(

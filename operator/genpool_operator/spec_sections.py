@@ -140,6 +140,8 @@ class Autoscaling(Section):
     scale_up_stabilization_seconds: int = Field(default=0, ge=0, le=3600)
     scale_down_stabilization_seconds: int = Field(default=300, ge=0, le=3600)
     max_step: int = Field(default=4, ge=1, le=256)
+    # None: the scaler's defaults (0.85, or 0.95 with the knob lever); genpool_core.scaler.
+    target_utilization: float | None = Field(default=None, gt=0, le=1)
 
     @model_validator(mode="after")
     def _ordered(self) -> Autoscaling:

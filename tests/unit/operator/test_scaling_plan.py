@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from genpool_core import ttft_histogram
 from genpool_core.aggregate import PoolStats
 from genpool_operator.freshness import LineClock
@@ -80,6 +82,18 @@ def test_settings_come_from_the_spec() -> None:
     assert settings.cap_max == 8  # the tuner's cap bound: pausing is a lever
     off = scaler_settings(_spec(preemption={"mode": "Off"}))
     assert off.attainment is None and off.cap_max is None  # TTFT alone, no knob lever
+    # The shipped ceilings unless the spec names one, which then holds with or without pausing.
+    assert (settings.max_utilisation, settings.max_utilisation_with_pausing) == (0.85, 0.95)
+    for preemption in (AUTO["preemption"], {"mode": "Off"}):
+        ceiling = {**AUTO["autoscaling"], "targetUtilization": 0.6}
+        chosen = scaler_settings(_spec(preemption=preemption, autoscaling=ceiling))
+        assert (chosen.max_utilisation, chosen.max_utilisation_with_pausing) == (0.6, 0.6)
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -0.5, 1.01, "0.8", True])
+def test_a_target_utilization_outside_its_range_is_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="targetUtilization|target_utilization"):
+        _spec(autoscaling={**AUTO["autoscaling"], "targetUtilization": bad})
 
 
 def test_replicas_in_force_are_the_scalers_within_the_bounds() -> None:
