@@ -167,5 +167,6 @@ INVALID_GENPOOLS: list[InvalidGenPool] = [
     _same("autoscaling-utilization-above-one", {"autoscaling": {"targetUtilization": 1.5}},
           "less than or equal to 1"),
     InvalidGenPool("stamp-arrival-string", {"engine": {"stampArrival": "yes"}},
-                   "must be of type boolean", "spec.engine.stampArrival: Input should be a valid bool"),
+                   "must be of type boolean",
+                   "spec.engine.stampArrival: Input should be a valid bool"),
 ]  # fmt: skip

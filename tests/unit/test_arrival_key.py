@@ -104,5 +104,5 @@ def test_the_operators_pools_stamp_unless_the_spec_turns_it_off() -> None:
     assert GenPoolSpec.from_body({}).worker_config()["stamp_arrival"] is True
     off = GenPoolSpec.from_body({"engine": {"stampArrival": False}}).worker_config()
     assert off["stamp_arrival"] is False
-    with pytest.raises(ValueError, match="stampArrival|stamp_arrival"):
+    with pytest.raises(ValueError, match=r"stampArrival|stamp_arrival"):
         GenPoolSpec.from_body({"engine": {"stampArrival": "yes"}})

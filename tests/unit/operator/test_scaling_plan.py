@@ -92,7 +92,7 @@ def test_settings_come_from_the_spec() -> None:
 
 @pytest.mark.parametrize("bad", [0, 0.0, -0.5, 1.01, "0.8", True])
 def test_a_target_utilization_outside_its_range_is_refused(bad: object) -> None:
-    with pytest.raises(ValueError, match="targetUtilization|target_utilization"):
+    with pytest.raises(ValueError, match=r"targetUtilization|target_utilization"):
         _spec(autoscaling={**AUTO["autoscaling"], "targetUtilization": bad})
 
 
