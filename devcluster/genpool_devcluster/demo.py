@@ -1,15 +1,18 @@
-"""``make demo``: a GenPool keeps its SLO through a burst; the same pool, static, does not.
+"""``make demo``: what pausing buys at an equal SLO, on the real system.
 
 Brings up (or reuses) the local control plane, helm-installs the chart (the operator
 runs as a pod under the pod runner) and applies two GenPools of **synthetic** workers
 (``model: synthetic:demo``: real worker processes whose model sleeps the simulator's
 step model, fitted to vLLM step times of Llama-2-70B on H100s, instead of computing;
-a 2-core machine cannot run 3 + 1 real models): ``autoscaled`` (autoscaling 1..3,
-``spec.slo``, preemption TargetOutputTps) and ``static`` (1 replica, preemption Off).
-Both get the same open-loop load at the same time: quiet, a burst, quiet again, mixed
-request lengths. It prints, per phase, each pool's latency, attainment at T, tokens/s
-and replicas, then the operator's decisions (its Events) in order, and writes a PNG
-of p90 TTFT and replicas over time.
+a 2-core machine cannot run six real models). Both state the same SLO and the same
+autoscaling bounds: ``genpool`` (pausing in place, the knob tuner and the scaler) and
+``replicas-only`` (preemption Off, the same scaler). Both get the same seeded open-loop
+load at the same time: quiet, a burst, quiet again, mixed lengths, two request
+classes (interactive, with llm-d's SLO headers; batch, without), sent as any client
+sends them. It prints, per phase, each pool's latency, attainment per class, TPOT,
+tokens/s, replicas and paused residents; then each pool's replica-seconds and their
+ratio and the share of 10 s SLO windows met; then the operator's decisions (its
+Events) for both pools, and writes a PNG of TTFT, replicas and paused residents.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from typing import Any
 import httpx
 import yaml
 
-from genpool_core.names import API_KIND, GROUP_VERSION
+from genpool_core.names import API_KIND, GROUP_VERSION, WORKER_PORT
 from genpool_devcluster import build, cli
 from genpool_devcluster.demo_load import (
+    CLASSES,
     Phase,
     PlannedRequest,
     SentRequest,
@@ -42,10 +46,12 @@ from genpool_devcluster.demo_load import (
 )
 from genpool_devcluster.demo_plot import write_plot
 from genpool_devcluster.demo_report import (
-    ReplicaSample,
+    PoolSample,
     format_events,
     format_table,
     phase_rows,
+    replica_seconds,
+    slo_windows,
     ttft_p90_series,
 )
 from genpool_devcluster.loadgen import PodPicker, run_closed_loop
@@ -53,9 +59,14 @@ from genpool_operator.kube import Kube, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "genpool-demo"
-AUTO, STATIC = "autoscaled", "static"
+GENPOOL, REPLICAS_ONLY = "genpool", "replicas-only"
+POOLS = (GENPOOL, REPLICAS_ONLY)
 RELEASE, OPERATOR_NS = "genpool", "genpool-system"
-TARGET_TPS, SLO_TTFT_S = 10.0, 1.5
+TARGET_TPS, SLO_TTFT_S, SLO_ATTAINMENT = 10.0, 1.5, 0.8
+SLO_WINDOW_S = 10.0  # the summary's SLO windows: 10 s of arrivals each
+# Each pool's scaler ceiling (spec.autoscaling.targetUtilization), from the sweep in
+# docs/demo.md; None: the operator's default (0.95 with pausing, 0.85 without).
+TARGET_UTILIZATION: dict[str, float | None] = {GENPOOL: None, REPLICAS_ONLY: None}
 # The burst is two phases, so the table shows the pool before and after it scaled up.
 PHASES = (
     Phase("quiet", 45, 1.0),
@@ -97,22 +108,34 @@ def run_load(
     return run_closed_loop(str(kubeconfig), clients, duration_s, namespace=namespace, pool=pool)
 
 
-def pool_specs() -> dict[str, dict[str, Any]]:
-    """The two pools: identical but for preemption, the SLO and the scaler."""
-    auto = BASE_SPEC | {
-        "preemption": {"mode": "TargetOutputTps", "targetOutputTps": TARGET_TPS},
-        "slo": {"ttftP90Seconds": SLO_TTFT_S, "attainment": 0.8},
-        "autoscaling": {
-            "enabled": True,
-            "minReplicas": 1,
-            "maxReplicas": 3,
-            "scaleUpStabilizationSeconds": 0,
-            "scaleDownStabilizationSeconds": 90,  # longer than the burst after the scale-up
-            "maxStep": 2,
-        },
+def pool_specs(
+    utilization: dict[str, float | None] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """The two pools: the same SLO, bounds and engine; they differ in preemption (and so
+    in the tuner, which has no knobs without it) and in the scaler's ceiling."""
+    ceilings = TARGET_UTILIZATION | (utilization or {})
+    autoscaling = {
+        "enabled": True,
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "scaleUpStabilizationSeconds": 0,
+        "scaleDownStabilizationSeconds": 90,  # longer than the burst after the scale-up
+        "maxStep": 2,
     }
-    static = BASE_SPEC | {"preemption": {"mode": "Off"}}
-    return {AUTO: auto, STATIC: static}
+    preemption = {
+        GENPOOL: {"mode": "TargetOutputTps", "targetOutputTps": TARGET_TPS},
+        REPLICAS_ONLY: {"mode": "Off"},
+    }
+    specs = {}
+    for name in POOLS:
+        ceiling = ceilings.get(name)
+        scaler = autoscaling if ceiling is None else autoscaling | {"targetUtilization": ceiling}
+        specs[name] = BASE_SPEC | {
+            "preemption": preemption[name],
+            "slo": {"ttftP90Seconds": SLO_TTFT_S, "attainment": SLO_ATTAINMENT},
+            "autoscaling": scaler,
+        }
+    return specs
 
 
 class Tools:
@@ -162,28 +185,47 @@ def pool_ready(tools: Tools, name: str) -> bool:
     )
 
 
-PoolRun = tuple[list[SentRequest], list[ReplicaSample]]
+PoolRun = tuple[list[SentRequest], list[PoolSample]]
 
 
-def run_phased_load(kubeconfig: Path, plan: list[PlannedRequest]) -> dict[str, PoolRun]:
-    """The same plan against both pools at once; ready pods sampled every second."""
+async def _paused(http: httpx.AsyncClient, picker: PodPicker) -> int:
+    """Requests paused in place over the pool's ready workers (their ``/stats``)."""
 
-    async def sample(picker: PodPicker, started: float, stop: asyncio.Event) -> list[ReplicaSample]:
-        samples = []
+    async def one(ip: str) -> int:
+        with contextlib.suppress(httpx.HTTPError, OSError, ValueError, KeyError, TypeError):
+            response = await http.get(f"http://{ip}:{WORKER_PORT}/stats", timeout=1.0)
+            return int(response.json()["paused"])
+        return 0  # a worker that did not answer in time (starting, draining) is not counted
+
+    return sum(await asyncio.gather(*(one(t.ip) for t in picker.targets)))
+
+
+async def _sample(picker: PodPicker, started: float, stop: asyncio.Event) -> list[PoolSample]:
+    """Every second: ready and existing pods, paused residents."""
+    samples = []
+    async with httpx.AsyncClient() as http:
         while not stop.is_set():
             with contextlib.suppress(httpx.HTTPError, OSError):
                 await picker.refresh()  # keeps the last list when the API blips
-            samples.append((round(time.monotonic() - started, 2), len(picker.targets)))
+            paused = await _paused(http, picker)
+            now = round(time.monotonic() - started, 2)
+            samples.append(PoolSample(now, len(picker.targets), picker.num_pods, paused))
             await asyncio.sleep(1.0)
-        return samples
+    return samples
+
+
+def run_phased_load(
+    kubeconfig: Path, plan: list[PlannedRequest], pools: tuple[str, ...] = POOLS
+) -> dict[str, PoolRun]:
+    """The same plan against every pool at once; each pool sampled every second."""
 
     async def main() -> dict[str, PoolRun]:
         kube = Kube(load_config(str(kubeconfig)))
-        pickers = {name: PodPicker(kube, NAMESPACE, name) for name in (AUTO, STATIC)}
+        pickers = {name: PodPicker(kube, NAMESPACE, name) for name in pools}
         for picker in pickers.values():
             await picker.refresh()
         started, stop = time.monotonic() + 1.0, asyncio.Event()
-        samplers = {n: asyncio.create_task(sample(p, started, stop)) for n, p in pickers.items()}
+        samplers = {n: asyncio.create_task(_sample(p, started, stop)) for n, p in pickers.items()}
         try:
             loads = await asyncio.gather(*(open_loop(p, plan, started) for p in pickers.values()))
         finally:
@@ -192,8 +234,8 @@ def run_phased_load(kubeconfig: Path, plan: list[PlannedRequest]) -> dict[str, P
             await kube.aclose()
         return {n: (sent, samples[n]) for n, sent in zip(pickers, loads, strict=True)}
 
-    seconds = sum(p.duration_s for p in PHASES)
-    print(f"  {len(plan)} requests over {seconds:.0f} s, the same to both pools ...", flush=True)
+    seconds = max((p.at_s for p in plan), default=0.0)
+    print(f"  {len(plan)} requests over {seconds:.0f} s, the same to each pool ...", flush=True)
     return asyncio.run(main())
 
 
@@ -207,7 +249,29 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="folder for the plot and the JSON summary (default: %(default)s)",
     )
     parser.add_argument("--keep", action="store_true", help="leave the demo GenPools running")
+    parser.add_argument(
+        "--target-utilization",
+        action="append",
+        default=[],
+        metavar="POOL=U",
+        type=_ceiling,
+        help=f"a pool's spec.autoscaling.targetUtilization, 0 < U <= 1 (pools: "
+        f"{', '.join(POOLS)}; default: {TARGET_UTILIZATION}, None = the operator's); repeatable",
+    )
     return parser.parse_args(argv)
+
+
+def _ceiling(text: str) -> tuple[str, float]:
+    pool, _, value = text.partition("=")
+    if pool not in POOLS:
+        raise argparse.ArgumentTypeError(f"unknown pool {pool!r} (pools: {', '.join(POOLS)})")
+    try:
+        ceiling = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: U must be a number") from None
+    if not 0 < ceiling <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: U must be in (0, 1]")
+    return pool, ceiling
 
 
 def _install_operator(tools: Tools) -> None:
@@ -226,15 +290,15 @@ def _install_operator(tools: Tools) -> None:
     tools.run("kubectl", "rollout", "status", "deploy", "-n", OPERATOR_NS, "--timeout=180s")
 
 
-def _apply_pools(tools: Tools) -> None:
-    """Create the namespace and both GenPools (1 replica each); wait for their workers."""
+def _apply_pools(tools: Tools, specs: dict[str, dict[str, Any]]) -> None:
+    """Create the namespace and the GenPools (1 replica each); wait for their workers."""
     tools.run("kubectl", "apply", "-f", "-", stdin=yaml.safe_dump(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))  # fmt: skip
-    for name, spec in pool_specs().items():
+    for name, spec in specs.items():
         manifest = {"apiVersion": GROUP_VERSION, "kind": API_KIND,
                     "metadata": {"name": name}, "spec": spec}  # fmt: skip
         tools.run("kubectl", "apply", "-n", NAMESPACE, "-f", "-", stdin=yaml.safe_dump(manifest))
-    for name in pool_specs():
+    for name in specs:
         wait(functools.partial(pool_ready, tools, name), f"pool {name}: 1 ready worker", 300)
 
 
@@ -259,29 +323,71 @@ def _print_decisions(tools: Tools, name: str) -> None:
           f"SLOMet={slo_met.get('status')} {slo_met.get('reason', '')}")  # fmt: skip
 
 
-def _report(tools: Tools, runs: dict[str, PoolRun], out: Path) -> int:
-    """Print the per-phase table and the decisions, write the plot; the failed count."""
+def cost_summary(runs: dict[str, PoolRun], end_s: float) -> dict[str, Any]:
+    """Each pool's replica-seconds and SLO windows met, and the ratio of replica-seconds."""
+    pools: dict[str, Any] = {}
+    for name, (sent, samples) in runs.items():
+        met, total = slo_windows(sent, SLO_WINDOW_S, SLO_TTFT_S, SLO_ATTAINMENT, TARGET_TPS)
+        pools[name] = {
+            "replica_seconds": round(replica_seconds(samples, end_s), 1),
+            "slo_windows_met": met,
+            "slo_windows": total,
+        }
+    ours, theirs = (pools[n]["replica_seconds"] for n in POOLS) if len(pools) > 1 else (0, 0)
+    return {"pools": pools, "ratio": round(ours / theirs, 3) if theirs else None}
+
+
+def format_cost(cost: dict[str, Any]) -> str:
+    lines = [f"Replica-seconds over the load (worker pods ready, starting or draining) and SLO "
+             f"windows met ({SLO_WINDOW_S:g} s of arrivals: p90 TTFT <= {SLO_TTFT_S:g} s, "
+             f">= {SLO_ATTAINMENT:.0%} at their floor, none failed):"]  # fmt: skip
+    for name, pool in cost["pools"].items():
+        share = pool["slo_windows_met"] / pool["slo_windows"] if pool["slo_windows"] else 0.0
+        lines.append(f"  {name:14} {pool['replica_seconds']:8.1f} replica-s   SLO windows met "
+                     f"{pool['slo_windows_met']}/{pool['slo_windows']} ({share:.0%})")  # fmt: skip
+    if cost["ratio"] is not None:
+        lines.append(f"  ratio {GENPOOL} / {REPLICAS_ONLY}: {cost['ratio']:.3f} "
+                     f"({1 - cost['ratio']:+.1%} replica-seconds saved by pausing)")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _report(tools: Tools, runs: dict[str, PoolRun], out: Path, specs: dict[str, Any]) -> int:
+    """Print the per-phase table, the cost and the decisions, write the plot; failed count."""
     bounds = phase_bounds(PHASES)
     rows = {name: phase_rows(sent, bounds, TARGET_TPS, samples)
             for name, (sent, samples) in runs.items()}  # fmt: skip
-    print(f"Per phase, same open-loop load on both pools (T = {TARGET_TPS:g} tok/s, "
-          f"SLO p90 TTFT <= {SLO_TTFT_S:g} s; synthetic workers):")  # fmt: skip
+    classes = ", ".join(
+        f"{c.name} {c.share:.0%} ({'headers ' + str(c.headers()) if c.headers() else 'no headers'})"
+        for c in CLASSES
+    )
+    print(f"Per phase, same open-loop load on both pools (T = {TARGET_TPS:g} tok/s, SLO p90 TTFT "
+          f"<= {SLO_TTFT_S:g} s, {SLO_ATTAINMENT:.0%} attainment; synthetic workers);\n"
+          f"classes: {classes}:")  # fmt: skip
     print(format_table(rows, [name for name, _, _ in bounds]))
     print()
-    _print_decisions(tools, AUTO)
+    cost = cost_summary(runs, bounds[-1][2])
+    print(format_cost(cost))
+    for name in runs:
+        ceiling = specs[name]["autoscaling"].get("targetUtilization", "operator default")
+        print(f"  {name}: targetUtilization {ceiling}")
     print()
+    for name in runs:
+        _print_decisions(tools, name)
+        print()
     print(tools.run("kubectl", "get", "gp", "-n", NAMESPACE, "-o", "wide"))
-    series = {name: ttft_p90_series(sent, 10.0) for name, (sent, _) in runs.items()}
-    replicas = {name: samples for name, (_, samples) in runs.items()}
+    series = {name: ttft_p90_series(sent, SLO_WINDOW_S) for name, (sent, _) in runs.items()}
+    samples = {name: seen for name, (_, seen) in runs.items()}
     busy = {p.name for p in PHASES if p.rate_per_s > PHASES[0].rate_per_s}
-    plot = write_plot(series, replicas, bounds, busy, SLO_TTFT_S, out / "genpool-demo.png")
-    (out / "genpool-demo.json").write_text(json.dumps({"phases": rows}, indent=2) + "\n")
-    print(f"plot: {plot}")
+    plot = write_plot(series, samples, bounds, busy, SLO_TTFT_S, out / "genpool-demo.png")
+    summary = {"phases": rows, "cost": cost, "specs": specs}
+    (out / "genpool-demo.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"plot: {plot}\nsummary: {out / 'genpool-demo.json'}")
     return sum(row["failed"] for pool_rows in rows.values() for row in pool_rows.values())
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
+    specs = pool_specs(dict(args.target_utilization))
     started = time.monotonic()
     print("[1/5] control plane (first run builds it from Go modules)", flush=True)
     build.ensure_binaries()
@@ -290,16 +396,18 @@ def main(argv: list[str] | None = None) -> int:
     tools = Tools(Path(cli.DEFAULT_STATE_DIR).expanduser() / "kubeconfig")
     print("[2/5] helm install the chart (operator pod under the pod runner)", flush=True)
     _install_operator(tools)
-    print(f"[3/5] GenPools {AUTO} (autoscaling 1..3, SLO, TargetOutputTps) and {STATIC} "
-          "(1 replica, preemption Off), synthetic workers", flush=True)  # fmt: skip
-    _apply_pools(tools)
+    print(f"[3/5] GenPools {GENPOOL} (TargetOutputTps, tuner, scaler) and {REPLICAS_ONLY} "
+          "(preemption Off, same scaler), same SLO, autoscaling 1..3, synthetic workers",
+          flush=True)  # fmt: skip
+    _apply_pools(tools, specs)
     print("[4/5] load: " + ", ".join(f"{p.name} {p.duration_s:g} s at {p.rate_per_s:g}/s"
                                      for p in PHASES), flush=True)  # fmt: skip
     runs = run_phased_load(tools.kubeconfig, plan_arrivals(PHASES, args.seed))
     print("[5/5] summary\n")
-    failed = _report(tools, runs, args.out)
+    args.out.mkdir(parents=True, exist_ok=True)
+    failed = _report(tools, runs, args.out, specs)
     if not args.keep:
-        for name in pool_specs():
+        for name in specs:
             tools.run("kubectl", "delete", "gp", name, "-n", NAMESPACE, "--wait=true")
     print(f"\ndemo finished in {time.monotonic() - started:.0f} s; the cluster stays up:")
     print(f"  export KUBECONFIG={tools.kubeconfig}   # then: kubectl get gp -A")

@@ -1,8 +1,12 @@
-"""The demo's open-loop phased load: quiet, a burst, quiet again, mixed request lengths.
+"""The demo's open-loop phased load: quiet, a burst, quiet again, mixed request lengths,
+two request classes.
 
 :func:`plan_arrivals` is pure and seeded: Poisson arrivals per phase (rate in requests
-per second) and each request's length drawn from :data:`LENGTH_MIX`, so two pools
-given the same plan see exactly the same requests at the same offsets.
+per second), each request's length drawn from :data:`LENGTH_MIX` and its class from
+:data:`CLASSES`, so two pools given the same plan see exactly the same requests at the
+same offsets. A class is what its requests send: ``interactive`` states its own SLO in
+llm-d's headers (a tight TTFT and a higher output rate), ``batch`` sends none and gets
+the pool's. Neither sends a private field: the worker keys each on receipt.
 :func:`open_loop` sends them on time whatever the pool's latency (an open loop: a
 slow pool does not slow its own load down, which a closed loop would).
 """
@@ -18,9 +22,33 @@ from dataclasses import dataclass
 import httpx
 
 from genpool_devcluster.loadgen import PROMPTS, Picker, RequestResult, one_request
+from genpool_worker.slo_request import TPOT_HEADER, TTFT_HEADER
 
 # (max_tokens, weight): mostly short answers, some long ones (mean about 59 tokens).
 LENGTH_MIX: tuple[tuple[int, float], ...] = ((16, 0.5), (64, 0.35), (192, 0.15))
+
+
+@dataclass(frozen=True)
+class RequestClass:
+    name: str
+    share: float  # of the arrivals
+    ttft_s: float | None  # its own TTFT target (x-llm-d-slo-ttft-ms); None: the pool's
+    output_tps: float | None  # its own output-rate floor T_i (x-llm-d-slo-tpot-ms)
+
+    def headers(self) -> dict[str, str]:
+        headers = {}
+        if self.ttft_s is not None:
+            headers[TTFT_HEADER] = f"{self.ttft_s * 1000:g}"
+        if self.output_tps is not None:
+            headers[TPOT_HEADER] = f"{1000 / self.output_tps:g}"
+        return headers
+
+
+CLASSES: tuple[RequestClass, ...] = (
+    RequestClass("interactive", 0.3, ttft_s=1.0, output_tps=20.0),
+    RequestClass("batch", 0.7, ttft_s=None, output_tps=None),
+)
+CLASS_BY_NAME = {c.name: c for c in CLASSES}
 
 
 @dataclass(frozen=True)
@@ -36,6 +64,7 @@ class PlannedRequest:
     phase: str
     prompt: str
     max_tokens: int
+    klass: str = CLASSES[-1].name  # a name in CLASSES
 
 
 @dataclass(frozen=True)
@@ -56,9 +85,11 @@ def phase_bounds(phases: Sequence[Phase]) -> list[tuple[str, float, float]]:
 
 
 def plan_arrivals(phases: Sequence[Phase], seed: int = 0) -> list[PlannedRequest]:
-    """Poisson arrivals within each phase, lengths from LENGTH_MIX; sorted by time."""
+    """Poisson arrivals within each phase, lengths from LENGTH_MIX, classes from CLASSES;
+    sorted by time."""
     rng = random.Random(seed)
     lengths, weights = zip(*LENGTH_MIX, strict=True)
+    names, shares = [c.name for c in CLASSES], [c.share for c in CLASSES]
     plan: list[PlannedRequest] = []
     for name, start, end in phase_bounds(phases):
         rate = next(p.rate_per_s for p in phases if p.name == name)
@@ -68,7 +99,8 @@ def plan_arrivals(phases: Sequence[Phase], seed: int = 0) -> list[PlannedRequest
         while at < end:
             prompt = PROMPTS[rng.randrange(len(PROMPTS))]
             max_tokens = rng.choices(lengths, weights)[0]
-            plan.append(PlannedRequest(round(at, 4), name, prompt, max_tokens))
+            klass = rng.choices(names, shares)[0]
+            plan.append(PlannedRequest(round(at, 4), name, prompt, max_tokens, klass))
             at += rng.expovariate(rate)
     return plan
 
@@ -82,7 +114,8 @@ async def open_loop(
 
         async def send(planned: PlannedRequest) -> SentRequest:
             await asyncio.sleep(max(0.0, started + planned.at_s - time.monotonic()))
-            result = await one_request(http, picker, planned.prompt, planned.max_tokens)
+            headers = CLASS_BY_NAME[planned.klass].headers()
+            result = await one_request(http, picker, planned.prompt, planned.max_tokens, headers)
             return SentRequest(planned, result)
 
         return list(await asyncio.gather(*(send(p) for p in plan)))

@@ -1,4 +1,4 @@
-"""The demo's PNG: p90 TTFT and ready replicas over time, one line per pool.
+"""The demo's PNG: p90 TTFT, ready replicas and paused residents over time, one line per pool.
 
 matplotlib (Agg) is imported only here and only when the plot is drawn, as
 ``genpool_sim.plots`` does.
@@ -9,37 +9,40 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-from genpool_devcluster.demo_report import ReplicaSample
+from genpool_devcluster.demo_report import PoolSample
 
 Series = Sequence[tuple[float, float]]
 
 
 def write_plot(
     ttft_p90: Mapping[str, Series],
-    replicas: Mapping[str, Sequence[ReplicaSample]],
+    samples: Mapping[str, Sequence[PoolSample]],
     phases: Sequence[tuple[str, float, float]],
     busy: Collection[str],
     slo_s: float,
     path: Path,
 ) -> Path:
-    """Two stacked panels sharing the time axis, the ``busy`` phases shaded; returns ``path``."""
+    """Three stacked panels sharing the time axis, the ``busy`` phases shaded; returns ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
     for pool, points in ttft_p90.items():
         if points:
             top.plot(*zip(*points, strict=True), marker="o", markersize=3, label=pool)
     top.axhline(slo_s, color="grey", linestyle="--", linewidth=0.8, label="SLO p90 TTFT")
-    top.set(ylabel="p90 TTFT (s), per 10 s of arrivals", yscale="log")
-    for pool, samples in replicas.items():
-        if samples:
-            bottom.step(*zip(*samples, strict=True), where="post", label=pool)
-    bottom.set(xlabel="seconds since the load started", ylabel="ready replicas")
-    bottom.yaxis.get_major_locator().set_params(integer=True)
-    for axis in (top, bottom):
+    top.set(ylabel="p90 TTFT (s), per 10 s\nof arrivals", yscale="log")
+    for pool, seen in samples.items():
+        if seen:
+            times = [x.t for x in seen]
+            middle.step(times, [x.ready for x in seen], where="post", label=pool)
+            bottom.step(times, [x.paused for x in seen], where="post", label=pool)
+    middle.set(ylabel="ready replicas")
+    middle.yaxis.get_major_locator().set_params(integer=True)
+    bottom.set(xlabel="seconds since the load started", ylabel="paused residents")
+    for axis in (top, middle, bottom):
         for name, start, end in phases:
             if name in busy:
                 axis.axvspan(start, end, color="orange", alpha=0.08)
@@ -49,7 +52,7 @@ def write_plot(
         axis.set_xlim(0, phases[-1][2] if phases else None)
         axis.grid(alpha=0.3)
         axis.legend(loc="upper right", fontsize=8)
-    fig.suptitle("The same load on both pools: p90 TTFT and ready replicas")
+    fig.suptitle("The same load on both pools: p90 TTFT, ready replicas, paused residents")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

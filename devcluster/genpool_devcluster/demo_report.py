@@ -11,23 +11,37 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from genpool_core.quantiles import percentile
-from genpool_devcluster.demo_load import SentRequest
+from genpool_devcluster.demo_load import CLASS_BY_NAME, CLASSES, SentRequest
 
-ReplicaSample = tuple[float, int]  # (offset s, ready worker pods)
+
+@dataclass(frozen=True)
+class PoolSample:
+    """One look at a pool: ready workers (routable), worker pods that exist (ready,
+    starting or draining: what the pool costs) and requests paused in place."""
+
+    t: float  # offset s from the load's start
+    ready: int
+    pods: int
+    paused: int
+
 
 ROWS = (
     ("requests", "requests"),
     ("failed", "failed"),
     ("p50 TTFT (s)", "ttft_p50_s"),
     ("p90 TTFT (s)", "ttft_p90_s"),
-    ("attainment at T", "attainment"),
+    *((f"p90 TTFT {c.name}", f"ttft_p90_s_{c.name}") for c in CLASSES),
+    ("attainment", "attainment"),
+    *((f"attain. {c.name}", f"attainment_{c.name}") for c in CLASSES),
     ("mean TPOT (s)", "tpot_mean_s"),
     ("tokens/s", "tokens_per_s"),
     ("replicas (max)", "replicas_max"),
     ("replicas (mean)", "replicas_mean"),
+    ("paused (mean)", "paused_mean"),
 )
 
 
@@ -35,6 +49,24 @@ def output_rate(sent: SentRequest) -> float | None:
     """Tokens per second after the first token; None with under two tokens."""
     tpot = sent.result.tpot_s
     return None if tpot is None else (1.0 / tpot if tpot > 0 else float("inf"))
+
+
+def floor_of(sent: SentRequest, pool_tps: float) -> float:
+    """The output rate a request must reach: its class's own T_i, else the pool's T."""
+    own = CLASS_BY_NAME[sent.planned.klass].output_tps
+    return pool_tps if own is None else own
+
+
+def attainment(sent: Sequence[SentRequest], pool_tps: float) -> float | None:
+    """Share of the (ok, two tokens or more) requests at or above their own floor."""
+    rates = [(r, floor_of(s, pool_tps)) for s in sent if s.result.ok
+             and (r := output_rate(s)) is not None]  # fmt: skip
+    return sum(rate >= floor for rate, floor in rates) / len(rates) if rates else None
+
+
+def _ttft_p90(sent: Sequence[SentRequest]) -> float | None:
+    ttfts = [s.result.ttft_s for s in sent if s.result.ok and s.result.ttft_s is not None]
+    return percentile(ttfts, 90) if ttfts else None
 
 
 def delivered_tokens(sent: Sequence[SentRequest], start: float, end: float) -> float:
@@ -58,33 +90,39 @@ def phase_row(
     all_sent: Sequence[SentRequest],
     bounds: tuple[float, float],
     target_tps: float,
-    replicas: Sequence[ReplicaSample],
+    samples: Sequence[PoolSample],
 ) -> dict[str, Any]:
     """One pool's numbers for one phase (``sent``: the requests sent in it)."""
     start, end = bounds
     ok = [s for s in sent if s.result.ok]
     ttfts = [s.result.ttft_s for s in ok if s.result.ttft_s is not None]
     tpots = [t for s in ok if (t := s.result.tpot_s) is not None]
-    rates = [rate for s in ok if (rate := output_rate(s)) is not None]
-    counts = [n for t, n in replicas if start <= t < end]
-    return {
+    within = [x for x in samples if start <= x.t < end]
+    counts = [x.ready for x in within]
+    row: dict[str, Any] = {
         "requests": len(sent),
         "failed": len(sent) - len(ok),
         "ttft_p50_s": percentile(ttfts, 50) if ttfts else None,
         "ttft_p90_s": percentile(ttfts, 90) if ttfts else None,
-        "attainment": sum(rate >= target_tps for rate in rates) / len(rates) if rates else None,
+        "attainment": attainment(sent, target_tps),
         "tpot_mean_s": statistics.fmean(tpots) if tpots else None,
         "tokens_per_s": delivered_tokens(all_sent, start, end) / (end - start),
         "replicas_max": max(counts) if counts else None,
         "replicas_mean": statistics.fmean(counts) if counts else None,
+        "paused_mean": statistics.fmean(x.paused for x in within) if within else None,
     }
+    for klass in CLASSES:
+        mine = [s for s in sent if s.planned.klass == klass.name]
+        row[f"ttft_p90_s_{klass.name}"] = _ttft_p90(mine)
+        row[f"attainment_{klass.name}"] = attainment(mine, target_tps)
+    return row
 
 
 def phase_rows(
     sent: Sequence[SentRequest],
     bounds: Sequence[tuple[str, float, float]],
     target_tps: float,
-    replicas: Sequence[ReplicaSample],
+    replicas: Sequence[PoolSample],
 ) -> dict[str, dict[str, Any]]:
     """Every phase's row for one pool, keyed by phase name, in phase order."""
     return {
@@ -113,20 +151,53 @@ def format_table(
 def _cell(value: object, key: str) -> str:
     if value is None:
         return "-"
-    if key == "attainment" and isinstance(value, float):
+    if key.startswith("attainment") and isinstance(value, float):
         return f"{value:.0%}"
     if isinstance(value, float):
-        return f"{value:.1f}" if key in ("tokens_per_s", "replicas_mean") else f"{value:.3f}"
+        one_digit = ("tokens_per_s", "replicas_mean", "paused_mean")
+        return f"{value:.1f}" if key in one_digit else f"{value:.3f}"
     return str(value)
+
+
+def _bins(sent: Sequence[SentRequest], bin_s: float) -> dict[int, list[SentRequest]]:
+    bins: dict[int, list[SentRequest]] = {}
+    for s in sent:
+        bins.setdefault(int(s.planned.at_s // bin_s), []).append(s)
+    return dict(sorted(bins.items()))
 
 
 def ttft_p90_series(sent: Sequence[SentRequest], bin_s: float) -> list[tuple[float, float]]:
     """(bin middle, p90 TTFT) over the requests sent in each ``bin_s`` window."""
-    bins: dict[int, list[float]] = {}
-    for s in sent:
-        if s.result.ok and s.result.ttft_s is not None:
-            bins.setdefault(int(s.planned.at_s // bin_s), []).append(s.result.ttft_s)
-    return [((i + 0.5) * bin_s, percentile(v, 90)) for i, v in sorted(bins.items())]
+    return [((i + 0.5) * bin_s, p90) for i, b in _bins(sent, bin_s).items()
+            if (p90 := _ttft_p90(b)) is not None]  # fmt: skip
+
+
+def slo_windows(
+    sent: Sequence[SentRequest], bin_s: float, ttft_p90_s: float, share: float, pool_tps: float
+) -> tuple[int, int]:
+    """(met, all) over the ``bin_s`` windows of arrivals: a window meets the SLO when its
+    p90 TTFT is at most ``ttft_p90_s``, at least ``share`` of its requests reached their
+    floor and none failed."""
+    met = total = 0
+    for window in _bins(sent, bin_s).values():
+        total += 1
+        p90, attained = _ttft_p90(window), attainment(window, pool_tps)
+        met += bool(
+            all(s.result.ok for s in window)
+            and p90 is not None
+            and p90 <= ttft_p90_s
+            and (attained is None or attained >= share)
+        )
+    return met, total
+
+
+def replica_seconds(samples: Sequence[PoolSample], end_s: float) -> float:
+    """The pods' time over [0, end_s): each sample's count holds until the next one."""
+    ends = [min(after.t, end_s) for after in samples[1:]] + [end_s] if samples else []
+    return sum(
+        here.pods * max(0.0, until - max(here.t, 0.0))
+        for here, until in zip(samples, ends, strict=True)
+    )
 
 
 def format_events(events: Sequence[Mapping[str, Any]], reasons: Sequence[str]) -> list[str]:

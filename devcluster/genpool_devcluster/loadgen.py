@@ -37,6 +37,7 @@ PROMPTS = (
     "Kubernetes schedules pods onto nodes by",
 )
 RETRYABLE = {429, 503}
+DONE_PHASES = ("Succeeded", "Failed")
 MAX_REFUSALS = 200
 
 
@@ -80,6 +81,7 @@ class PodPicker:
     def __init__(self, kube: Kube, namespace: str, pool: str) -> None:
         self._kube, self._namespace, self._pool = kube, namespace, pool
         self.targets: list[PodTarget] = []
+        self.num_pods = 0  # the pool's pods that hold resources: ready, starting or draining
         self._turn = itertools.count()
 
     async def refresh(self) -> None:
@@ -87,6 +89,7 @@ class PodPicker:
             resource_path("v1", "Pod", self._namespace), pool_label_selector(self._pool)
         )
         self.targets = ready_targets(pods)
+        self.num_pods = sum(p.get("status", {}).get("phase") not in DONE_PHASES for p in pods)
 
     async def keep_fresh(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -8,6 +8,7 @@ import pytest
 
 from genpool_devcluster import demo
 from genpool_devcluster.demo_load import (
+    CLASSES,
     LENGTH_MIX,
     Phase,
     PlannedRequest,
@@ -17,22 +18,32 @@ from genpool_devcluster.demo_load import (
 )
 from genpool_devcluster.demo_plot import write_plot
 from genpool_devcluster.demo_report import (
+    PoolSample,
     delivered_tokens,
     format_events,
     format_table,
     phase_rows,
+    replica_seconds,
+    slo_windows,
     ttft_p90_series,
 )
 from genpool_devcluster.loadgen import RequestResult
 from genpool_operator.spec import GenPoolSpec
+from genpool_worker.slo_request import TPOT_HEADER, TTFT_HEADER
 
 PHASES = (Phase("quiet", 100, 1.0), Phase("burst", 50, 8.0), Phase("after", 100, 0.0))
 
 
 def sent(
-    at: float, phase: str, ttft: float, e2e: float, tokens: int, ok: bool = True
+    at: float,
+    phase: str,
+    ttft: float,
+    e2e: float,
+    tokens: int,
+    ok: bool = True,
+    klass: str = "batch",
 ) -> SentRequest:
-    planned = PlannedRequest(at, phase, "p", tokens)
+    planned = PlannedRequest(at, phase, "p", tokens, klass)
     result = RequestResult(ok, "pod", ttft if ok else None, e2e, tokens if ok else 0, 0)
     return SentRequest(planned, result)
 
@@ -53,6 +64,14 @@ def test_plan_is_seeded_sorted_and_follows_the_rates() -> None:
         start, end = next((s, e) for n, s, e in phase_bounds(PHASES) if n == p.phase)
         assert start <= p.at_s < end
     assert {p.max_tokens for p in plan} == {length for length, _ in LENGTH_MIX}
+    share = sum(p.klass == "interactive" for p in plan) / len(plan)
+    assert {p.klass for p in plan} == {c.name for c in CLASSES} and 0.2 < share < 0.4
+
+
+def test_a_class_sends_its_own_slo_in_llm_ds_headers_and_nothing_private() -> None:
+    interactive, batch = CLASSES
+    assert interactive.headers() == {TTFT_HEADER: "1000", TPOT_HEADER: "50"}
+    assert batch.headers() == {}
 
 
 def test_delivered_tokens_spread_over_each_stream() -> None:
@@ -70,7 +89,8 @@ def test_phase_rows_count_latency_attainment_and_replicas() -> None:
         sent(110, "burst", 4.0, 5.0, 11),
         sent(120, "burst", 9.0, 9.0, 0, ok=False),
     ]
-    replicas = [(0.0, 1), (50.0, 1), (110.0, 2), (140.0, 3), (200.0, 1)]
+    replicas = [pool_at(0.0, 1), pool_at(50.0, 1), pool_at(110.0, 2, paused=4),
+                pool_at(140.0, 3), pool_at(200.0, 1)]  # fmt: skip
     rows = phase_rows(requests, phase_bounds(PHASES), 5.0, replicas)
     quiet, burst, after = rows["quiet"], rows["burst"], rows["after"]
     assert list(rows) == ["quiet", "burst", "after"]
@@ -82,6 +102,53 @@ def test_phase_rows_count_latency_attainment_and_replicas() -> None:
     assert burst["replicas_mean"] == pytest.approx(2.5)
     assert (burst["requests"], burst["failed"], burst["attainment"]) == (2, 1, 1.0)
     assert after["requests"] == 0 and after["ttft_p90_s"] is None
+    assert (quiet["paused_mean"], burst["paused_mean"]) == (0, 2)
+
+
+def pool_at(t: float, ready: int, paused: int = 0, pods: int | None = None) -> PoolSample:
+    return PoolSample(t, ready, ready if pods is None else pods, paused)
+
+
+def test_attainment_is_per_class_each_at_its_own_floor() -> None:
+    # 20 tokens in 1 s after the first: 20 tok/s meets the interactive floor (20) exactly;
+    # 15 tok/s meets the pool's T (10) but not the interactive floor.
+    requests = [
+        sent(1, "quiet", 0.2, 1.2, 21, klass="interactive"),
+        sent(2, "quiet", 3.0, 4.0 + 1 / 3, 21, klass="interactive"),
+        sent(3, "quiet", 0.2, 1.0 + 1 / 3, 21),
+    ]
+    row = phase_rows(requests, phase_bounds(PHASES), 10.0, [])["quiet"]
+    assert row["attainment_interactive"] == 0.5 and row["attainment_batch"] == 1.0
+    assert row["attainment"] == pytest.approx(2 / 3)
+    assert row["ttft_p90_s_interactive"] == pytest.approx(2.72)
+    assert row["ttft_p90_s_batch"] == pytest.approx(0.2)
+
+
+def test_replica_seconds_integrate_the_pods_that_exist() -> None:
+    samples = [pool_at(0.0, 1), pool_at(10.0, 1, pods=3), pool_at(20.0, 2, pods=2)]
+    assert replica_seconds(samples, 30.0) == pytest.approx(10 + 30 + 20)
+    assert replica_seconds(samples, 15.0) == pytest.approx(10 + 15)
+    assert replica_seconds([], 30.0) == 0.0
+
+
+def test_slo_windows_need_the_ttft_the_attainment_and_no_failure() -> None:
+    good = [sent(t, "quiet", 0.1, 1.1, 21) for t in (1, 2, 3)]  # window 0: met
+    slow = [sent(t, "quiet", 3.0, 4.0, 21) for t in (11, 12)]  # window 1: TTFT misses
+    crawl = [sent(t, "quiet", 0.1, 20.1, 21) for t in (21, 22)]  # window 2: 1 tok/s < T
+    broken = [sent(31, "quiet", 0.1, 1.1, 21), sent(32, "quiet", 0, 1, 0, ok=False)]
+    assert slo_windows(good + slow + crawl + broken, 10.0, 1.5, 0.8, 10.0) == (1, 4)
+
+
+def test_the_cost_summary_compares_replica_seconds() -> None:
+    runs = {
+        demo.GENPOOL: ([], [pool_at(0.0, 1), pool_at(50.0, 2)]),
+        demo.REPLICAS_ONLY: ([], [pool_at(0.0, 2)]),
+    }
+    cost = demo.cost_summary(runs, 100.0)
+    assert cost["pools"][demo.GENPOOL]["replica_seconds"] == 150.0
+    assert cost["pools"][demo.REPLICAS_ONLY]["replica_seconds"] == 200.0
+    assert cost["ratio"] == 0.75
+    assert "0.750" in demo.format_cost(cost) and "+25.0%" in demo.format_cost(cost)
 
 
 def test_format_table_puts_pools_side_by_side_per_phase() -> None:
@@ -109,17 +176,29 @@ def test_format_events_keeps_decisions_in_time_order() -> None:
 
 
 def test_demo_pools_are_valid_genpools_that_differ_only_where_meant() -> None:
-    specs = demo.pool_specs()
-    auto, static = (GenPoolSpec.model_validate(specs[n]) for n in (demo.AUTO, demo.STATIC))
-    assert auto.autoscaling.enabled and auto.autoscaling.max_replicas == 3
-    assert auto.slo is not None and auto.slo.ttft_p90_seconds == demo.SLO_TTFT_S
-    assert not static.autoscaling.enabled and static.preemption.mode == "Off"
-    assert auto.engine == static.engine and auto.model == static.model
+    specs = demo.pool_specs({demo.REPLICAS_ONLY: 0.6})
+    ours, theirs = (GenPoolSpec.model_validate(specs[n]) for n in demo.POOLS)
+    assert ours.slo == theirs.slo and ours.slo is not None
+    assert ours.slo.ttft_p90_seconds == demo.SLO_TTFT_S
+    assert ours.preemption.mode == "TargetOutputTps" and theirs.preemption.mode == "Off"
+    assert ours.autoscaling.enabled and ours.autoscaling.max_replicas == 3
+    assert theirs.autoscaling.target_utilization == 0.6
+    assert ours.autoscaling.target_utilization == demo.TARGET_UTILIZATION[demo.GENPOOL]
+    same = {"target_utilization"}
+    assert ours.autoscaling.model_dump(exclude=same) == theirs.autoscaling.model_dump(exclude=same)
+    assert ours.engine == theirs.engine and ours.model == theirs.model
+    assert ours.tuning == theirs.tuning
+
+
+@pytest.mark.parametrize("bad", ["genpool", "nope=0.5", "genpool=0", "genpool=1.5", "genpool=x"])
+def test_a_bad_target_utilization_flag_is_refused(bad: str) -> None:
+    with pytest.raises(SystemExit):
+        demo._parse_args(["--target-utilization", bad])
 
 
 def test_write_plot_writes_a_png(tmp_path: Path) -> None:
     series = {"auto": [(5.0, 0.4), (15.0, 3.0)], "static": [(5.0, 0.5), (15.0, 20.0)]}
-    replicas = {"auto": [(0.0, 1), (10.0, 3)], "static": [(0.0, 1), (10.0, 1)]}
+    replicas = {"auto": [pool_at(0.0, 1), pool_at(10.0, 3, paused=2)], "static": [pool_at(0, 1)]}
     path = write_plot(
         series, replicas, phase_bounds(PHASES), {"burst"}, 1.5, tmp_path / "d" / "p.png"
     )
