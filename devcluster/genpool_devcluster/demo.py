@@ -215,13 +215,16 @@ async def _sample(picker: PodPicker, started: float, stop: asyncio.Event) -> lis
 
 
 def run_phased_load(
-    kubeconfig: Path, plan: list[PlannedRequest], pools: tuple[str, ...] = POOLS
+    kubeconfig: Path,
+    plan: list[PlannedRequest],
+    pools: tuple[str, ...] = POOLS,
+    namespace: str = NAMESPACE,
 ) -> dict[str, PoolRun]:
     """The same plan against every pool at once; each pool sampled every second."""
 
     async def main() -> dict[str, PoolRun]:
         kube = Kube(load_config(str(kubeconfig)))
-        pickers = {name: PodPicker(kube, NAMESPACE, name) for name in pools}
+        pickers = {name: PodPicker(kube, namespace, name) for name in pools}
         for picker in pickers.values():
             await picker.refresh()
         started, stop = time.monotonic() + 1.0, asyncio.Event()

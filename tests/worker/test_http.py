@@ -59,8 +59,9 @@ def test_concurrent_streaming_completions(worker_factory: Factory) -> None:
         assert events[-1]["usage"]["completion_tokens"] == 10 + i  # type: ignore[index]
 
 
-def keyed_body(max_tokens: int) -> dict[str, object]:
-    return {"prompt": "x", "max_tokens": max_tokens, "genpool": {"arrival_time": time.time()}}
+def plain_body(max_tokens: int) -> dict[str, object]:
+    """What a client sends: no timing field; the worker keys it with its receipt time."""
+    return {"prompt": "x", "max_tokens": max_tokens}
 
 
 def test_pause_and_resume_visible_in_stats_under_overload(worker_factory: Factory) -> None:
@@ -71,13 +72,13 @@ def test_pause_and_resume_visible_in_stats_under_overload(worker_factory: Factor
 
     async def load() -> list[httpx.Response]:
         async with worker.async_client() as client:
-            # Warm-up: 32 keyed admissions initialise the adaptive target X.
-            await asyncio.gather(*(client.post("/v1/completions", json=keyed_body(2))
+            # Warm-up: 32 admissions (keyed at receipt) initialise the adaptive target X.
+            await asyncio.gather(*(client.post("/v1/completions", json=plain_body(2))
                                    for _ in range(32)))  # fmt: skip
-            long = [asyncio.create_task(client.post("/v1/completions", json=keyed_body(150)))
+            long = [asyncio.create_task(client.post("/v1/completions", json=plain_body(150)))
                     for _ in range(2)]  # fmt: skip
             await asyncio.sleep(0.5)
-            short = [client.post("/v1/completions", json=keyed_body(20)) for _ in range(6)]
+            short = [client.post("/v1/completions", json=plain_body(20)) for _ in range(6)]
             return list(await asyncio.gather(*long, *short))
 
     replies = asyncio.run(load())

@@ -34,8 +34,7 @@ def test_smollm2_answers_paris_and_pausing_keeps_every_answer(worker_factory: Fa
 
             async def one(prompt: str, delay: float, max_tokens: int = 16) -> str:
                 await asyncio.sleep(delay)
-                body = {"prompt": prompt, "max_tokens": max_tokens,
-                        "genpool": {"arrival_time": time.time()}}  # fmt: skip
+                body = {"prompt": prompt, "max_tokens": max_tokens}  # keyed at receipt
                 reply = await client.post("/v1/completions", json=body)
                 assert reply.status_code == 200, reply.text
                 return str(reply.json()["choices"][0]["text"])
