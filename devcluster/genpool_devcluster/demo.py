@@ -47,11 +47,13 @@ from genpool_devcluster.demo_load import (
 from genpool_devcluster.demo_plot import write_plot
 from genpool_devcluster.demo_report import (
     PoolSample,
+    attainment,
     format_events,
     format_table,
     phase_rows,
     replica_seconds,
     slo_windows,
+    ttft_p90,
     ttft_p90_series,
 )
 from genpool_devcluster.loadgen import PodPicker, run_closed_loop
@@ -331,8 +333,16 @@ def cost_summary(runs: dict[str, PoolRun], end_s: float) -> dict[str, Any]:
     pools: dict[str, Any] = {}
     for name, (sent, samples) in runs.items():
         met, total = slo_windows(sent, SLO_WINDOW_S, SLO_TTFT_S, SLO_ATTAINMENT, TARGET_TPS)
+        p90, attained = ttft_p90(sent), attainment(sent, TARGET_TPS)
         pools[name] = {
             "replica_seconds": round(replica_seconds(samples, end_s), 1),
+            "ttft_p90_s": None if p90 is None else round(p90, 4),
+            "attainment": None if attained is None else round(attained, 4),
+            "slo_met": p90 is not None
+            and p90 <= SLO_TTFT_S
+            and attained is not None
+            and attained >= SLO_ATTAINMENT
+            and all(s.result.ok for s in sent),
             "slo_windows_met": met,
             "slo_windows": total,
         }
@@ -346,12 +356,19 @@ def format_cost(cost: dict[str, Any]) -> str:
              f">= {SLO_ATTAINMENT:.0%} at their floor, none failed):"]  # fmt: skip
     for name, pool in cost["pools"].items():
         share = pool["slo_windows_met"] / pool["slo_windows"] if pool["slo_windows"] else 0.0
-        lines.append(f"  {name:14} {pool['replica_seconds']:8.1f} replica-s   SLO windows met "
+        verdict = "met" if pool["slo_met"] else "MISSED"
+        lines.append(f"  {name:14} {pool['replica_seconds']:8.1f} replica-s   SLO over the whole "
+                     f"load {verdict} (p90 TTFT {_num(pool['ttft_p90_s'])} s, attainment "
+                     f"{_num(pool['attainment'])})   SLO windows met "
                      f"{pool['slo_windows_met']}/{pool['slo_windows']} ({share:.0%})")  # fmt: skip
     if cost["ratio"] is not None:
         lines.append(f"  ratio {GENPOOL} / {REPLICAS_ONLY}: {cost['ratio']:.3f} "
                      f"({1 - cost['ratio']:+.1%} replica-seconds saved by pausing)")  # fmt: skip
     return "\n".join(lines)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _report(tools: Tools, runs: dict[str, PoolRun], out: Path, specs: dict[str, Any]) -> int:

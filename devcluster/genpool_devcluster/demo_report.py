@@ -64,7 +64,7 @@ def attainment(sent: Sequence[SentRequest], pool_tps: float) -> float | None:
     return sum(rate >= floor for rate, floor in rates) / len(rates) if rates else None
 
 
-def _ttft_p90(sent: Sequence[SentRequest]) -> float | None:
+def ttft_p90(sent: Sequence[SentRequest]) -> float | None:
     ttfts = [s.result.ttft_s for s in sent if s.result.ok and s.result.ttft_s is not None]
     return percentile(ttfts, 90) if ttfts else None
 
@@ -113,7 +113,7 @@ def phase_row(
     }
     for klass in CLASSES:
         mine = [s for s in sent if s.planned.klass == klass.name]
-        row[f"ttft_p90_s_{klass.name}"] = _ttft_p90(mine)
+        row[f"ttft_p90_s_{klass.name}"] = ttft_p90(mine)
         row[f"attainment_{klass.name}"] = attainment(mine, target_tps)
     return row
 
@@ -169,7 +169,7 @@ def _bins(sent: Sequence[SentRequest], bin_s: float) -> dict[int, list[SentReque
 def ttft_p90_series(sent: Sequence[SentRequest], bin_s: float) -> list[tuple[float, float]]:
     """(bin middle, p90 TTFT) over the requests sent in each ``bin_s`` window."""
     return [((i + 0.5) * bin_s, p90) for i, b in _bins(sent, bin_s).items()
-            if (p90 := _ttft_p90(b)) is not None]  # fmt: skip
+            if (p90 := ttft_p90(b)) is not None]  # fmt: skip
 
 
 def slo_windows(
@@ -181,7 +181,7 @@ def slo_windows(
     met = total = 0
     for window in _bins(sent, bin_s).values():
         total += 1
-        p90, attained = _ttft_p90(window), attainment(window, pool_tps)
+        p90, attained = ttft_p90(window), attainment(window, pool_tps)
         met += bool(
             all(s.result.ok for s in window)
             and p90 is not None

@@ -17,6 +17,10 @@ request to ``/v1/*`` it opens one ``ExternalProcessor.Process`` stream and
    chunks and an empty one with ``end_of_stream``) and passes on what the EPP sends back:
    chunk by chunk for SSE, the whole body at its end otherwise. That is how the EPP
    finishes its accounting of the request (usage, latency metrics, running requests).
+
+The ext_proc channel is plaintext: start the EPP with ``--secure-serving=false`` (its
+default self-signed certificate names no host, so only a client that skips verification,
+as GIE's Envoy set-ups do, could use it).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from tests.integration.endpoint_picker import free_port
 
 ARRIVAL_HEADER = "x-genpool-arrival-time"  # worker/genpool_worker/arrival_key.py
 DESTINATION = ("envoy.lb", "x-gateway-destination-endpoint")  # GIE's pkg/epp/metadata
+LEFT_GRACE_S = 5.0  # a reply whose client left gets this long to end, then it is cut off
 NOT_FORWARDED = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
 
 
@@ -85,6 +90,7 @@ class EppGateway:
     def __init__(self, epp_address: str) -> None:
         self.epp_address = epp_address
         self.routed: Counter[str] = Counter()
+        self.tasks: set[asyncio.Task[None]] = set()
         self.app = Starlette(
             routes=[Route("/v1/{rest:path}", self.handle, methods=["GET", "POST"])],
             lifespan=self._lifespan,
@@ -97,6 +103,8 @@ class EppGateway:
             async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=10)) as http:
                 self.http = http
                 yield
+                if self.tasks:  # replies whose clients left, still ending through the EPP
+                    await asyncio.wait(self.tasks, timeout=LEFT_GRACE_S)
 
     async def handle(self, request: Request) -> Response:
         arrival = time.time()
@@ -189,20 +197,21 @@ class EppGateway:
         answer = await self._read(call, "response_headers")
         headers = _forwardable(_apply(dict(raw), answer.response_headers.response))
 
+        pieces: asyncio.Queue[bytes | None] = asyncio.Queue()
+
         async def send_body() -> None:
             async for chunk in upstream.aiter_raw():
                 await call.write(ep.ProcessingRequest(response_body=ep.HttpBody(body=chunk)))
             await call.write(ep.ProcessingRequest(response_body=ep.HttpBody(end_of_stream=True)))
 
-        async def body() -> AsyncIterator[bytes]:
+        async def pump() -> None:
             # Full duplex, as Envoy: the EPP answers each SSE chunk, a JSON body at its end.
             sender = asyncio.create_task(send_body())
             try:
                 while True:
                     answer = await self._read(call, "response_body")
                     streamed = answer.response_body.response.body_mutation.streamed_response
-                    if streamed.body:
-                        yield streamed.body
+                    pieces.put_nowait(streamed.body)
                     if streamed.end_of_stream:
                         break
                 await sender
@@ -210,6 +219,21 @@ class EppGateway:
             finally:
                 sender.cancel()
                 await upstream.aclose()
+                pieces.put_nowait(None)
+
+        # A task of its own: an SDK closes its stream at `data: [DONE]`, before the EPP has
+        # had the reply's end_of_stream, and the EPP records a stream's end only then.
+        task = asyncio.create_task(pump())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                while (piece := await pieces.get()) is not None:
+                    yield piece
+                await task  # its error, if any, cuts the reply short
+            finally:  # the client left: the reply has a grace to end, then it is cut off
+                asyncio.get_running_loop().call_later(LEFT_GRACE_S, task.cancel)
 
         return StreamingResponse(body(), upstream.status_code, headers)
 
