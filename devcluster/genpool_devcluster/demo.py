@@ -69,6 +69,7 @@ SLO_WINDOW_S = 10.0  # the summary's SLO windows: 10 s of arrivals each
 # Each pool's scaler ceiling (spec.autoscaling.targetUtilization), from the sweep in
 # docs/demo.md; None: the operator's default (0.95 with pausing, 0.85 without).
 TARGET_UTILIZATION: dict[str, float | None] = {GENPOOL: None, REPLICAS_ONLY: None}
+MIN_REPLICAS, MAX_REPLICAS = 1, 3  # both pools' autoscaling bounds
 # The burst is two phases, so the table shows the pool before and after it scaled up.
 PHASES = (
     Phase("quiet", 45, 1.0),
@@ -111,15 +112,15 @@ def run_load(
 
 
 def pool_specs(
-    utilization: dict[str, float | None] | None = None,
+    utilization: dict[str, float | None] | None = None, min_replicas: int = MIN_REPLICAS
 ) -> dict[str, dict[str, Any]]:
     """The two pools: the same SLO, bounds and engine; they differ in preemption (and so
     in the tuner, which has no knobs without it) and in the scaler's ceiling."""
     ceilings = TARGET_UTILIZATION | (utilization or {})
     autoscaling = {
         "enabled": True,
-        "minReplicas": 1,
-        "maxReplicas": 3,
+        "minReplicas": min_replicas,
+        "maxReplicas": MAX_REPLICAS,
         "scaleUpStabilizationSeconds": 0,
         "scaleDownStabilizationSeconds": 90,  # longer than the burst after the scale-up
         "maxStep": 2,
@@ -263,6 +264,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"a pool's spec.autoscaling.targetUtilization, 0 < U <= 1 (pools: "
         f"{', '.join(POOLS)}; default: {TARGET_UTILIZATION}, None = the operator's); repeatable",
     )
+    parser.add_argument(
+        "--min-replicas",
+        type=int,
+        choices=range(1, MAX_REPLICAS + 1),
+        default=MIN_REPLICAS,
+        help=f"both pools' spec.autoscaling.minReplicas (default: %(default)s; max {MAX_REPLICAS})",
+    )
     return parser.parse_args(argv)
 
 
@@ -296,7 +304,7 @@ def _install_operator(tools: Tools) -> None:
 
 
 def _apply_pools(tools: Tools, specs: dict[str, dict[str, Any]]) -> None:
-    """Create the namespace and the GenPools (1 replica each); wait for their workers."""
+    """Create the namespace and the GenPools (minReplicas each); wait for their workers."""
     tools.run("kubectl", "apply", "-f", "-", stdin=yaml.safe_dump(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))  # fmt: skip
     for name, spec in specs.items():
@@ -304,7 +312,7 @@ def _apply_pools(tools: Tools, specs: dict[str, dict[str, Any]]) -> None:
                     "metadata": {"name": name}, "spec": spec}  # fmt: skip
         tools.run("kubectl", "apply", "-n", NAMESPACE, "-f", "-", stdin=yaml.safe_dump(manifest))
     for name in specs:
-        wait(functools.partial(pool_ready, tools, name), f"pool {name}: 1 ready worker", 300)
+        wait(functools.partial(pool_ready, tools, name), f"pool {name}: its workers ready", 300)
 
 
 def _print_decisions(tools: Tools, name: str) -> None:
@@ -407,7 +415,7 @@ def _report(tools: Tools, runs: dict[str, PoolRun], out: Path, specs: dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    specs = pool_specs(dict(args.target_utilization))
+    specs = pool_specs(dict(args.target_utilization), args.min_replicas)
     started = time.monotonic()
     print("[1/5] control plane (first run builds it from Go modules)", flush=True)
     build.ensure_binaries()
@@ -417,7 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     print("[2/5] helm install the chart (operator pod under the pod runner)", flush=True)
     _install_operator(tools)
     print(f"[3/5] GenPools {GENPOOL} (TargetOutputTps, tuner, scaler) and {REPLICAS_ONLY} "
-          "(preemption Off, same scaler), same SLO, autoscaling 1..3, synthetic workers",
+          f"(preemption Off, same scaler), same SLO, autoscaling "
+          f"{args.min_replicas}..{MAX_REPLICAS}, synthetic workers",
           flush=True)  # fmt: skip
     _apply_pools(tools, specs)
     print("[4/5] load: " + ", ".join(f"{p.name} {p.duration_s:g} s at {p.rate_per_s:g}/s"
