@@ -136,6 +136,7 @@ def pool_specs(
         ceiling = ceilings.get(name)
         scaler = autoscaling if ceiling is None else autoscaling | {"targetUtilization": ceiling}
         specs[name] = BASE_SPEC | {
+            "replicas": min_replicas,  # where the scaler would start it anyway
             "preemption": preemption[name],
             "slo": {"ttftP90Seconds": SLO_TTFT_S, "attainment": SLO_ATTAINMENT},
             "autoscaling": scaler,
