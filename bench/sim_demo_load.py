@@ -1,6 +1,7 @@
 """The demo's load in the simulator: which setting meets the SLO, and what it costs.
 
     python -m bench.sim_demo_load [--seeds 8]     # writes bench/results/sim/demo_load.json
+    python -m bench.sim_demo_load --slo-ttft-p90 0.3   # ... demo_load_slo0.3.json
 
 ``make demo`` runs each pool at the setting this sweep picks (docs/demo.md): for
 ``replicas-only`` and ``genpool`` over ``minReplicas`` x the scaler's utilisation ceiling,
@@ -53,14 +54,14 @@ def _classes() -> str:
 
 
 def run_point(
-    trace: Path, min_replicas: int, ceiling: float, seeds: int, out: Path
+    trace: Path, min_replicas: int, ceiling: float, seeds: int, out: Path, slo_ttft_s: float
 ) -> dict[str, Any]:
     phases = ",".join(f"{p.duration_s:g}:{p.rate_per_s:g}" for p in demo.PHASES)
     argv = ["sim", "--autoscale", "--policies", ",".join(POLICIES), "--trace", str(trace),
             "--rate-phases", phases, "--classes", _classes(),
             "--max-batch", str(demo.BASE_SPEC["engine"]["maxBatchSize"]),
             "--target-output-tps", f"{demo.TARGET_TPS:g}",
-            "--slo-ttft-p90", f"{demo.SLO_TTFT_S:g}",
+            "--slo-ttft-p90", f"{slo_ttft_s:g}",
             "--slo-attainment", f"{demo.SLO_ATTAINMENT:g}",
             "--min-replicas", str(min_replicas), "--max-replicas", str(demo.MAX_REPLICAS),
             "--startup-delay", f"{STARTUP_DELAY_S:g}",
@@ -74,7 +75,9 @@ def run_point(
     return run
 
 
-def row(policy: str, min_replicas: int, ceiling: float, run: dict[str, Any]) -> dict[str, Any]:
+def row(
+    policy: str, min_replicas: int, ceiling: float, run: dict[str, Any], slo_ttft_s: float
+) -> dict[str, Any]:
     mine = run["summary"][policy]
     per_seed = {r["seed"]: r["metrics"]["replica_seconds"] for r in run["per_seed"]
                 if r["policy"] == policy}  # fmt: skip
@@ -83,7 +86,7 @@ def row(policy: str, min_replicas: int, ceiling: float, run: dict[str, Any]) -> 
         "policy": policy, "min_replicas": min_replicas, "ceiling": ceiling,
         "replica_seconds": mine["replica_seconds"], "ttft_p90_s": mine["ttft_p90"],
         "attainment": 1.0 - below, "slo_windows_met": mine["slo_windows_met"],
-        "meets_slo": p90 <= demo.SLO_TTFT_S and 1.0 - below >= demo.SLO_ATTAINMENT,
+        "meets_slo": p90 <= slo_ttft_s and 1.0 - below >= demo.SLO_ATTAINMENT,
         "replica_seconds_per_seed": per_seed,
     }  # fmt: skip
 
@@ -115,14 +118,22 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sim_demo_load", description=__doc__)
     parser.add_argument("--seeds", type=int, default=8, help="seeds per point (default: 8)")
+    parser.add_argument(
+        "--slo-ttft-p90", type=float, default=demo.SLO_TTFT_S, help="the SLO's p90 TTFT, s"
+    )
     args = parser.parse_args(argv)
+    if not (args.seeds >= 1 and 0 < args.slo_ttft_p90 <= 3600):
+        parser.error("need --seeds >= 1 and 0 < --slo-ttft-p90 <= 3600")
+    slo = args.slo_ttft_p90
+    out_path = OUT if slo == demo.SLO_TTFT_S else OUT.with_name(f"demo_load_slo{slo:g}.json")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         trace = write_trace(Path(tmp) / "demo_lengths.csv")
         for min_replicas in MIN_REPLICAS:
             for ceiling in CEILINGS:
-                run = run_point(trace, min_replicas, ceiling, args.seeds, Path(tmp) / "r.json")
-                rows += [row(p, min_replicas, ceiling, run) for p in POLICIES]
+                out = Path(tmp) / "r.json"
+                run = run_point(trace, min_replicas, ceiling, args.seeds, out, slo)
+                rows += [row(p, min_replicas, ceiling, run, slo) for p in POLICIES]
     chosen = {policy: cheapest_meeting(rows, policy) for policy in POLICIES}
     ours, theirs = chosen[demo.GENPOOL], chosen[demo.REPLICAS_ONLY]
     saving = None if ours is None or theirs is None else paired_saving(ours, theirs)
@@ -132,13 +143,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{policy}: no setting meets the SLO")
         else:
             print(f"{policy}: minReplicas {pick['min_replicas']}, ceiling {pick['ceiling']:g}")
-    OUT.parent.mkdir(parents=True, exist_ok=True)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
     if saving is not None:
         print(f"genpool's saving at the picks, paired per seed: {saving['mean']:.1%} "
               f"±{saving['ci95']:.1%}")  # fmt: skip
-    document = {"seeds": args.seeds, "rows": rows, "chosen": chosen, "saving": saving}
-    OUT.write_text(json.dumps(document, indent=1))
-    print(f"wrote {OUT}")
+    document = {"seeds": args.seeds, "slo_ttft_p90_s": slo, "rows": rows, "chosen": chosen,
+                "saving": saving}  # fmt: skip
+    out_path.write_text(json.dumps(document, indent=1))
+    print(f"wrote {out_path}")
     return 0
 
 

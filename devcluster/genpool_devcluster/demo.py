@@ -114,7 +114,9 @@ def run_load(
 
 
 def pool_specs(
-    utilization: dict[str, float | None] | None = None, min_replicas: int = MIN_REPLICAS
+    utilization: dict[str, float | None] | None = None,
+    min_replicas: int = MIN_REPLICAS,
+    slo_ttft_s: float = SLO_TTFT_S,
 ) -> dict[str, dict[str, Any]]:
     """The two pools: the same SLO, bounds and engine; they differ in preemption (and so
     in the tuner, which has no knobs without it) and in the scaler's ceiling."""
@@ -138,7 +140,7 @@ def pool_specs(
         specs[name] = BASE_SPEC | {
             "replicas": min_replicas,  # where the scaler would start it anyway
             "preemption": preemption[name],
-            "slo": {"ttftP90Seconds": SLO_TTFT_S, "attainment": SLO_ATTAINMENT},
+            "slo": {"ttftP90Seconds": slo_ttft_s, "attainment": SLO_ATTAINMENT},
             "autoscaling": scaler,
         }
     return specs
@@ -274,7 +276,24 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=MIN_REPLICAS,
         help=f"both pools' spec.autoscaling.minReplicas (default: %(default)s; max {MAX_REPLICAS})",
     )
+    parser.add_argument(
+        "--slo-ttft-p90",
+        type=_seconds,
+        default=SLO_TTFT_S,
+        metavar="S",
+        help="both pools' spec.slo.ttftP90Seconds (default: %(default)s)",
+    )
     return parser.parse_args(argv)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= 3600:  # the CRD's bounds of slo.ttftP90Seconds
+        raise argparse.ArgumentTypeError(f"{text!r}: must be in (0, 3600] seconds")
+    return value
 
 
 def _ceiling(text: str) -> tuple[str, float]:
@@ -339,18 +358,20 @@ def _print_decisions(tools: Tools, name: str) -> None:
           f"SLOMet={slo_met.get('status')} {slo_met.get('reason', '')}")  # fmt: skip
 
 
-def cost_summary(runs: dict[str, PoolRun], end_s: float) -> dict[str, Any]:
+def cost_summary(
+    runs: dict[str, PoolRun], end_s: float, slo_ttft_s: float = SLO_TTFT_S
+) -> dict[str, Any]:
     """Each pool's replica-seconds and SLO windows met, and the ratio of replica-seconds."""
     pools: dict[str, Any] = {}
     for name, (sent, samples) in runs.items():
-        met, total = slo_windows(sent, SLO_WINDOW_S, SLO_TTFT_S, SLO_ATTAINMENT, TARGET_TPS)
+        met, total = slo_windows(sent, SLO_WINDOW_S, slo_ttft_s, SLO_ATTAINMENT, TARGET_TPS)
         p90, attained = ttft_p90(sent), attainment(sent, TARGET_TPS)
         pools[name] = {
             "replica_seconds": round(replica_seconds(samples, end_s), 1),
             "ttft_p90_s": None if p90 is None else round(p90, 4),
             "attainment": None if attained is None else round(attained, 4),
             "slo_met": p90 is not None
-            and p90 <= SLO_TTFT_S
+            and p90 <= slo_ttft_s
             and attained is not None
             and attained >= SLO_ATTAINMENT
             and all(s.result.ok for s in sent),
@@ -358,12 +379,14 @@ def cost_summary(runs: dict[str, PoolRun], end_s: float) -> dict[str, Any]:
             "slo_windows": total,
         }
     ours, theirs = (pools[n]["replica_seconds"] for n in POOLS) if len(pools) > 1 else (0, 0)
-    return {"pools": pools, "ratio": round(ours / theirs, 3) if theirs else None}
+    ratio = round(ours / theirs, 3) if theirs else None
+    return {"pools": pools, "ratio": ratio, "slo_ttft_p90_s": slo_ttft_s}
 
 
 def format_cost(cost: dict[str, Any]) -> str:
     lines = [f"Replica-seconds over the load (worker pods ready, starting or draining) and SLO "
-             f"windows met ({SLO_WINDOW_S:g} s of arrivals: p90 TTFT <= {SLO_TTFT_S:g} s, "
+             f"windows met ({SLO_WINDOW_S:g} s of arrivals: p90 TTFT <= "
+             f"{cost['slo_ttft_p90_s']:g} s, "
              f">= {SLO_ATTAINMENT:.0%} at their floor, none failed):"]  # fmt: skip
     for name, pool in cost["pools"].items():
         share = pool["slo_windows_met"] / pool["slo_windows"] if pool["slo_windows"] else 0.0
@@ -385,6 +408,7 @@ def _num(value: float | None) -> str:
 def _report(tools: Tools, runs: dict[str, PoolRun], out: Path, specs: dict[str, Any]) -> int:
     """Print the per-phase table, the cost and the decisions, write the plot; failed count."""
     bounds = phase_bounds(PHASES)
+    slo_ttft_s = float(specs[GENPOOL]["slo"]["ttftP90Seconds"])
     rows = {name: phase_rows(sent, bounds, TARGET_TPS, samples)
             for name, (sent, samples) in runs.items()}  # fmt: skip
     classes = ", ".join(
@@ -392,11 +416,11 @@ def _report(tools: Tools, runs: dict[str, PoolRun], out: Path, specs: dict[str, 
         for c in CLASSES
     )
     print(f"Per phase, same open-loop load on both pools (T = {TARGET_TPS:g} tok/s, SLO p90 TTFT "
-          f"<= {SLO_TTFT_S:g} s, {SLO_ATTAINMENT:.0%} attainment; synthetic workers);\n"
+          f"<= {slo_ttft_s:g} s, {SLO_ATTAINMENT:.0%} attainment; synthetic workers);\n"
           f"classes: {classes}:")  # fmt: skip
     print(format_table(rows, [name for name, _, _ in bounds]))
     print()
-    cost = cost_summary(runs, bounds[-1][2])
+    cost = cost_summary(runs, bounds[-1][2], slo_ttft_s)
     print(format_cost(cost))
     for name in runs:
         ceiling = specs[name]["autoscaling"].get("targetUtilization", "operator default")
@@ -409,7 +433,7 @@ def _report(tools: Tools, runs: dict[str, PoolRun], out: Path, specs: dict[str, 
     series = {name: ttft_p90_series(sent, SLO_WINDOW_S) for name, (sent, _) in runs.items()}
     samples = {name: seen for name, (_, seen) in runs.items()}
     busy = {p.name for p in PHASES if p.rate_per_s > PHASES[0].rate_per_s}
-    plot = write_plot(series, samples, bounds, busy, SLO_TTFT_S, out / "genpool-demo.png")
+    plot = write_plot(series, samples, bounds, busy, slo_ttft_s, out / "genpool-demo.png")
     summary = {"phases": rows, "cost": cost, "specs": specs}
     (out / "genpool-demo.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"plot: {plot}\nsummary: {out / 'genpool-demo.json'}")
@@ -418,7 +442,7 @@ def _report(tools: Tools, runs: dict[str, PoolRun], out: Path, specs: dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    specs = pool_specs(dict(args.target_utilization), args.min_replicas)
+    specs = pool_specs(dict(args.target_utilization), args.min_replicas, args.slo_ttft_p90)
     started = time.monotonic()
     print("[1/5] control plane (first run builds it from Go modules)", flush=True)
     build.ensure_binaries()

@@ -196,6 +196,22 @@ def test_a_bad_target_utilization_flag_is_refused(bad: str) -> None:
         demo._parse_args(["--target-utilization", bad])
 
 
+@pytest.mark.parametrize("bad", ["0", "-1", "x", "4000", "nan"])
+def test_a_bad_slo_flag_is_refused(bad: str) -> None:
+    with pytest.raises(SystemExit):
+        demo._parse_args(["--slo-ttft-p90", bad])
+
+
+def test_the_flags_reach_both_pools_alike() -> None:
+    args = demo._parse_args(["--slo-ttft-p90", "0.3", "--min-replicas", "1",
+                             "--target-utilization", "replicas-only=0.6"])  # fmt: skip
+    specs = demo.pool_specs(dict(args.target_utilization), args.min_replicas, args.slo_ttft_p90)
+    for spec in specs.values():
+        assert spec["slo"]["ttftP90Seconds"] == 0.3 and spec["autoscaling"]["minReplicas"] == 1
+    assert specs[demo.REPLICAS_ONLY]["autoscaling"]["targetUtilization"] == 0.6
+    assert specs[demo.GENPOOL]["autoscaling"]["targetUtilization"] == 0.95
+
+
 def test_write_plot_writes_a_png(tmp_path: Path) -> None:
     series = {"auto": [(5.0, 0.4), (15.0, 3.0)], "static": [(5.0, 0.5), (15.0, 20.0)]}
     replicas = {"auto": [pool_at(0.0, 1), pool_at(10.0, 3, paused=2)], "static": [pool_at(0, 1)]}
