@@ -11,26 +11,42 @@ operator-built pool reporting its measured TTFT from that traffic.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from kubernetes import client
 
 from genpool_core.names import WORKER_PORT
 from genpool_devcluster import demo
 from genpool_devcluster.demo_load import Phase, plan_arrivals
-from tests.conftest import DevCluster
+from tests.conftest import DevCluster, Kubectl
 from tests.integration.operator_harness import (
     OperatorProcess,
     create_pool,
     genpool,
     get_pool,
+    install_genpool_crd,
     ready_pods,
 )
 from tests.polling import wait_for
 
 # One synthetic replica serves about 4 req/s of the demo's mix: the burst overloads it.
 PHASES = (Phase("quiet", 10, 2.0), Phase("burst", 20, 8.0), Phase("after", 10, 1.0))
+
+
+@pytest.fixture
+def operator(
+    cluster: DevCluster, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator in its own process, watching the test's namespace."""
+    install_genpool_crd(kubectl)
+    proc = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log").start()
+    yield proc
+    proc.stop()
+    print(proc.log_tail())
 
 
 def _spec(spec: dict[str, Any]) -> dict[str, Any]:
@@ -83,6 +99,7 @@ def test_the_demo_pools_under_the_demo_load(
     assert cost["ratio"] is not None and cost["ratio"] > 0
     paused = {name: max(x.paused for x in samples) for name, (_, samples) in runs.items()}
     pauses = {name: _pauses_total(kube_api, namespace, name) for name in demo.POOLS}
+    print("demo pools under a short burst:", cost, "paused max:", paused, "pauses:", pauses)
     assert paused[demo.REPLICAS_ONLY] == 0 and pauses[demo.REPLICAS_ONLY] == 0, (paused, pauses)
     assert pauses[demo.GENPOOL] > 0, (paused, pauses)  # the burst put requests at risk
     # Operator-built pools key the demo's requests (no private field) and report their TTFT.
