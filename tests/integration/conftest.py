@@ -11,6 +11,12 @@ import pytest
 from kubernetes import client
 
 from tests.conftest import DevCluster, Kubectl
+from tests.integration.inference_pool_harness import (
+    install_inference_objective_crd,
+    install_inference_pool_crd,
+    remove_inference_objective_crd,
+    remove_inference_pool_crd,
+)
 from tests.integration.operator_harness import OperatorProcess, install_genpool_crd
 from tests.polling import wait_for
 
@@ -44,3 +50,13 @@ def ns(core: client.CoreV1Api, namespace: str) -> str:
         "the default ServiceAccount",
     )
     return namespace
+
+
+@pytest.fixture
+def gie_crds(kubectl: Kubectl, kube_api: client.ApiClient) -> Iterator[None]:
+    """GIE's InferencePool and InferenceObjective CRDs (the picker needs both served)."""
+    install_inference_pool_crd(kubectl)
+    install_inference_objective_crd(kubectl)
+    yield
+    remove_inference_objective_crd(kubectl)
+    remove_inference_pool_crd(kubectl, kube_api)

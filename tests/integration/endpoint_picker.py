@@ -18,6 +18,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 GIE_MODULE = "sigs.k8s.io/gateway-api-inference-extension"
@@ -90,16 +92,30 @@ def free_port() -> int:
 class EndpointPicker:
     """One ``epp`` for one InferencePool, with its own log and free ports."""
 
-    def __init__(self, binary: Path, kubeconfig: Path, namespace: str, pool: str, log: Path):
+    def __init__(
+        self,
+        binary: Path,
+        kubeconfig: Path,
+        namespace: str,
+        pool: str,
+        log: Path,
+        *,
+        plaintext: bool = False,
+    ) -> None:
         self.argv = [str(binary), "--pool-name", pool, "--pool-namespace", namespace]
+        if plaintext:
+            # ext_proc without TLS: v1.2.0 otherwise serves a self-signed certificate that
+            # names no host, which gRPC clients other than Envoy (verification off) reject.
+            self.argv.append("--secure-serving=false")
         self.kubeconfig = kubeconfig
         self.log_path = log
+        self.grpc_port = free_port()  # ext_proc, where a gateway asks for an endpoint
         self.metrics_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> EndpointPicker:
         flags = [
-            "--grpc-port", str(free_port()),
+            "--grpc-port", str(self.grpc_port),
             "--grpc-health-port", str(free_port()),
             "--metrics-port", str(self.metrics_port),
             "--config-text", DEFAULT_PLUGINS,
@@ -133,3 +149,16 @@ class EndpointPicker:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@contextmanager
+def endpoint_picker(
+    kubeconfig: Path, namespace: str, pool: str, log: Path, *, plaintext: bool = False
+) -> Iterator[EndpointPicker]:
+    """An (unstarted) picker for ``pool``; stopped afterwards, its log's tail printed."""
+    epp = EndpointPicker(epp_binary(), kubeconfig, namespace, pool, log, plaintext=plaintext)
+    try:
+        yield epp
+    finally:
+        epp.stop()
+        print("\n".join(epp.log_text().splitlines()[-40:]))

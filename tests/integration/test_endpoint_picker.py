@@ -21,14 +21,10 @@ import pytest
 from kubernetes import client
 
 from genpool_core.names import WORKER_PORT
-from tests.conftest import DevCluster, Kubectl
-from tests.integration.endpoint_picker import EndpointPicker, epp_binary
+from tests.conftest import DevCluster
+from tests.integration.endpoint_picker import EndpointPicker, endpoint_picker
 from tests.integration.inference_pool_harness import (
     get_inference_pool,
-    install_inference_objective_crd,
-    install_inference_pool_crd,
-    remove_inference_objective_crd,
-    remove_inference_pool_crd,
     routed_spec,
 )
 from tests.integration.operator_harness import (
@@ -44,20 +40,10 @@ NUM_REQUESTS_PER_POD = 24  # three times maxBatchSize (8): a queue builds at eve
 
 
 @pytest.fixture
-def gie_crds(kubectl: Kubectl, kube_api: client.ApiClient) -> Iterator[None]:
-    install_inference_pool_crd(kubectl)
-    install_inference_objective_crd(kubectl)
-    yield
-    remove_inference_objective_crd(kubectl)
-    remove_inference_pool_crd(kubectl, kube_api)
-
-
-@pytest.fixture
 def picker(cluster: DevCluster, namespace: str, tmp_path: Path) -> Iterator[EndpointPicker]:
-    epp = EndpointPicker(epp_binary(), cluster.kubeconfig, namespace, POOL, tmp_path / "epp.log")
-    yield epp
-    epp.stop()
-    print("\n".join(epp.log_text().splitlines()[-40:]))
+    log = tmp_path / "epp.log"
+    with endpoint_picker(cluster.kubeconfig, namespace, POOL, log) as epp:
+        yield epp
 
 
 def _picker_gauges(epp: EndpointPicker) -> dict[str, float]:

@@ -25,15 +25,11 @@ from kubernetes import client
 
 from genpool_core.names import WORKER_PORT
 from genpool_operator.scaling_plan import SLO_MET
-from tests.conftest import DevCluster, Kubectl
-from tests.integration.endpoint_picker import EndpointPicker, epp_binary
+from tests.conftest import DevCluster
+from tests.integration.endpoint_picker import EndpointPicker, endpoint_picker
 from tests.integration.epp_gateway import EppGateway, running_gateway
 from tests.integration.inference_pool_harness import (
     get_inference_pool,
-    install_inference_objective_crd,
-    install_inference_pool_crd,
-    remove_inference_objective_crd,
-    remove_inference_pool_crd,
     routed_spec,
 )
 from tests.integration.operator_harness import (
@@ -64,30 +60,10 @@ PICKER_COUNTS = {
 
 
 @pytest.fixture
-def gie_crds(kubectl: Kubectl, kube_api: client.ApiClient) -> Iterator[None]:
-    install_inference_pool_crd(kubectl)
-    install_inference_objective_crd(kubectl)
-    yield
-    remove_inference_objective_crd(kubectl)
-    remove_inference_pool_crd(kubectl, kube_api)
-
-
-@pytest.fixture
 def picker(cluster: DevCluster, namespace: str, tmp_path: Path) -> Iterator[EndpointPicker]:
-    epp = EndpointPicker(epp_binary(), cluster.kubeconfig, namespace, POOL, tmp_path / "epp.log")
-    # Plaintext ext_proc: v1.2.0 otherwise serves TLS with a self-signed certificate that
-    # names no host, which gRPC clients other than Envoy (verification off) cannot check.
-    epp.argv.append("--secure-serving=false")
-    yield epp
-    epp.stop()
-    print("\n".join(epp.log_text().splitlines()[-40:]))
-
-
-def _grpc_port(epp: EndpointPicker) -> int:
-    """The ext_proc port the picker was started with (EndpointPicker picks a free one)."""
-    assert epp.proc is not None
-    argv = [str(arg) for arg in epp.proc.args]  # type: ignore[union-attr]
-    return int(argv[argv.index("--grpc-port") + 1])
+    log = tmp_path / "epp.log"
+    with endpoint_picker(cluster.kubeconfig, namespace, POOL, log, plaintext=True) as epp:
+        yield epp
 
 
 def _picker_metrics(epp: EndpointPicker) -> str | None:
@@ -229,7 +205,7 @@ def test_the_openai_sdk_reaches_the_pool_through_the_endpoint_picker(
     )
 
     gateway: EppGateway
-    with running_gateway(f"127.0.0.1:{_grpc_port(picker)}") as (gateway, url):
+    with running_gateway(f"127.0.0.1:{picker.grpc_port}") as (gateway, url):
         # A GET has no body: the picker routes it to a random pod (v1.2.0).
         wait_for(
             lambda: httpx.get(f"{url}/v1/models", timeout=10).status_code == 200,
