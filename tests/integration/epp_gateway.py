@@ -45,9 +45,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from genpool_worker.arrival_key import ARRIVAL_HEADER
 from tests.integration.endpoint_picker import free_port
 
-ARRIVAL_HEADER = "x-genpool-arrival-time"  # worker/genpool_worker/arrival_key.py
 DESTINATION = ("envoy.lb", "x-gateway-destination-endpoint")  # GIE's pkg/epp/metadata
 LEFT_GRACE_S = 5.0  # a reply whose client left gets this long to end, then it is cut off
 NOT_FORWARDED = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
