@@ -62,6 +62,10 @@ def test_crd_installs_with_useful_explain(kubectl: Kubectl, crd: None) -> None:
     assert "FIELDS" in out or "DESCRIPTION" in out
     out = kubectl("explain", "gp.spec.modelVolume").stdout
     assert "mounted read-only at /models" in " ".join(out.split())
+    out = " ".join(kubectl("explain", "gp.spec.engine.stampArrival").stdout.split())
+    assert "<boolean>" in out and "x-genpool-arrival-time" in out and "unkeyed" in out
+    out = " ".join(kubectl("explain", "gp.spec.autoscaling.targetUtilization").stdout.split())
+    assert "<number>" in out and "batch positions" in out
 
 
 @pytest.mark.parametrize("case", INVALID_GENPOOLS, ids=lambda c: c.name)
