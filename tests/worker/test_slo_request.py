@@ -66,3 +66,5 @@ def test_the_arrival_carries_the_request_slo() -> None:
     plain = make_arrival(fake_context(), body.model_copy(update={"slo": None}), [1], 8, {},
                          id_prefix="cmpl")  # fmt: skip
     assert (plain.slo_ttft_s, plain.target_output_tps) == (None, None)
+    # With the worker's stamping off, a request that states its own SLO is keyed anyway.
+    assert arrival.arrival_time is not None and plain.arrival_time is None

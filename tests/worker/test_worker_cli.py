@@ -33,10 +33,10 @@ def test_flags_map_to_the_config() -> None:
     config = parse_config(
         ["--model", "synthetic:x", "--max-batch-size", "8", "--preemption-mode",
          "target_output_tps", "--target-output-tps", "18.5", "--max-resident-headroom", "6",
-         "--stamp-arrival"]
+         "--no-stamp-arrival"]
     )  # fmt: skip
     assert config.max_batch_size == 8 and config.target_output_tps == 18.5
-    assert config.stamp_arrival is True
+    assert config.stamp_arrival is False  # on by default (docs/design.md#keyed-by-default)
     assert config.preemption_settings()["target_output_tps"] == 18.5
     assert config.preemption_settings()["max_resident_headroom"] == 6
 
