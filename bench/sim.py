@@ -1,6 +1,6 @@
 """Simulator speed: simulated seconds per wall second, R1 c = 250 (docs/design.md#simulator).
 
-Target (issue): >= 50x. Each mode runs one seed of the reference scenario (W = 8,
+Target: >= 50x. Each mode runs one seed of the reference scenario (W = 8,
 B = 16, n_ctx = 4, Azure conv lengths); the figure counts simulated time of the
 whole run (warm-up and drain included) over wall time, per mode and overall.
 """

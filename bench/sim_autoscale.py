@@ -1,4 +1,4 @@
-"""Replica policies on a day-shaped open loop (issue 13's goal): static, replicas-only
+"""Replica policies on a day-shaped open loop (docs/results.md's goal): static, replicas-only
 and genpool on the same seeds, through ``genpool sim --autoscale``.
 
     python -m bench.sim_autoscale --ablation      # writes bench/results/sim/autoscale_*.json

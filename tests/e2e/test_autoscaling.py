@@ -1,4 +1,4 @@
-"""End to end (issue 15): the operator keeps an autoscaled pool of synthetic workers at its
+"""End to end: the operator keeps an autoscaled pool of synthetic workers at its
 SLO on the local control plane.
 
 A pool min 1 / max 3 takes a load step and scales up until the SLO holds again; the

@@ -1,4 +1,4 @@
-"""End to end on the local control plane (issue #6): helm-install the chart (the
+"""End to end on the local control plane: helm-install the chart (the
 operator pod runs under the pod runner), apply a GenPool of two SmolLM2 CPU workers in
 target_output_tps mode, load it, watch status/printer columns/tuning/Events, scale to
 one under load without a failed request, delete it and see the children go."""

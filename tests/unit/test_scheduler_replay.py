@@ -1,7 +1,7 @@
 """Every scheduling pass decides what the recorded reference decided.
 
-The reference was recorded from the scheduler before the policy refactor (issue 12)
-and the incremental victim search (issue 14); see ``scheduler_replay.py``.
+The reference was recorded from the scheduler before the policy refactor
+and the incremental victim search; see ``scheduler_replay.py``.
 """
 
 from __future__ import annotations
