@@ -3,7 +3,7 @@
     python -m bench.sim_demo_load [--seeds 8]     # writes bench/results/sim/demo_load.json
     python -m bench.sim_demo_load --slo-ttft-p90 0.3   # ... demo_load_slo0.3.json
 
-``make demo`` runs each pool at the setting this sweep picks (docs/demo.md): for
+``make demo`` runs each pool at the setting this sweep picks (docs/demo_pools.md): for
 ``replicas-only`` and ``genpool`` over ``minReplicas`` x the scaler's utilisation ceiling,
 the cheapest setting (replica-seconds, mean over seeds) whose p90 GEN TTFT over the whole
 load is within the SLO and whose attainment is at least the SLO's. The load is the demo's
@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from genpool_devcluster import demo
+from genpool_devcluster import demo_pools
 from genpool_devcluster.demo_load import CLASSES, LENGTH_MIX
 from genpool_devcluster.loadgen import PROMPTS
 from genpool_sim.cli import main as sim_main
@@ -29,7 +29,7 @@ from genpool_sim.report import mean_ci
 OUT = Path(__file__).resolve().parent / "results" / "sim" / "demo_load.json"
 MIN_REPLICAS = (1, 2)
 CEILINGS = (0.7, 0.85, 0.95)
-POLICIES = (demo.REPLICAS_ONLY, demo.GENPOOL)
+POLICIES = (demo_pools.REPLICAS_ONLY, demo_pools.GENPOOL)
 STARTUP_DELAY_S = 15.0  # the devcluster's synthetic workers: ready 15-20 s after a scale-up
 
 
@@ -56,16 +56,16 @@ def _classes() -> str:
 def run_point(
     trace: Path, min_replicas: int, ceiling: float, seeds: int, out: Path, slo_ttft_s: float
 ) -> dict[str, Any]:
-    phases = ",".join(f"{p.duration_s:g}:{p.rate_per_s:g}" for p in demo.PHASES)
+    phases = ",".join(f"{p.duration_s:g}:{p.rate_per_s:g}" for p in demo_pools.PHASES)
     argv = ["sim", "--autoscale", "--policies", ",".join(POLICIES), "--trace", str(trace),
             "--rate-phases", phases, "--classes", _classes(),
-            "--max-batch", str(demo.BASE_SPEC["engine"]["maxBatchSize"]),
-            "--target-output-tps", f"{demo.TARGET_TPS:g}",
+            "--max-batch", str(demo_pools.BASE_SPEC["engine"]["maxBatchSize"]),
+            "--target-output-tps", f"{demo_pools.TARGET_TPS:g}",
             "--slo-ttft-p90", f"{slo_ttft_s:g}",
-            "--slo-attainment", f"{demo.SLO_ATTAINMENT:g}",
-            "--min-replicas", str(min_replicas), "--max-replicas", str(demo.MAX_REPLICAS),
+            "--slo-attainment", f"{demo_pools.SLO_ATTAINMENT:g}",
+            "--min-replicas", str(min_replicas), "--max-replicas", str(demo_pools.MAX_REPLICAS),
             "--startup-delay", f"{STARTUP_DELAY_S:g}",
-            "--scale-interval", str(demo.BASE_SPEC["tuning"]["intervalSeconds"]),
+            "--scale-interval", str(demo_pools.BASE_SPEC["tuning"]["intervalSeconds"]),
             "--planner-max-utilisation", f"{ceiling:g}",
             "--genpool-max-utilisation", f"{ceiling:g}",
             "--warmup", "0", "--seeds", str(seeds), "--json", str(out)]  # fmt: skip
@@ -86,7 +86,7 @@ def row(
         "policy": policy, "min_replicas": min_replicas, "ceiling": ceiling,
         "replica_seconds": mine["replica_seconds"], "ttft_p90_s": mine["ttft_p90"],
         "attainment": 1.0 - below, "slo_windows_met": mine["slo_windows_met"],
-        "meets_slo": p90 <= slo_ttft_s and 1.0 - below >= demo.SLO_ATTAINMENT,
+        "meets_slo": p90 <= slo_ttft_s and 1.0 - below >= demo_pools.SLO_ATTAINMENT,
         "replica_seconds_per_seed": per_seed,
     }  # fmt: skip
 
@@ -119,13 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sim_demo_load", description=__doc__)
     parser.add_argument("--seeds", type=int, default=8, help="seeds per point (default: 8)")
     parser.add_argument(
-        "--slo-ttft-p90", type=float, default=demo.SLO_TTFT_S, help="the SLO's p90 TTFT, s"
+        "--slo-ttft-p90", type=float, default=demo_pools.SLO_TTFT_S, help="the SLO's p90 TTFT, s"
     )
     args = parser.parse_args(argv)
     if not (args.seeds >= 1 and 0 < args.slo_ttft_p90 <= 3600):
         parser.error("need --seeds >= 1 and 0 < --slo-ttft-p90 <= 3600")
     slo = args.slo_ttft_p90
-    out_path = OUT if slo == demo.SLO_TTFT_S else OUT.with_name(f"demo_load_slo{slo:g}.json")
+    out_path = OUT if slo == demo_pools.SLO_TTFT_S else OUT.with_name(f"demo_load_slo{slo:g}.json")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         trace = write_trace(Path(tmp) / "demo_lengths.csv")
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 run = run_point(trace, min_replicas, ceiling, args.seeds, out, slo)
                 rows += [row(p, min_replicas, ceiling, run, slo) for p in POLICIES]
     chosen = {policy: cheapest_meeting(rows, policy) for policy in POLICIES}
-    ours, theirs = chosen[demo.GENPOOL], chosen[demo.REPLICAS_ONLY]
+    ours, theirs = chosen[demo_pools.GENPOOL], chosen[demo_pools.REPLICAS_ONLY]
     saving = None if ours is None or theirs is None else paired_saving(ours, theirs)
     print(format_table(rows))
     for policy, pick in chosen.items():

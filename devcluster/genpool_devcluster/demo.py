@@ -18,8 +18,6 @@ Events) for both pools, and writes a PNG of TTFT, replicas and paused residents.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import functools
 import json
 import subprocess
@@ -30,67 +28,46 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
-from genpool_core.names import API_KIND, GROUP_VERSION, WORKER_PORT
+from genpool_core.names import API_KIND, GROUP_VERSION
 from genpool_devcluster import build, cli
 from genpool_devcluster.demo_load import (
     CLASSES,
-    Phase,
-    PlannedRequest,
-    SentRequest,
-    open_loop,
+    PoolRun,
     phase_bounds,
     plan_arrivals,
+    run_phased_load,
 )
 from genpool_devcluster.demo_plot import write_plot
+from genpool_devcluster.demo_pools import (
+    GENPOOL,
+    MAX_REPLICAS,
+    MIN_REPLICAS,
+    PHASES,
+    POOLS,
+    REPLICAS_ONLY,
+    SLO_ATTAINMENT,
+    SLO_TTFT_S,
+    SLO_WINDOW_S,
+    TARGET_TPS,
+    TARGET_UTILIZATION,
+    cost_summary,
+    format_cost,
+    pool_specs,
+)
 from genpool_devcluster.demo_report import (
-    PoolSample,
-    attainment,
     format_events,
     format_table,
     phase_rows,
-    replica_seconds,
-    slo_windows,
-    ttft_p90,
     ttft_p90_series,
 )
-from genpool_devcluster.loadgen import PodPicker, run_closed_loop
-from genpool_operator.kube import Kube, load_config
+from genpool_devcluster.loadgen import run_closed_loop
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "genpool-demo"
-GENPOOL, REPLICAS_ONLY = "genpool", "replicas-only"
-POOLS = (GENPOOL, REPLICAS_ONLY)
 RELEASE, OPERATOR_NS = "genpool", "genpool-system"
-TARGET_TPS, SLO_TTFT_S, SLO_ATTAINMENT = 10.0, 1.5, 0.8
-SLO_WINDOW_S = 10.0  # the summary's SLO windows: 10 s of arrivals each
-# Each pool's setting is the cheapest that meets the SLO in bench/sim_demo_load.py's sweep
-# of this load (docs/demo.md, "Choosing the settings"): the scaler's ceiling
-# (spec.autoscaling.targetUtilization; None would be the operator's default, 0.95 with
-# pausing and 0.85 without) and the bounds, the same for both pools.
-TARGET_UTILIZATION: dict[str, float | None] = {GENPOOL: 0.95, REPLICAS_ONLY: 0.95}
-MIN_REPLICAS, MAX_REPLICAS = 2, 3
-# The burst is two phases, so the table shows the pool before and after it scaled up.
-PHASES = (
-    Phase("quiet", 45, 1.0),
-    Phase("burst", 40, 6.0),
-    Phase("burst, later", 50, 6.0),
-    Phase("quiet again", 150, 1.0),
-)
 DECISION_REASONS = ("ScaledUp", "ScaledDown", "Tuned", "SLOMissed")
-BASE_SPEC: dict[str, Any] = {
-    "replicas": 1,
-    "model": "synthetic:demo",
-    "accelerator": "none",
-    "engine": {"maxBatchSize": 8, "maxSeqLen": 512},
-    # Short windows: the scaler and the tuner act on 5 s of stat lines.
-    "tuning": {"intervalSeconds": 5, "cooldownIntervals": 1},
-    "drain": {"timeoutSeconds": 60},
-    "podTemplate": {"env": [{"name": "OMP_NUM_THREADS", "value": "1"}]},
-}
-
 # tests/e2e/test_e2e.py's pool and load (the demo's before it showed autoscaling): two
 # SmolLM2 CPU workers in TargetOutputTps mode under a closed loop.
 DEMO_SPEC: dict[str, Any] = {
@@ -111,39 +88,6 @@ def run_load(
     """Closed-loop load on one pool's ready pods (``loadgen.summarize``'s dict)."""
     print(f"  load: {clients} clients for {duration_s:.0f} s ...", flush=True)
     return run_closed_loop(str(kubeconfig), clients, duration_s, namespace=namespace, pool=pool)
-
-
-def pool_specs(
-    utilization: dict[str, float | None] | None = None,
-    min_replicas: int = MIN_REPLICAS,
-    slo_ttft_s: float = SLO_TTFT_S,
-) -> dict[str, dict[str, Any]]:
-    """The two pools: the same SLO, bounds and engine; they differ in preemption (and so
-    in the tuner, which has no knobs without it) and in the scaler's ceiling."""
-    ceilings = TARGET_UTILIZATION | (utilization or {})
-    autoscaling = {
-        "enabled": True,
-        "minReplicas": min_replicas,
-        "maxReplicas": MAX_REPLICAS,
-        "scaleUpStabilizationSeconds": 0,
-        "scaleDownStabilizationSeconds": 90,  # longer than the burst after the scale-up
-        "maxStep": 2,
-    }
-    preemption = {
-        GENPOOL: {"mode": "TargetOutputTps", "targetOutputTps": TARGET_TPS},
-        REPLICAS_ONLY: {"mode": "Off"},
-    }
-    specs = {}
-    for name in POOLS:
-        ceiling = ceilings.get(name)
-        scaler = autoscaling if ceiling is None else autoscaling | {"targetUtilization": ceiling}
-        specs[name] = BASE_SPEC | {
-            "replicas": min_replicas,  # where the scaler would start it anyway
-            "preemption": preemption[name],
-            "slo": {"ttftP90Seconds": slo_ttft_s, "attainment": SLO_ATTAINMENT},
-            "autoscaling": scaler,
-        }
-    return specs
 
 
 class Tools:
@@ -191,63 +135,6 @@ def pool_ready(tools: Tools, name: str) -> bool:
         and counts.get("currentRevision") == counts.get("updateRevision")
         and tools.pool(name).get("status", {}).get("readyReplicas") == want
     )
-
-
-PoolRun = tuple[list[SentRequest], list[PoolSample]]
-
-
-async def _paused(http: httpx.AsyncClient, picker: PodPicker) -> int:
-    """Requests paused in place over the pool's ready workers (their ``/stats``)."""
-
-    async def one(ip: str) -> int:
-        with contextlib.suppress(httpx.HTTPError, OSError, ValueError, KeyError, TypeError):
-            response = await http.get(f"http://{ip}:{WORKER_PORT}/stats", timeout=1.0)
-            return int(response.json()["paused"])
-        return 0  # a worker that did not answer in time (starting, draining) is not counted
-
-    return sum(await asyncio.gather(*(one(t.ip) for t in picker.targets)))
-
-
-async def _sample(picker: PodPicker, started: float, stop: asyncio.Event) -> list[PoolSample]:
-    """Every second: ready and existing pods, paused residents."""
-    samples = []
-    async with httpx.AsyncClient() as http:
-        while not stop.is_set():
-            with contextlib.suppress(httpx.HTTPError, OSError):
-                await picker.refresh()  # keeps the last list when the API blips
-            paused = await _paused(http, picker)
-            now = round(time.monotonic() - started, 2)
-            samples.append(PoolSample(now, len(picker.targets), picker.num_pods, paused))
-            await asyncio.sleep(1.0)
-    return samples
-
-
-def run_phased_load(
-    kubeconfig: Path,
-    plan: list[PlannedRequest],
-    pools: tuple[str, ...] = POOLS,
-    namespace: str = NAMESPACE,
-) -> dict[str, PoolRun]:
-    """The same plan against every pool at once; each pool sampled every second."""
-
-    async def main() -> dict[str, PoolRun]:
-        kube = Kube(load_config(str(kubeconfig)))
-        pickers = {name: PodPicker(kube, namespace, name) for name in pools}
-        for picker in pickers.values():
-            await picker.refresh()
-        started, stop = time.monotonic() + 1.0, asyncio.Event()
-        samplers = {n: asyncio.create_task(_sample(p, started, stop)) for n, p in pickers.items()}
-        try:
-            loads = await asyncio.gather(*(open_loop(p, plan, started) for p in pickers.values()))
-        finally:
-            stop.set()
-            samples = {n: await task for n, task in samplers.items()}
-            await kube.aclose()
-        return {n: (sent, samples[n]) for n, sent in zip(pickers, loads, strict=True)}
-
-    seconds = max((p.at_s for p in plan), default=0.0)
-    print(f"  {len(plan)} requests over {seconds:.0f} s, the same to each pool ...", flush=True)
-    return asyncio.run(main())
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -358,53 +245,6 @@ def _print_decisions(tools: Tools, name: str) -> None:
           f"SLOMet={slo_met.get('status')} {slo_met.get('reason', '')}")  # fmt: skip
 
 
-def cost_summary(
-    runs: dict[str, PoolRun], end_s: float, slo_ttft_s: float = SLO_TTFT_S
-) -> dict[str, Any]:
-    """Each pool's replica-seconds and SLO windows met, and the ratio of replica-seconds."""
-    pools: dict[str, Any] = {}
-    for name, (sent, samples) in runs.items():
-        met, total = slo_windows(sent, SLO_WINDOW_S, slo_ttft_s, SLO_ATTAINMENT, TARGET_TPS)
-        p90, attained = ttft_p90(sent), attainment(sent, TARGET_TPS)
-        pools[name] = {
-            "replica_seconds": round(replica_seconds(samples, end_s), 1),
-            "ttft_p90_s": None if p90 is None else round(p90, 4),
-            "attainment": None if attained is None else round(attained, 4),
-            "slo_met": p90 is not None
-            and p90 <= slo_ttft_s
-            and attained is not None
-            and attained >= SLO_ATTAINMENT
-            and all(s.result.ok for s in sent),
-            "slo_windows_met": met,
-            "slo_windows": total,
-        }
-    ours, theirs = (pools[n]["replica_seconds"] for n in POOLS) if len(pools) > 1 else (0, 0)
-    ratio = round(ours / theirs, 3) if theirs else None
-    return {"pools": pools, "ratio": ratio, "slo_ttft_p90_s": slo_ttft_s}
-
-
-def format_cost(cost: dict[str, Any]) -> str:
-    lines = [f"Replica-seconds over the load (worker pods ready, starting or draining) and SLO "
-             f"windows met ({SLO_WINDOW_S:g} s of arrivals: p90 TTFT <= "
-             f"{cost['slo_ttft_p90_s']:g} s, "
-             f">= {SLO_ATTAINMENT:.0%} at their floor, none failed):"]  # fmt: skip
-    for name, pool in cost["pools"].items():
-        share = pool["slo_windows_met"] / pool["slo_windows"] if pool["slo_windows"] else 0.0
-        verdict = "met" if pool["slo_met"] else "MISSED"
-        lines.append(f"  {name:14} {pool['replica_seconds']:8.1f} replica-s   SLO over the whole "
-                     f"load {verdict} (p90 TTFT {_num(pool['ttft_p90_s'])} s, attainment "
-                     f"{_num(pool['attainment'])})   SLO windows met "
-                     f"{pool['slo_windows_met']}/{pool['slo_windows']} ({share:.0%})")  # fmt: skip
-    if cost["ratio"] is not None:
-        lines.append(f"  ratio {GENPOOL} / {REPLICAS_ONLY}: {cost['ratio']:.3f} "
-                     f"({1 - cost['ratio']:+.1%} replica-seconds saved by pausing)")  # fmt: skip
-    return "\n".join(lines)
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
 def _report(tools: Tools, runs: dict[str, PoolRun], out: Path, specs: dict[str, Any]) -> int:
     """Print the per-phase table, the cost and the decisions, write the plot; failed count."""
     bounds = phase_bounds(PHASES)
@@ -458,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     _apply_pools(tools, specs)
     print("[4/5] load: " + ", ".join(f"{p.name} {p.duration_s:g} s at {p.rate_per_s:g}/s"
                                      for p in PHASES), flush=True)  # fmt: skip
-    runs = run_phased_load(tools.kubeconfig, plan_arrivals(PHASES, args.seed))
+    plan = plan_arrivals(PHASES, args.seed)
+    runs = run_phased_load(tools.kubeconfig, plan, POOLS, NAMESPACE)
     print("[5/5] summary\n")
     args.out.mkdir(parents=True, exist_ok=True)
     failed = _report(tools, runs, args.out, specs)

@@ -14,14 +14,18 @@ slow pool does not slow its own load down, which a closed loop would).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
-from genpool_devcluster.loadgen import PROMPTS, Picker, RequestResult, one_request
+from genpool_core.names import WORKER_PORT
+from genpool_devcluster.loadgen import PROMPTS, Picker, PodPicker, RequestResult, one_request
+from genpool_operator.kube import Kube, load_config
 from genpool_worker.slo_request import TPOT_HEADER, TTFT_HEADER
 
 # (max_tokens, weight): mostly short answers, some long ones (mean about 59 tokens).
@@ -65,6 +69,17 @@ class PlannedRequest:
     prompt: str
     max_tokens: int
     klass: str = CLASSES[-1].name  # a name in CLASSES
+
+
+@dataclass(frozen=True)
+class PoolSample:
+    """One look at a pool: ready workers (routable), worker pods that exist (ready,
+    starting or draining: what the pool costs) and requests paused in place."""
+
+    t: float  # offset s from the load's start
+    ready: int
+    pods: int
+    paused: int
 
 
 @dataclass(frozen=True)
@@ -119,3 +134,57 @@ async def open_loop(
             return SentRequest(planned, result)
 
         return list(await asyncio.gather(*(send(p) for p in plan)))
+
+
+PoolRun = tuple[list[SentRequest], list[PoolSample]]
+
+
+async def _paused(http: httpx.AsyncClient, picker: PodPicker) -> int:
+    """Requests paused in place over the pool's ready workers (their ``/stats``)."""
+
+    async def one(ip: str) -> int:
+        with contextlib.suppress(httpx.HTTPError, OSError, ValueError, KeyError, TypeError):
+            response = await http.get(f"http://{ip}:{WORKER_PORT}/stats", timeout=1.0)
+            return int(response.json()["paused"])
+        return 0  # a worker that did not answer in time (starting, draining) is not counted
+
+    return sum(await asyncio.gather(*(one(t.ip) for t in picker.targets)))
+
+
+async def _sample(picker: PodPicker, started: float, stop: asyncio.Event) -> list[PoolSample]:
+    """Every second: ready and existing pods, paused residents."""
+    samples = []
+    async with httpx.AsyncClient() as http:
+        while not stop.is_set():
+            with contextlib.suppress(httpx.HTTPError, OSError):
+                await picker.refresh()  # keeps the last list when the API blips
+            paused = await _paused(http, picker)
+            now = round(time.monotonic() - started, 2)
+            samples.append(PoolSample(now, len(picker.targets), picker.num_pods, paused))
+            await asyncio.sleep(1.0)
+    return samples
+
+
+def run_phased_load(
+    kubeconfig: Path, plan: list[PlannedRequest], pools: tuple[str, ...], namespace: str
+) -> dict[str, PoolRun]:
+    """The same plan against every pool at once; each pool sampled every second."""
+
+    async def main() -> dict[str, PoolRun]:
+        kube = Kube(load_config(str(kubeconfig)))
+        pickers = {name: PodPicker(kube, namespace, name) for name in pools}
+        for picker in pickers.values():
+            await picker.refresh()
+        started, stop = time.monotonic() + 1.0, asyncio.Event()
+        samplers = {n: asyncio.create_task(_sample(p, started, stop)) for n, p in pickers.items()}
+        try:
+            loads = await asyncio.gather(*(open_loop(p, plan, started) for p in pickers.values()))
+        finally:
+            stop.set()
+            samples = {n: await task for n, task in samplers.items()}
+            await kube.aclose()
+        return {n: (sent, samples[n]) for n, sent in zip(pickers, loads, strict=True)}
+
+    seconds = max((p.at_s for p in plan), default=0.0)
+    print(f"  {len(plan)} requests over {seconds:.0f} s, the same to each pool ...", flush=True)
+    return asyncio.run(main())

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-from genpool_devcluster.demo_report import PoolSample
+from genpool_devcluster.demo_load import PoolSample
 
 Series = Sequence[tuple[float, float]]
 

@@ -11,23 +11,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from genpool_core.quantiles import percentile
-from genpool_devcluster.demo_load import CLASS_BY_NAME, CLASSES, SentRequest
-
-
-@dataclass(frozen=True)
-class PoolSample:
-    """One look at a pool: ready workers (routable), worker pods that exist (ready,
-    starting or draining: what the pool costs) and requests paused in place."""
-
-    t: float  # offset s from the load's start
-    ready: int
-    pods: int
-    paused: int
-
+from genpool_devcluster.demo_load import CLASS_BY_NAME, CLASSES, PoolSample, SentRequest
 
 ROWS = (
     ("requests", "requests"),

@@ -1,6 +1,6 @@
 """The demo's two pools and its load driver on the local control plane, in a minute.
 
-``make demo`` itself runs for minutes; this runs its pool specs (``demo.pool_specs``: the
+``make demo`` itself runs for minutes; this runs its pool specs (``demo_pools.pool_specs``: the
 same SLO and bounds, ``genpool`` pausing, ``replicas-only`` not) under the operator with a
 short burst of the demo's open-loop load (both classes, no private field), and checks what
 the demo's summary stands on: every request served, the samples (ready pods, paused
@@ -20,8 +20,8 @@ import pytest
 from kubernetes import client
 
 from genpool_core.names import WORKER_PORT
-from genpool_devcluster import demo
-from genpool_devcluster.demo_load import Phase, plan_arrivals
+from genpool_devcluster import demo_pools
+from genpool_devcluster.demo_load import Phase, plan_arrivals, run_phased_load
 from tests.conftest import DevCluster, Kubectl
 from tests.integration.operator_harness import (
     OperatorProcess,
@@ -78,31 +78,34 @@ def test_the_demo_pools_under_the_demo_load(
     kube_api: client.ApiClient, namespace: str, operator: OperatorProcess, cluster: DevCluster
 ) -> None:
     # The demo's specs at one replica each, so that the short burst overloads both pools.
-    for name, spec in demo.pool_specs(min_replicas=1).items():
+    for name, spec in demo_pools.pool_specs(min_replicas=1).items():
         create_pool(kube_api, namespace, genpool(name, _spec(spec)))
-    for name in demo.POOLS:
+    for name in demo_pools.POOLS:
         wait_for(functools.partial(_has_one_ready, kube_api, namespace, name),
                  timeout=180, what=f"pool {name}: 1 ready worker")  # fmt: skip
 
     plan = plan_arrivals(PHASES, seed=1)
     assert {p.klass for p in plan} == {"interactive", "batch"}
-    runs = demo.run_phased_load(cluster.kubeconfig, plan, namespace=namespace)
+    runs = run_phased_load(cluster.kubeconfig, plan, demo_pools.POOLS, namespace)
 
     end_s = sum(p.duration_s for p in PHASES)
     for name, (sent, samples) in runs.items():
         failed = [s.result.error for s in sent if not s.result.ok]
         assert len(sent) == len(plan) and not failed, (name, failed[:3])
         assert samples and all(x.ready >= 1 and x.pods >= x.ready for x in samples), name
-    cost = demo.cost_summary(runs, end_s)
-    for name in demo.POOLS:
+    cost = demo_pools.cost_summary(runs, end_s)
+    for name in demo_pools.POOLS:
         assert cost["pools"][name]["replica_seconds"] >= end_s * 0.9, cost  # >= 1 pod throughout
     assert cost["ratio"] is not None and cost["ratio"] > 0
     paused = {name: max(x.paused for x in samples) for name, (_, samples) in runs.items()}
-    pauses = {name: _pauses_total(kube_api, namespace, name) for name in demo.POOLS}
+    pauses = {name: _pauses_total(kube_api, namespace, name) for name in demo_pools.POOLS}
     print("demo pools under a short burst:", cost, "paused max:", paused, "pauses:", pauses)
-    assert paused[demo.REPLICAS_ONLY] == 0 and pauses[demo.REPLICAS_ONLY] == 0, (paused, pauses)
-    assert pauses[demo.GENPOOL] > 0, (paused, pauses)  # the burst put requests at risk
+    assert paused[demo_pools.REPLICAS_ONLY] == 0 and pauses[demo_pools.REPLICAS_ONLY] == 0, (
+        paused,
+        pauses,
+    )
+    assert pauses[demo_pools.GENPOOL] > 0, (paused, pauses)  # the burst put requests at risk
     # Operator-built pools key the demo's requests (no private field) and report their TTFT.
-    for name in demo.POOLS:
+    for name in demo_pools.POOLS:
         ttft = functools.partial(_measured_ttft, kube_api, namespace, name)
         wait_for(ttft, timeout=30, what=f"pool {name}: a measured p90 TTFT in status.slo")

@@ -6,19 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from genpool_devcluster import demo
+from genpool_devcluster import demo, demo_pools
 from genpool_devcluster.demo_load import (
     CLASSES,
     LENGTH_MIX,
     Phase,
     PlannedRequest,
+    PoolSample,
     SentRequest,
     phase_bounds,
     plan_arrivals,
 )
 from genpool_devcluster.demo_plot import write_plot
 from genpool_devcluster.demo_report import (
-    PoolSample,
     delivered_tokens,
     format_events,
     format_table,
@@ -141,14 +141,14 @@ def test_slo_windows_need_the_ttft_the_attainment_and_no_failure() -> None:
 
 def test_the_cost_summary_compares_replica_seconds() -> None:
     runs = {
-        demo.GENPOOL: ([], [pool_at(0.0, 1), pool_at(50.0, 2)]),
-        demo.REPLICAS_ONLY: ([], [pool_at(0.0, 2)]),
+        demo_pools.GENPOOL: ([], [pool_at(0.0, 1), pool_at(50.0, 2)]),
+        demo_pools.REPLICAS_ONLY: ([], [pool_at(0.0, 2)]),
     }
-    cost = demo.cost_summary(runs, 100.0)
-    assert cost["pools"][demo.GENPOOL]["replica_seconds"] == 150.0
-    assert cost["pools"][demo.REPLICAS_ONLY]["replica_seconds"] == 200.0
+    cost = demo_pools.cost_summary(runs, 100.0)
+    assert cost["pools"][demo_pools.GENPOOL]["replica_seconds"] == 150.0
+    assert cost["pools"][demo_pools.REPLICAS_ONLY]["replica_seconds"] == 200.0
     assert cost["ratio"] == 0.75
-    assert "0.750" in demo.format_cost(cost) and "+25.0%" in demo.format_cost(cost)
+    assert "0.750" in demo_pools.format_cost(cost) and "+25.0%" in demo_pools.format_cost(cost)
 
 
 def test_format_table_puts_pools_side_by_side_per_phase() -> None:
@@ -176,14 +176,14 @@ def test_format_events_keeps_decisions_in_time_order() -> None:
 
 
 def test_demo_pools_are_valid_genpools_that_differ_only_where_meant() -> None:
-    specs = demo.pool_specs({demo.REPLICAS_ONLY: 0.6})
-    ours, theirs = (GenPoolSpec.model_validate(specs[n]) for n in demo.POOLS)
+    specs = demo_pools.pool_specs({demo_pools.REPLICAS_ONLY: 0.6})
+    ours, theirs = (GenPoolSpec.model_validate(specs[n]) for n in demo_pools.POOLS)
     assert ours.slo == theirs.slo and ours.slo is not None
-    assert ours.slo.ttft_p90_seconds == demo.SLO_TTFT_S
+    assert ours.slo.ttft_p90_seconds == demo_pools.SLO_TTFT_S
     assert ours.preemption.mode == "TargetOutputTps" and theirs.preemption.mode == "Off"
     assert ours.autoscaling.enabled and ours.autoscaling.max_replicas == 3
     assert theirs.autoscaling.target_utilization == 0.6
-    assert ours.autoscaling.target_utilization == demo.TARGET_UTILIZATION[demo.GENPOOL]
+    assert ours.autoscaling.target_utilization == demo_pools.TARGET_UTILIZATION[demo_pools.GENPOOL]
     same = {"target_utilization"}
     assert ours.autoscaling.model_dump(exclude=same) == theirs.autoscaling.model_dump(exclude=same)
     assert ours.engine == theirs.engine and ours.model == theirs.model
@@ -205,11 +205,13 @@ def test_a_bad_slo_flag_is_refused(bad: str) -> None:
 def test_the_flags_reach_both_pools_alike() -> None:
     args = demo._parse_args(["--slo-ttft-p90", "0.3", "--min-replicas", "1",
                              "--target-utilization", "replicas-only=0.6"])  # fmt: skip
-    specs = demo.pool_specs(dict(args.target_utilization), args.min_replicas, args.slo_ttft_p90)
+    specs = demo_pools.pool_specs(
+        dict(args.target_utilization), args.min_replicas, args.slo_ttft_p90
+    )
     for spec in specs.values():
         assert spec["slo"]["ttftP90Seconds"] == 0.3 and spec["autoscaling"]["minReplicas"] == 1
-    assert specs[demo.REPLICAS_ONLY]["autoscaling"]["targetUtilization"] == 0.6
-    assert specs[demo.GENPOOL]["autoscaling"]["targetUtilization"] == 0.95
+    assert specs[demo_pools.REPLICAS_ONLY]["autoscaling"]["targetUtilization"] == 0.6
+    assert specs[demo_pools.GENPOOL]["autoscaling"]["targetUtilization"] == 0.95
 
 
 def test_write_plot_writes_a_png(tmp_path: Path) -> None:
