@@ -12,8 +12,10 @@ T = TypeVar("T")
 
 
 def _is_api_not_found(exc: Exception) -> bool:
-    """The kubernetes client's ``ApiException`` with status 404 ("not there yet")."""
-    return type(exc).__name__ == "ApiException" and getattr(exc, "status", None) == 404
+    """The kubernetes client's ``ApiException`` (or its ``NotFoundException`` subclass)
+    with status 404: "not there yet"."""
+    is_api = any(cls.__name__ == "ApiException" for cls in type(exc).__mro__)
+    return is_api and getattr(exc, "status", None) == 404
 
 
 def wait_for(

@@ -15,6 +15,10 @@ class ApiException(Exception):  # the kubernetes client's shape: a status attrib
         self.status = status
 
 
+class NotFoundException(ApiException):  # what the client raises for a 404 since v32
+    pass
+
+
 def test_it_returns_the_first_truthy_value() -> None:
     values = iter([None, 0, "", "ready"])
     assert wait_for(lambda: next(values), what="a value", interval=0) == "ready"
@@ -24,8 +28,9 @@ def test_an_api_404_means_not_there_yet_and_other_errors_propagate() -> None:
     calls = itertools.count()
 
     def appears_on_the_third_call() -> str:
-        if next(calls) < 2:
-            raise ApiException(404)
+        n = next(calls)
+        if n < 2:
+            raise NotFoundException(404) if n else ApiException(404)
         return "there"
 
     assert wait_for(appears_on_the_third_call, what="an object", interval=0) == "there"
