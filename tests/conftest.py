@@ -33,6 +33,8 @@ import pytest
 if TYPE_CHECKING:
     from kubernetes import client
 
+    from tests.integration.operator_harness import OperatorProcess
+
 TESTS = Path(__file__).resolve().parent
 TIER_OF_DIR = {
     "unit": "unit",
@@ -136,3 +138,24 @@ def namespace(kube_api: client.ApiClient) -> Iterator[str]:
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     yield name
     core.delete_namespace(name)
+
+
+@pytest.fixture(scope="module")
+def crd(kubectl: Kubectl) -> None:
+    """The GenPool CRD installed (from crds/)."""
+    from tests.integration.operator_harness import install_genpool_crd
+
+    install_genpool_crd(kubectl)
+
+
+@pytest.fixture
+def operator(
+    cluster: DevCluster, crd: None, namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator, in its own process, watching the test's namespace."""
+    from tests.integration.operator_harness import OperatorProcess
+
+    proc = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log").start()
+    yield proc
+    proc.stop()
+    print(proc.log_tail())

@@ -11,7 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from genpool_devcluster.demo_load import Phase, PoolRun
-from genpool_devcluster.demo_report import attainment, replica_seconds, slo_windows, ttft_p90
+from genpool_devcluster.demo_report import (
+    attainment,
+    meets_slo,
+    replica_seconds,
+    slo_windows,
+    ttft_p90,
+)
 
 GENPOOL, REPLICAS_ONLY = "genpool", "replicas-only"
 POOLS = (GENPOOL, REPLICAS_ONLY)
@@ -87,11 +93,7 @@ def cost_summary(
             "replica_seconds": round(replica_seconds(samples, end_s), 1),
             "ttft_p90_s": None if p90 is None else round(p90, 4),
             "attainment": None if attained is None else round(attained, 4),
-            "slo_met": p90 is not None
-            and p90 <= slo_ttft_s
-            and attained is not None
-            and attained >= SLO_ATTAINMENT
-            and all(s.result.ok for s in sent),
+            "slo_met": meets_slo(sent, slo_ttft_s, SLO_ATTAINMENT, TARGET_TPS),
             "slo_windows_met": met,
             "slo_windows": total,
         }

@@ -90,7 +90,7 @@ def phase_row(
         "requests": len(sent),
         "failed": len(sent) - len(ok),
         "ttft_p50_s": percentile(ttfts, 50) if ttfts else None,
-        "ttft_p90_s": percentile(ttfts, 90) if ttfts else None,
+        "ttft_p90_s": ttft_p90(sent),
         "attainment": attainment(sent, target_tps),
         "tpot_mean_s": statistics.fmean(tpots) if tpots else None,
         "tokens_per_s": delivered_tokens(all_sent, start, end) / (end - start),
@@ -109,12 +109,12 @@ def phase_rows(
     sent: Sequence[SentRequest],
     bounds: Sequence[tuple[str, float, float]],
     target_tps: float,
-    replicas: Sequence[PoolSample],
+    samples: Sequence[PoolSample],
 ) -> dict[str, dict[str, Any]]:
     """Every phase's row for one pool, keyed by phase name, in phase order."""
     return {
         name: phase_row(
-            [s for s in sent if s.planned.phase == name], sent, (start, end), target_tps, replicas
+            [s for s in sent if s.planned.phase == name], sent, (start, end), target_tps, samples
         )
         for name, start, end in bounds
     }
@@ -165,17 +165,22 @@ def slo_windows(
     """(met, all) over the ``bin_s`` windows of arrivals: a window meets the SLO when its
     p90 TTFT is at most ``ttft_p90_s``, at least ``share`` of its requests reached their
     floor and none failed."""
-    met = total = 0
-    for window in _bins(sent, bin_s).values():
-        total += 1
-        p90, attained = ttft_p90(window), attainment(window, pool_tps)
-        met += bool(
-            all(s.result.ok for s in window)
-            and p90 is not None
-            and p90 <= ttft_p90_s
-            and (attained is None or attained >= share)
-        )
-    return met, total
+    windows = list(_bins(sent, bin_s).values())
+    met = sum(meets_slo(w, ttft_p90_s, share, pool_tps) for w in windows)
+    return met, len(windows)
+
+
+def meets_slo(
+    sent: Sequence[SentRequest], ttft_p90_s: float, share: float, pool_tps: float
+) -> bool:
+    """None failed, p90 TTFT at most ``ttft_p90_s``, at least ``share`` at their floor."""
+    p90, attained = ttft_p90(sent), attainment(sent, pool_tps)
+    return (
+        all(s.result.ok for s in sent)
+        and p90 is not None
+        and p90 <= ttft_p90_s
+        and (attained is None or attained >= share)
+    )
 
 
 def replica_seconds(samples: Sequence[PoolSample], end_s: float) -> float:

@@ -11,42 +11,26 @@ operator-built pool reporting its measured TTFT from that traffic.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from kubernetes import client
 
 from genpool_core.names import WORKER_PORT
 from genpool_devcluster import demo_pools
 from genpool_devcluster.demo_load import Phase, plan_arrivals, run_phased_load
-from tests.conftest import DevCluster, Kubectl
+from tests.conftest import DevCluster
 from tests.integration.operator_harness import (
     OperatorProcess,
     create_pool,
     genpool,
     get_pool,
-    install_genpool_crd,
     ready_pods,
 )
 from tests.polling import wait_for
 
 # One synthetic replica serves about 4 req/s of the demo's mix: the burst overloads it.
 PHASES = (Phase("quiet", 10, 2.0), Phase("burst", 20, 8.0), Phase("after", 10, 1.0))
-
-
-@pytest.fixture
-def operator(
-    cluster: DevCluster, kubectl: Kubectl, namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    """The operator in its own process, watching the test's namespace."""
-    install_genpool_crd(kubectl)
-    proc = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log").start()
-    yield proc
-    proc.stop()
-    print(proc.log_tail())
 
 
 def _spec(spec: dict[str, Any]) -> dict[str, Any]:

@@ -1,40 +1,21 @@
-"""Fixtures for the integration tests: the GenPool CRD and an operator process for the
-operator's tests, namespaces for the pod runner's (the cluster fixtures live in
-tests/conftest.py)."""
+"""Fixtures for the integration tests: namespaces for the pod runner's, GIE's CRDs for the
+picker's (the cluster, the GenPool CRD and the operator process live in tests/conftest.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from kubernetes import client
 
-from tests.conftest import DevCluster, Kubectl
+from tests.conftest import Kubectl
 from tests.integration.inference_pool_harness import (
     install_inference_objective_crd,
     install_inference_pool_crd,
     remove_inference_objective_crd,
     remove_inference_pool_crd,
 )
-from tests.integration.operator_harness import OperatorProcess, install_genpool_crd
 from tests.polling import wait_for
-
-
-@pytest.fixture(scope="module")
-def crd(kubectl: Kubectl) -> None:
-    install_genpool_crd(kubectl)
-
-
-@pytest.fixture
-def operator(
-    cluster: DevCluster, crd: None, namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    """The operator, in its own process, watching the test's namespace."""
-    proc = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log").start()
-    yield proc
-    proc.stop()
-    print(proc.log_tail())
 
 
 @pytest.fixture

@@ -47,6 +47,7 @@ from starlette.routing import Route
 
 from genpool_worker.arrival_key import ARRIVAL_HEADER
 from tests.integration.endpoint_picker import free_port
+from tests.polling import wait_for
 
 DESTINATION = ("envoy.lb", "x-gateway-destination-endpoint")  # GIE's pkg/epp/metadata
 LEFT_GRACE_S = 5.0  # a reply whose client left gets this long to end, then it is cut off
@@ -247,11 +248,13 @@ def running_gateway(epp_address: str) -> Iterator[tuple[EppGateway, str]]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="epp-gateway", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the EPP gateway did not start")
-        time.sleep(0.05)
+
+    def is_serving() -> bool:
+        if not thread.is_alive():
+            raise RuntimeError("the EPP gateway exited before it served")
+        return bool(server.started)
+
+    wait_for(is_serving, what="the EPP gateway serving", timeout=30, interval=0.05)
     try:
         yield gateway, f"http://127.0.0.1:{port}"
     finally:

@@ -15,8 +15,8 @@ class ApiException(Exception):  # the kubernetes client's shape: a status attrib
         self.status = status
 
 
-class NotFoundException(ApiException):  # what the client raises for a 404 since v32
-    pass
+class NotFoundException(ApiException):
+    """What the kubernetes client raises for a 404 (a subclass of its ApiException)."""
 
 
 def test_it_returns_the_first_truthy_value() -> None:
