@@ -54,7 +54,9 @@ def test_each_subcommand_help_loads_only_its_package(name: str) -> None:
 def test_sim_help_has_units() -> None:
     status, out, _ = imported_after(["sim", "--help"])
     assert status == 0 and out.startswith("usage: genpool sim")
-    assert "--tpot-budget" in out and "seconds per output token" in out
+    text = " ".join(out.split())
+    assert "--tpot-budget" in text and "relative TPOT inflation" in text
+    assert "output tokens/s per request" in text  # --target-output-tps
 
 
 def test_devcluster_help_is_its_own_parser(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from genpool_worker import drain_cli
 from genpool_worker.worker_cli import main, parse_config
+from tests.polling import wait_for
 from tests.worker.conftest import run_worker
 
 TOKEN = "s3cret"
@@ -98,10 +99,8 @@ def test_drain_waits_for_inflight_requests_up_to_the_timeout(
         with worker.client() as client:
             thread = threading.Thread(target=lambda: client.post("/v1/completions", json=body))
             thread.start()
-            deadline = time.monotonic() + 10
-            while worker.engine.inflight == 0:
-                assert time.monotonic() < deadline, "request never started"
-                time.sleep(0.02)
+            wait_for(lambda: worker.engine.inflight > 0, "the long request to start", 10,
+                     interval=0.02)  # fmt: skip
             started = time.monotonic()
             assert drain_cli.main(["--timeout", "0.5"]) == 1
             assert time.monotonic() - started < 0.5 + drain_cli.CLIENT_MARGIN_S

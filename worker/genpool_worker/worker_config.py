@@ -1,6 +1,7 @@
-"""The worker's configuration: ``WorkerConfig`` (every field a flag, with its help
-text and unit), read from GENPOOL_WORKER_CONFIG and the command line, and the scheduler
-it builds. No torch here, so ``genpool-worker --help`` and config errors are fast."""
+"""The worker's configuration: ``WorkerConfig`` (every field a flag, its help the field's
+description with unit and default, ``genpool_core.field_help``), read from
+GENPOOL_WORKER_CONFIG and the command line, and the scheduler it builds. No torch
+here, so ``genpool-worker --help`` and config errors are fast."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from genpool_core.field_help import describe, help_for
 from genpool_core.model_catalogue import known_shape
 from genpool_core.names import (
     DEFAULT_ADMISSION_TARGET_MAX_S,
@@ -23,7 +25,7 @@ from genpool_core.names import (
     TPOT_MODE,
     WORKER_PORT,
 )
-from genpool_core.preemption import GenCapacity
+from genpool_core.preemption import GenCapacity, GenPreemptionSettings
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
 
 DESCRIPTION = "One GEN worker process: model, engine and HTTP API."
@@ -44,8 +46,14 @@ def check_tensor_parallel_size(model: str, size: int) -> None:
         )
 
 
+def _preemption(name: str) -> str:
+    """A preemption field's one description, ``GenPreemptionSettings``'."""
+    return describe(GenPreemptionSettings, name)
+
+
 class WorkerConfig(BaseModel):
-    """Everything the CRD's engine and preemption sections can set, checked once."""
+    """Everything the CRD's engine and preemption sections can set, checked once. A field
+    that is also a ``GenCapacity`` or ``GenPreemptionSettings`` field has its description."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -55,80 +63,79 @@ class WorkerConfig(BaseModel):
         "checkpoint directory, or synthetic:<name> (no weights, simulated step times)",
     )
     host: str = Field(default="127.0.0.1", description="HTTP listen address")
-    port: int = Field(default=WORKER_PORT, ge=0, le=65535, description="HTTP port (0-65535)")
+    port: int = Field(default=WORKER_PORT, ge=0, le=65535, description="HTTP port, 0-65535")
     device: str = Field(default="cpu", description="torch device: cpu or cuda")
     tensor_parallel_size: int = Field(
         default=1,
         ge=1,
         le=64,
-        description="ranks (processes) sharding the model (must divide its heads; SmolLM2: 1 or 3)",
+        description="ranks (processes) sharding the model, count; must divide its query and"
+        " KV heads and MLP width (SmolLM2-135M: 1 or 3)",
     )
     max_batch_size: int = Field(
-        default=16, ge=1, le=4096, description="B: requests decoded per pass (requests)"
+        default=16, ge=1, le=4096, description=describe(GenCapacity, "max_batch_size")
     )
     max_num_active_requests: int | None = Field(
-        default=None, ge=1, description="resident cap (requests; default: B + max headroom)"
+        default=None, ge=1, description=describe(GenCapacity, "max_num_active_requests")
     )
     max_seq_len: int = Field(
-        default=2048, ge=16, le=1 << 20, description="prompt + output per request (tokens)"
+        default=2048,
+        ge=16,
+        le=1 << 20,
+        description="most prompt plus output tokens of one request (a KV slot's length), tokens",
     )
     max_queue_length: int = Field(
-        default=1024, ge=1, description="admission queue size before 429 (requests)"
+        default=1024,
+        ge=1,
+        description="most waiters in the admission queue; a request beyond gets 429, requests",
     )
     preemption_mode: Mode = Field(
-        default="off", description="off, tpot_budget or target_output_tps"
+        default="off",
+        description="off, tpot_budget (needs --tpot-budget) or target_output_tps"
+        " (needs --target-output-tps)",
     )
     target_output_tps: float | None = Field(
-        default=None, gt=0, description="T for target_output_tps (tokens/s per request)"
+        default=None, gt=0, description=_preemption("target_output_tps")
     )
-    tpot_budget: float | None = Field(
-        default=None, gt=0, description="budget for tpot_budget mode (seconds per token)"
-    )
-    slack_s: float = Field(
-        default=DEFAULT_SLACK_S,
-        ge=0,
-        description="a waiter is at risk within this of X (seconds)",
-    )
+    tpot_budget: float | None = Field(default=None, gt=0, description=_preemption("tpot_budget"))
+    slack_s: float = Field(default=DEFAULT_SLACK_S, ge=0, description=_preemption("slack_s"))
     max_pauses_per_request: int = Field(
         default=DEFAULT_MAX_PAUSES_PER_REQUEST,
         ge=1,
-        description="pauses one request may take (count)",
+        description=_preemption("max_pauses_per_request"),
     )
     admission_target_min_s: float = Field(
         default=DEFAULT_ADMISSION_TARGET_MIN_S,
         gt=0,
-        description="lower bound of the adaptive target X (seconds)",
+        description=_preemption("admission_target_min_s"),
     )
     admission_target_max_s: float = Field(
         default=DEFAULT_ADMISSION_TARGET_MAX_S,
         gt=0,
-        description="upper bound of the adaptive target X (seconds)",
+        description=_preemption("admission_target_max_s"),
     )
     resident_headroom: int | None = Field(
-        default=None, ge=0, description="H: residents allowed beyond B (requests)"
+        default=None, ge=0, description=_preemption("resident_headroom")
     )
     max_resident_headroom: int | None = Field(
-        default=None,
-        ge=0,
-        description="ceiling of H for live changes; sizes the KV pool (requests)",
+        default=None, ge=0, description=_preemption("max_resident_headroom")
     )
-    paused_cap: int | None = Field(
-        default=None, ge=0, description="P: requests paused in place at once (requests)"
-    )
+    paused_cap: int | None = Field(default=None, ge=0, description=_preemption("paused_cap"))
     stat_interval_s: float = Field(
         default=float(DEFAULT_STAT_INTERVAL_S),
         gt=0,
-        description="period of the gen_preemption stat line (seconds)",
+        description="period of the gen_preemption stat line on the pass clock, seconds",
     )
     stamp_arrival: bool = Field(
         default=True,
         description="key a request that carries no arrival stamp (genpool.arrival_time,"
-        " x-genpool-arrival-time) with its receipt time; off: such requests are unkeyed",
+        " x-genpool-arrival-time) with its receipt time; off: such requests are unkeyed"
+        " unless they state their own SLO (x-llm-d-slo-* headers or slo)",
     )
     synthetic_time_scale: float = Field(
         default=1.0,
         ge=0,
-        description="synthetic model: factor on simulated step times (0 = no sleep)",
+        description="synthetic model: factor on its simulated step times, unitless; 0: no sleep",
     )
 
     @model_validator(mode="after")
@@ -161,17 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="genpool-worker", description=DESCRIPTION)
     for name, field in WorkerConfig.model_fields.items():
         flag = "--" + name.replace("_", "-")
+        text = help_for(WorkerConfig, name)
         if field.annotation is bool:
-            shown = f" [default: {'on' if field.default else 'off'}]"
             parser.add_argument(
-                flag,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=f"{field.description}{shown}",
+                flag, action=argparse.BooleanOptionalAction, default=None, help=text
             )
         else:
-            shown = "" if field.default is None else f" [default: {field.default}]"
-            parser.add_argument(flag, default=None, help=f"{field.description}{shown}")
+            parser.add_argument(flag, default=None, help=text)
     return parser
 
 

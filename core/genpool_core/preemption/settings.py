@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from genpool_core.field_help import DESCRIPTION
 from genpool_core.knobs import default_paused_cap
 from genpool_core.names import (
     DEFAULT_ADMISSION_TARGET_MAX_S,
@@ -40,20 +41,63 @@ class GenPreemptionSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tpot_budget: float | None = Field(default=None, description="Allowed relative TPOT inflation")
-    target_output_tps: float | None = Field(default=None, description="Output-rate floor T, tok/s")
+    tpot_budget: float | None = Field(
+        default=None,
+        description="b of tpot_budget mode: the allowed relative TPOT inflation, a request's"
+        " paused time over its unpaused decode time, unitless; 0.1: pauses stretch each"
+        " request's TPOT by at most 10%",
+    )
+    target_output_tps: float | None = Field(
+        default=None,
+        description="T of target_output_tps mode: the output-rate floor that at least"
+        " 1 - eps = 80% of keyed requests must meet, output tokens/s per request",
+    )
     slack_s: float = Field(
-        default=DEFAULT_SLACK_S, ge=0.0, description="At-risk slack threshold, seconds"
+        default=DEFAULT_SLACK_S,
+        ge=0.0,
+        description="a keyed waiter is at risk (a resident may be paused for it) once its"
+        " slack, admission target minus its wait so far, is at most this, seconds",
     )
     max_pauses_per_request: int = Field(
-        default=DEFAULT_MAX_PAUSES_PER_REQUEST, ge=1, description="tpot_budget pause limit"
+        default=DEFAULT_MAX_PAUSES_PER_REQUEST,
+        ge=1,
+        description="tpot_budget mode: most pauses one request may take, count",
     )
-    per_pass_budget: int = Field(default=4, ge=1, description="Most pauses in one pass")
-    admission_target_min_s: float = Field(default=DEFAULT_ADMISSION_TARGET_MIN_S, gt=0.0)
-    admission_target_max_s: float = Field(default=DEFAULT_ADMISSION_TARGET_MAX_S, gt=0.0)
-    resident_headroom: int | None = Field(default=None, ge=0)
-    max_resident_headroom: int | None = Field(default=None, ge=0)
-    paused_cap: int | None = Field(default=None, ge=0)
+    per_pass_budget: int = Field(
+        default=4,
+        ge=1,
+        description="most pauses, and most swaps for due resumes, in one scheduling pass, count",
+    )
+    admission_target_min_s: float = Field(
+        default=DEFAULT_ADMISSION_TARGET_MIN_S,
+        gt=0.0,
+        description="x_min: lower bound of the adaptive admission target X (the 0.9 quantile"
+        " of keyed admission waits), seconds",
+    )
+    admission_target_max_s: float = Field(
+        default=DEFAULT_ADMISSION_TARGET_MAX_S,
+        gt=0.0,
+        description="x_max: upper bound of the adaptive admission target X (the 0.9 quantile"
+        " of keyed admission waits), seconds",
+    )
+    resident_headroom: int | None = Field(
+        default=None,
+        ge=0,
+        description="H: resident slots beyond B (a paused request keeps its slot and KV),"
+        " requests; unset: P with preemption on, 0 with it off",
+    )
+    max_resident_headroom: int | None = Field(
+        default=None,
+        ge=0,
+        description="ceiling of H for live changes, fixed at start-up: the KV cache holds"
+        " B + this residents, requests; unset: H",
+    )
+    paused_cap: int | None = Field(
+        default=None,
+        ge=0,
+        description="P: most requests paused in place at once, at most H, requests;"
+        " unset: floor(0.375 A) (0 whenever preemption is off)",
+    )
 
     @property
     def mode(self) -> PreemptionMode:
@@ -68,9 +112,20 @@ class GenPreemptionSettings(BaseModel):
 class GenCapacity:
     """Engine shape (docs/design.md#capacity): B, A and the parallelism constraining preemption."""
 
-    max_batch_size: int
-    max_num_active_requests: int | None = None
-    pipeline_parallel_size: int = 1
+    max_batch_size: int = field(
+        metadata={DESCRIPTION: "B: most requests decoded in one pass (the batch), requests"}
+    )
+    max_num_active_requests: int | None = field(
+        default=None,
+        metadata={
+            DESCRIPTION: "A: the base resident capacity the default paused cap"
+            " floor(0.375 A) is taken from, requests; unset: B"
+        },
+    )
+    pipeline_parallel_size: int = field(
+        default=1,
+        metadata={DESCRIPTION: "pipeline-parallel stages, count; preemption needs 1"},
+    )
 
     @property
     def base_resident_capacity(self) -> int:

@@ -1,0 +1,148 @@
+"""A CLI flag that sets a settings field takes its help from that field's one description
+(``genpool_core.field_help``), so the help and the model cannot drift apart. The worker's
+parser is built from its torch-free config module, as ``genpool-worker --help`` does."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+from pydantic import BaseModel, Field
+
+from genpool_core.field_help import DESCRIPTION, describe, format_default, help_for
+from genpool_core.preemption import GenCapacity, GenPreemptionSettings
+from genpool_sim.cli_options import build_parser as sim_parser
+from genpool_sim.experiment import Workload
+from genpool_worker.worker_config import WorkerConfig
+from genpool_worker.worker_config import build_parser as worker_parser
+
+# `genpool sim` flags and the field each one sets.
+SIM_FLAGS: dict[str, tuple[type, str]] = {
+    "--concurrency": (Workload, "concurrency"),
+    "--rate-phases": (Workload, "rate_phases"),
+    "--phases": (Workload, "phases"),
+    "--cv": (Workload, "cv"),
+    "--classes": (Workload, "classes"),
+    "--duration": (Workload, "duration_s"),
+    "--warmup": (Workload, "warmup_s"),
+    "--max-batch": (GenCapacity, "max_batch_size"),
+    "--target-output-tps": (GenPreemptionSettings, "target_output_tps"),
+    "--tpot-budget": (GenPreemptionSettings, "tpot_budget"),
+}
+CORE_FIELDS: dict[str, type] = {
+    **{f.name: GenCapacity for f in dataclasses.fields(GenCapacity)},
+    **dict.fromkeys(GenPreemptionSettings.model_fields, GenPreemptionSettings),
+}
+
+
+def options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """Every option by each of its flags, through the subcommands."""
+    found: dict[str, argparse.Action] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= options(sub)
+        else:
+            found |= dict.fromkeys(action.option_strings, action)
+    return found
+
+
+def shown(action: argparse.Action) -> str:
+    """The help as ``--help`` prints it, before line wrapping (argparse unescapes %%)."""
+    assert action.help is not None
+    return action.help.replace("%%", "%")
+
+
+def flag_of(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@pytest.mark.parametrize("name", sorted(WorkerConfig.model_fields))
+def test_every_worker_flag_help_is_its_field_description(name: str) -> None:
+    text = shown(options(worker_parser())[flag_of(name)])
+    assert text.startswith(describe(WorkerConfig, name))
+    default = WorkerConfig.model_fields[name].default
+    if default is not None:
+        assert text.endswith(f" (default: {format_default(default)})")
+    else:  # unset is described in the description, not shown as a default
+        assert "(default:" not in text
+
+
+def test_worker_fields_of_the_core_models_have_their_description() -> None:
+    shared = [name for name in WorkerConfig.model_fields if name in CORE_FIELDS]
+    assert {"tpot_budget", "target_output_tps", "paused_cap", "max_batch_size"} <= set(shared)
+    for name in shared:
+        assert describe(WorkerConfig, name) == describe(CORE_FIELDS[name], name), name
+
+
+@pytest.mark.parametrize("flag", sorted(SIM_FLAGS))
+def test_sim_flag_help_is_its_field_description(flag: str) -> None:
+    model, name = SIM_FLAGS[flag]
+    action = options(sim_parser())[flag]
+    assert action.dest == flag.removeprefix("--").replace("-", "_")
+    text = shown(action)
+    assert text.startswith(describe(model, name))
+    if action.default is not None:  # the default shown is the flag's own
+        assert text.endswith(f" (default: {format_default(action.default)})")
+
+
+@pytest.mark.parametrize("parser", [worker_parser, sim_parser], ids=["worker", "sim"])
+def test_tpot_budget_is_a_relative_inflation_not_seconds(
+    parser: Callable[[], argparse.ArgumentParser],
+) -> None:
+    text = shown(options(parser())["--tpot-budget"])
+    assert "relative TPOT inflation" in text and "unitless" in text
+    assert "0.1: " in text and "10%" in text
+    assert "second" not in text
+
+
+def sim_command() -> argparse.ArgumentParser:
+    """`genpool sim`'s own parser, whose help lists the flags."""
+    commands = next(a for a in sim_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return commands.choices["sim"]
+
+
+@pytest.mark.parametrize("parser", [worker_parser, sim_command], ids=["worker", "sim"])
+def test_help_renders(parser: Callable[[], argparse.ArgumentParser]) -> None:
+    out = " ".join(parser().format_help().split())  # argparse expands %% to %
+    assert "relative TPOT inflation" in out and "by at most 10%" in out
+
+
+def test_the_sim_help_keeps_per_request_units() -> None:
+    flags = options(sim_parser())
+    assert "output tokens/s per request" in shown(flags["--target-output-tps"])
+    assert shown(flags["--target-output-tps"]).endswith("(default: auto)")
+    assert shown(flags["--max-batch"]).startswith("B: ")
+
+
+@dataclass(frozen=True)
+class _Shape:
+    size: int = field(default=3, metadata={DESCRIPTION: "a size, 100% requests"})
+    bare: float = 0.5
+
+
+class _Model(BaseModel):
+    ratio: float = Field(default=0.25, description="a ratio, unitless")
+    on: bool = Field(default=False, description="a switch")
+    bare: int = 1
+
+
+def test_help_for_formats_every_default_the_same_way() -> None:
+    assert help_for(_Model, "ratio") == "a ratio, unitless (default: 0.25)"
+    assert help_for(_Model, "on") == "a switch (default: off)"
+    assert help_for(_Shape, "size", note="odd") == "a size, 100%% requests; odd (default: 3)"
+    assert help_for(_Shape, "size", default=None) == "a size, 100%% requests"
+    assert help_for(_Shape, "size", default=()) == "a size, 100%% requests"
+    assert help_for(_Model, "ratio", default=[1.0, 2.5]) == "a ratio, unitless (default: 1,2.5)"
+    assert format_default(30.0) == "30" and format_default("auto") == "auto"
+
+
+@pytest.mark.parametrize(("model", "name"), [(_Shape, "bare"), (_Model, "bare")])
+def test_a_field_without_a_description_is_refused(model: type, name: str) -> None:
+    with pytest.raises(ValueError, match="no description"):
+        describe(model, name)
+    with pytest.raises(KeyError):
+        describe(model, "missing")
