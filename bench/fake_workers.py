@@ -1,7 +1,7 @@
 """Many fake GEN workers in one asyncio process, each on its own loopback address.
 
 They speak just enough of the worker's HTTP contract for the operator's scrape and
-push paths (``GET /statline``, ``GET /config``, ``PUT /config``) so that a scrape
+push paths (``GET /statlines``, ``GET /config``, ``PUT /config``) so that a scrape
 round over hundreds of pods can be measured and tested without hundreds of models.
 """
 
@@ -60,7 +60,7 @@ async def _handle(
 def _respond(
     worker: FakeWorker, method: str, path: str, headers: dict[str, str], body: bytes
 ) -> tuple[int, bytes, str]:
-    if method == "GET" and path == "/statline":
+    if method == "GET" and path == "/statlines":
         return 200, STATLINE.format(t=worker.t).encode(), "text/plain"
     if method == "GET" and path == "/config":
         return 200, json.dumps(worker.config).encode(), "application/json"

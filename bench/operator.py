@@ -31,8 +31,8 @@ LIVE = {"resident_headroom": 8, "paused_cap": 6, "slack_s": 0.5}
 
 async def _one_round(client: WorkerClient, pools: list[list[PodTarget]], generation: int) -> None:
     async def pool_round(targets: list[PodTarget]) -> None:
-        lines = await client.gather(client.statline, targets)
-        assert all(line is not None for line in lines)
+        lines = await client.gather(client.statlines, targets)
+        assert all(lines), lines
         synced, errors = await push_live(client, targets, generation, LIVE)
         assert not errors and synced == len(targets), errors
 

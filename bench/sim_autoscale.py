@@ -76,7 +76,7 @@ def ablation(shape: str, cv: float, seeds: int, jobs: int) -> dict[str, object]:
     from genpool_sim.cli import DEFAULT_TRACE, load_trace
     from genpool_sim.cluster import ClusterConfig
     from genpool_sim.experiment import Workload
-    from genpool_sim.tuning import TuneConfig
+    from genpool_sim.pool_control import TuneConfig
     from genpool_sim.workload import parse_rate_phases
 
     workload = Workload(load_trace(DEFAULT_TRACE), rate_phases=parse_rate_phases(SHAPES[shape]),

@@ -33,8 +33,8 @@ from genpool_sim.autoscale import AutoscaleConfig, PolicyRun, run_policy
 from genpool_sim.cli import DEFAULT_TRACE, load_trace
 from genpool_sim.cluster import ClusterConfig
 from genpool_sim.experiment import Workload
+from genpool_sim.pool_control import TuneConfig
 from genpool_sim.report import mean_ci
-from genpool_sim.tuning import TuneConfig
 from genpool_sim.workload import parse_rate_phases
 
 OUT = Path(__file__).resolve().parent / "results" / "sim"

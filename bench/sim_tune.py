@@ -24,9 +24,10 @@ from genpool_core.tuner import TunerSettings
 from genpool_sim.cli import DEFAULT_TRACE, load_trace
 from genpool_sim.cluster import ClusterConfig
 from genpool_sim.experiment import RunResult, Workload, run_seed
+from genpool_sim.phases import Phase, parse_phases, phase_starts
+from genpool_sim.pool_control import TuneConfig
 from genpool_sim.records import SimRequest
 from genpool_sim.report import mean_ci
-from genpool_sim.tuning import Phase, TuneConfig, parse_phases, phase_starts
 
 OUT = Path(__file__).resolve().parent / "results" / "sim" / "tune.json"
 PHASES = "150:200,300:270,150:200"

@@ -28,7 +28,7 @@ _STATUS_VICTIM_KEYS = {
 class PoolStats:
     """Sums over the reporting workers, and ratios weighted by what they count."""
 
-    workers_reporting: int
+    workers_reporting: int  # pods with a line: the snapshot values sum over them
     mode: str
     paused: int
     paused_cap: int  # summed over the workers, as are the other counts
@@ -50,10 +50,16 @@ class PoolStats:
     steps_window: int = 0
     batch_mean: float | None = None
     ttft_hist: tuple[int, ...] = ()
+    # pod windows behind the window sums (a pod may add none or two); None: one per worker
+    windows_counted: int | None = None
 
     @property
     def ttft_p90(self) -> float | None:
         return ttft_histogram.quantile(self.ttft_hist, 0.9)
+
+    @property
+    def num_windows(self) -> int:
+        return self.workers_reporting if self.windows_counted is None else self.windows_counted
 
     @property
     def num_first_tokens(self) -> int:
@@ -125,13 +131,10 @@ def _sum_victims(lines: list[StatLine]) -> dict[str, int]:
     return victims
 
 
-# Per-worker counts whose pool value is their sum.
-SUMMED_COUNTS = (
-    "paused",
-    "paused_cap",
-    "resident_headroom",
-    "waiters",
-    "at_risk",
+# Per-worker counts whose pool value is their sum: snapshots (each pod's newest line)...
+SUMMED_SNAPSHOTS = ("paused", "paused_cap", "resident_headroom", "waiters", "at_risk")
+# ...and window counts (every window counted, each once: genpool_core.windows).
+SUMMED_WINDOWS = (
     "completed_window",
     "pauses_window",
     "laxity_resumes",
@@ -145,22 +148,33 @@ def _line_key(name: str) -> str:
     return {"paused_cap": "cap", "resident_headroom": "headroom"}.get(name, name)
 
 
-def aggregate(lines: Iterable[StatLine | None]) -> PoolStats | None:
-    """The pool's stats from one stat line per worker; ``None`` if no line is usable."""
-    good = [line for line in lines if isinstance(line, StatLine) and math.isfinite(line.t)]
+def _usable(lines: Iterable[StatLine | None]) -> list[StatLine]:
+    return [line for line in lines if isinstance(line, StatLine) and math.isfinite(line.t)]
+
+
+def aggregate(
+    lines: Iterable[StatLine | None], windows: Iterable[StatLine | None] | None = None
+) -> PoolStats | None:
+    """The pool's stats: snapshots from ``lines`` (one per worker, its newest), window
+    counts and ratios from ``windows`` (default: the same lines, one window each).
+    ``None`` if no line is usable."""
+    good = _usable(lines)
     if not good:
         return None
+    counted = good if windows is None else _usable(windows)
     modes = {line.mode for line in good}
     credits = _present(line.credit for line in good)
     targets = _present(line.admission_target_s for line in good)
     paused_below = [line.paused_below_target for line in good]
     return PoolStats(
         workers_reporting=len(good),
+        windows_counted=len(counted),
         mode=modes.pop() if len(modes) == 1 else MIXED_MODE,
-        **{name: sum(getattr(line, _line_key(name)) for line in good) for name in SUMMED_COUNTS},
-        victims=_sum_victims(good),
+        **{name: sum(getattr(line, _line_key(name)) for line in good) for name in SUMMED_SNAPSHOTS},
+        **{name: sum(getattr(line, name) for line in counted) for name in SUMMED_WINDOWS},
+        victims=_sum_victims(counted),
         below_target_window=_weighted_mean(
-            (line.below_target_window, line.completed_window) for line in good
+            (line.below_target_window, line.completed_window) for line in counted
         ),
         below_target_total=_weighted_mean(
             (line.below_target_total, line.completed_total) for line in good
@@ -169,12 +183,12 @@ def aggregate(lines: Iterable[StatLine | None]) -> PoolStats | None:
         # mean_laxity is a mean over the window's laxity victims: weighting by their
         # count gives the exact pooled mean.
         mean_laxity=_weighted_mean(
-            (line.mean_laxity, line.victims.get("laxity", 0)) for line in good
+            (line.mean_laxity, line.victims.get("laxity", 0)) for line in counted
         ),
         paused_below_target=(
             None if all(v is None for v in paused_below) else sum(v or 0 for v in paused_below)
         ),
         admission_target_mean_s=sum(targets) / len(targets) if targets else None,
-        batch_mean=_weighted_mean((line.batch_mean, line.steps_window) for line in good),
-        ttft_hist=ttft_histogram.summed(line.ttft_hist for line in good),
+        batch_mean=_weighted_mean((line.batch_mean, line.steps_window) for line in counted),
+        ttft_hist=ttft_histogram.summed(line.ttft_hist for line in counted),
     )

@@ -1,9 +1,12 @@
 """The live configuration of a running scheduler: one value, checked whole, applied whole.
 
-``PUT /config`` (the operator's tuner) and the simulator's tuner change these fields
-without a restart (their names are :data:`genpool_core.names.LIVE_FIELDS`). A change
-is a new :class:`LiveConfig`; :meth:`GenScheduler.reconfigure` checks all of it
-before any of it takes effect, so a bad update leaves the old one in force.
+``PUT /config`` (the operator's pool controller) and the simulator's controller change
+these fields without a restart (their names are :data:`genpool_core.names.LIVE_FIELDS`),
+tagged with the operator's generation (:data:`genpool_core.names.GENERATION_FIELD`),
+which is part of the value: the knobs and the generation they came with are applied
+together, in the engine's loop, so no reader sees one without the other. A change is a
+new :class:`LiveConfig`; :meth:`GenScheduler.reconfigure` checks all of it before any
+of it takes effect, so a bad update leaves the old one in force.
 """
 
 from __future__ import annotations
@@ -13,7 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from genpool_core.knobs import Knobs
-from genpool_core.names import LIVE_FIELDS
+from genpool_core.names import GENERATION_FIELD, LIVE_FIELDS
+
+
+class StaleGenerationError(ValueError):
+    """An update tagged with an older generation than the one in force."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +29,7 @@ class LiveConfig:
     slack_s: float
     admission_target_min_s: float
     admission_target_max_s: float
+    generation: int = 0  # the operator's version of these values: never goes back
 
     def check(self, max_resident_headroom: int, is_preemption_on: bool) -> None:
         """Raise ``ValueError`` naming the first field that cannot be applied."""
@@ -43,11 +51,15 @@ class LiveConfig:
     def updated(self, update: Mapping[str, object]) -> LiveConfig:
         """This config with the fields of ``update`` (``PUT /config`` names) replaced.
 
-        Raises ``ValueError`` for an unknown field, ``TypeError`` for a wrong type.
+        Raises ``StaleGenerationError`` for an older generation, ``ValueError`` for an
+        unknown field, ``TypeError`` for a wrong type.
         """
-        unknown = sorted(set(update).difference(LIVE_FIELDS))
+        unknown = sorted(set(update).difference((*LIVE_FIELDS, GENERATION_FIELD)))
         if unknown:
             raise ValueError(f"not live fields: {', '.join(unknown)}")
+        generation = _integer(update, GENERATION_FIELD, self.generation)
+        if generation < self.generation:
+            raise StaleGenerationError(f"stale generation {generation} < {self.generation}")
         knobs = Knobs(
             _integer(update, "resident_headroom", self.knobs.resident_headroom),
             _integer(update, "paused_cap", self.knobs.paused_cap),
@@ -62,6 +74,7 @@ class LiveConfig:
             admission_target_max_s=_number(
                 update, "admission_target_max_s", self.admission_target_max_s
             ),
+            generation=generation,
         )
 
 

@@ -8,13 +8,37 @@ are in :mod:`genpool_core.knobs`.
 
 from __future__ import annotations
 
+import enum
+
 # Preemption modes as the worker, its stat line and the simulator spell them.
 OFF_MODE = "off"
 TPOT_MODE = "tpot_budget"
 SLO_MODE = "target_output_tps"
 PREEMPTION_MODES = (OFF_MODE, TPOT_MODE, SLO_MODE)
-# The GenPool spec's spelling (spec.preemption.mode) of the same modes.
-CRD_MODES: dict[str, str] = {"Off": OFF_MODE, "TpotBudget": TPOT_MODE, "TargetOutputTps": SLO_MODE}
+
+
+class PreemptionMode(enum.Enum):
+    """The preemption modes; parsed once from either spelling, compared as members."""
+
+    OFF = OFF_MODE
+    TPOT_BUDGET = TPOT_MODE
+    TARGET_OUTPUT_TPS = SLO_MODE
+
+    @property
+    def crd(self) -> str:
+        """The GenPool spec's spelling (``spec.preemption.mode``)."""
+        return _CRD_SPELLING[self]
+
+    @classmethod
+    def from_crd(cls, text: str) -> PreemptionMode:
+        return next(mode for mode, spelling in _CRD_SPELLING.items() if spelling == text)
+
+
+_CRD_SPELLING = {
+    PreemptionMode.OFF: "Off",
+    PreemptionMode.TPOT_BUDGET: "TpotBudget",
+    PreemptionMode.TARGET_OUTPUT_TPS: "TargetOutputTps",
+}
 
 # Defaults of the user-facing preemption settings (the CRD's defaults are the same).
 DEFAULT_SLACK_S = 0.5
@@ -31,6 +55,7 @@ LIVE_FIELDS = (
     "admission_target_min_s",
     "admission_target_max_s",
 )
+RECENT_STAT_LINES = 16  # periodic stat lines a worker serves on GET /statlines
 GENERATION_FIELD = "generation"  # PUT /config's version: a worker refuses an older one
 
 WORKER_PORT = 8000  # the worker's HTTP port (completions, /stats, /config, /drain)

@@ -24,22 +24,31 @@ Rules, first match wins:
    window's load at the utilisation ceiling (higher with the knob lever: pausing
    absorbs the bursts a planner must keep headroom for).
 
-Up acts at once (but not while replicas are still starting); down only when every
-recommendation over the last ``down_window_s`` agrees (Kubernetes HPA's
-stabilisation window). Never outside [min, max], never more than ``max_step``.
+Up acts at once (but not while replicas are still starting), as far as every
+recommendation over the last ``up_window_s`` asked; an up for load alone (rules 1 and
+2) while the SLO holds waits for a second window in a row, so a single burst (or the
+waiters a drained replica hands back) does not buy replicas the down window then keeps
+for minutes. Down only when every recommendation over the last ``down_window_s``
+agrees (Kubernetes HPA's stabilisation windows). Never outside [min, max], never more
+than ``max_step``.
+
+Rounds come every ``interval_s`` plus the round's own time, never exactly on it, so
+windows are whole intervals (rounded up: never shorter than asked) and a window is
+covered within half an interval.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from genpool_core.aggregate import PoolStats
 
 OUTRUN = "up-arrivals-outrun-completions"
 UTILISATION_HIGH = "up-utilisation-high"
-_TOLERANCE_S = 1e-6  # ticks at k * interval land on the window's edge up to rounding
+CLAMP = "clamp-to-bounds"
+LOAD_UPS = (OUTRUN, UTILISATION_HIGH)  # ups on the window's load, not on an SLO miss
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +62,8 @@ class ScalerSettings:
     max_step: int = 8
     up_fraction: float = 0.25  # an up step adds this fraction of the replicas (>= 1)
     down_window_s: float = 300.0
+    up_window_s: float = 0.0  # 0: up on this round's recommendation
+    interval_s: float = 30.0  # between rounds: windows are whole intervals, jitter half one
     max_utilisation: float = 0.85  # of the batch positions, to scale down (no knob lever)
     max_utilisation_with_pausing: float = 0.95  # the same with the knob lever
     down_ttft_fraction: float = 0.6  # TTFT p90 below this share of the target to scale down
@@ -77,17 +88,31 @@ class ScalerSettings:
         ceilings = (self.max_utilisation, self.max_utilisation_with_pausing)
         if not all(0 < u <= 1 for u in ceilings) or not 0 < self.down_ttft_fraction < 1:
             raise ValueError("need 0 < max utilisations <= 1 and 0 < down TTFT fraction < 1")
-        if not self.down_window_s >= 0:
-            raise ValueError(f"down window must be >= 0 s, got {self.down_window_s}")
+        if not (self.down_window_s >= 0 and self.up_window_s >= 0):
+            raise ValueError("need up and down windows >= 0 s")
+        if not (math.isfinite(self.interval_s) and self.interval_s > 0):
+            raise ValueError(f"interval must be > 0 s, got {self.interval_s}")
+
+    def whole_intervals(self, window_s: float) -> float:
+        """A window rounded up to whole intervals."""
+        return math.ceil(window_s / self.interval_s - 1e-9) * self.interval_s
+
+    def is_covered(self, oldest: float, now: float, window_s: float) -> bool:
+        """Whether recommendations since ``oldest`` span the window, within half an interval."""
+        return now - oldest >= self.whole_intervals(window_s) - self.interval_s / 2
 
 
 @dataclass(frozen=True, slots=True)
 class ScalerState:
     # (time, recommended replicas) over the last down window, oldest first
     recommendations: tuple[tuple[float, int], ...] = ()
+    loaded_at: float | None = None  # the last round that asked for more replicas on load
 
     def to_status(self) -> dict[str, object]:
-        return {"recommendations": [[t, n] for t, n in self.recommendations]}
+        return {
+            "recommendations": [[t, n] for t, n in self.recommendations],
+            "loadedAt": self.loaded_at,
+        }
 
     @classmethod
     def from_status(cls, status: Mapping[str, object] | None) -> ScalerState:
@@ -101,7 +126,8 @@ class ScalerState:
         for item in items:
             if isinstance(item, list) and len(item) == 2 and all(_is_number(v) for v in item):
                 kept.append((float(item[0]), int(item[1])))
-        return cls(tuple(kept))
+        loaded = status.get("loadedAt")
+        return cls(tuple(kept), float(loaded) if _is_number(loaded) else None)  # type: ignore[arg-type]
 
 
 def _is_number(value: object) -> bool:
@@ -196,7 +222,7 @@ def recommend(replicas: int, stats: PoolStats, settings: ScalerSettings) -> tupl
         and stats.waiters >= settings.min_waiters_per_replica * stats.workers_reporting
     )
     if falling_behind:  # an absolute count: serve the arrivals and drain the queue
-        per_replica = completions / max(1, stats.workers_reporting)
+        per_replica = completions / max(1, stats.num_windows)  # per pod window
         needed = math.ceil((stats.arrivals_window + stats.waiters) / per_replica)
         if needed > replicas:  # else the replicas starting already cover it
             return needed, OUTRUN
@@ -220,6 +246,35 @@ def recommend(replicas: int, stats: PoolStats, settings: ScalerSettings) -> tupl
     return replicas, "hold"
 
 
+def _slo_misses(stats: PoolStats, settings: ScalerSettings) -> bool:
+    p90, attainment = _ttft_p90(stats, settings), _attainment(stats, settings)
+    if p90 is not None and p90 > settings.ttft_p90_s:
+        return True
+    target = settings.attainment
+    return target is not None and attainment is not None and attainment < target
+
+
+def _stabilised_up(
+    replicas: int, target: int, reason: str, stats: PoolStats, settings: ScalerSettings,
+    state_before: ScalerState, earlier: tuple[tuple[float, int], ...], now: float,
+) -> tuple[int, str]:  # fmt: skip
+    """The up target after the up window and the single-burst rule (see the module doc)."""
+    if reason in LOAD_UPS and not _slo_misses(stats, settings):
+        loaded_at = state_before.loaded_at
+        if loaded_at is None or now - loaded_at > 1.5 * settings.interval_s:
+            return replicas, "hold-single-burst"
+    if settings.up_window_s > 0:
+        recent = [(t, n) for t, n in earlier if now - t <= settings.whole_intervals(
+            settings.up_window_s) + settings.interval_s / 2]  # fmt: skip
+        if not recent or not settings.is_covered(recent[0][0], now, settings.up_window_s):
+            return replicas, "hold-up-window"
+        lowest = min(n for _, n in recent)
+        if lowest <= replicas:
+            return replicas, "hold-up-window"
+        target = min(target, lowest)
+    return target, reason
+
+
 def scale(
     replicas: int,
     num_ready: int,
@@ -229,27 +284,37 @@ def scale(
     now: float,
 ) -> ScaleDecision:
     """One round. ``replicas`` is the desired count in force, ``num_ready`` how many serve."""
-    horizon = settings.down_window_s + _TOLERANCE_S
+    keep = settings.whole_intervals(max(settings.down_window_s, settings.up_window_s))
+    horizon = keep + settings.interval_s / 2
     window = tuple((t, n) for t, n in state.recommendations if 0 <= now - t <= horizon)
     bounded = min(max(replicas, settings.min_replicas), settings.max_replicas)
     if bounded != replicas:  # the bounds are the user's spec: obey at once
-        return ScaleDecision(bounded, "clamp-to-bounds", ScalerState(window))
-    if stats is None:  # no stats: neither up nor down, and the down window restarts
+        return ScaleDecision(bounded, CLAMP, ScalerState(window, state.loaded_at))
+    if stats is None:  # no stats: neither up nor down, and the windows restart
         return ScaleDecision(replicas, "stats-missing", ScalerState())
     target, reason = recommend(replicas, stats, settings)
-    state = replace(state, recommendations=(*window, (now, target)))
+    before = state
+    is_loaded = target > replicas and reason in LOAD_UPS
+    state = ScalerState((*window, (now, target)), now if is_loaded else None)
     if target > replicas:
         # Replicas still starting: let them land first, unless the count comes from the
         # serving replicas' throughput (it already accounts for the ones starting).
-        if num_ready < replicas and reason not in (OUTRUN, UTILISATION_HIGH):
+        if num_ready < replicas and reason not in LOAD_UPS:
             return ScaleDecision(replicas, "hold-starting", state)
+        target, reason = _stabilised_up(
+            replicas, target, reason, stats, settings, before, window, now
+        )
         up = min(target, replicas + settings.max_step, settings.max_replicas)
-        return ScaleDecision(up, reason if up > replicas else "hold-at-max", state)
+        if up == replicas and target > replicas:
+            reason = "hold-at-max"
+        return ScaleDecision(up, reason, state)
     if target < replicas:
-        oldest = state.recommendations[0][0]
-        if now - oldest < settings.down_window_s - _TOLERANCE_S:  # window not yet covered
+        down_window = [(t, n) for t, n in state.recommendations
+                       if now - t <= settings.whole_intervals(settings.down_window_s)
+                       + settings.interval_s / 2]  # fmt: skip
+        if not settings.is_covered(down_window[0][0], now, settings.down_window_s):
             return ScaleDecision(replicas, "hold-down-window", state)
-        highest = max(n for _, n in state.recommendations)
+        highest = max(n for _, n in down_window)
         down = min(replicas, max(highest, replicas - settings.max_step, settings.min_replicas))
         return ScaleDecision(down, reason if down < replicas else "hold-down-window", state)
     return ScaleDecision(replicas, reason, state)

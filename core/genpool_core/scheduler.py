@@ -51,6 +51,7 @@ class GenScheduler(SchedulerViews):
         self.pausing = PauseLane()
         cap = policy.capacity
         self._knobs = Knobs(cap.resident_headroom, cap.paused_cap)
+        self._generation = 0  # of the live config in force (PUT /config tags it)
         self._is_preemption_on = policy.mode is not PreemptionMode.OFF
         self._per_pass_budget = policy.settings.per_pass_budget
         settings = policy.settings
@@ -148,11 +149,14 @@ class GenScheduler(SchedulerViews):
 
     def live_config(self) -> LiveConfig:
         target = self.queue.target
-        return LiveConfig(self._knobs, self.queue.slack_s, target.x_min, target.x_max)
+        return LiveConfig(
+            self._knobs, self.queue.slack_s, target.x_min, target.x_max, self._generation
+        )
 
     def reconfigure(self, config: LiveConfig) -> None:
         """Apply a live change (operator, tuner); all of it is checked before any applies."""
         config.check(self.slots.max_resident_headroom(), self._is_preemption_on)
+        self._generation = config.generation
         self._knobs = config.knobs
         self.slots.set_resident_headroom(config.knobs.resident_headroom)
         self.queue.target.set_bounds(config.admission_target_min_s, config.admission_target_max_s)

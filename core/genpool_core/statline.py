@@ -277,15 +277,18 @@ def _parse_fields(fields: dict[str, str]) -> dict[str, object]:
 
 def parse_statline(text: object) -> StatLine | None:
     """The last stat line in ``text`` (one line or a log tail), or ``None``."""
+    lines = parse_statlines(text)
+    return lines[-1] if lines else None
+
+
+def parse_statlines(text: object) -> list[StatLine]:
+    """Every stat line in ``text`` (a log tail, ``GET /statlines``), in order; what is
+    not a stat line is skipped. Never raises."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
     if not isinstance(text, str):
-        return None
-    for line in reversed(text.splitlines()):
-        parsed = _parse_one(line)
-        if parsed is not None:
-            return parsed
-    return None
+        return []
+    return [parsed for line in text.splitlines() if (parsed := _parse_one(line)) is not None]
 
 
 def _parse_one(line: str) -> StatLine | None:

@@ -157,7 +157,7 @@ async def stats_daemon(
                 try:
                     report = await run_round(
                         runtime.kube, runtime.workers, dict(body), spec, memory,
-                        now=time.monotonic(), tune=is_tuning,
+                        tune=is_tuning,
                     )  # fmt: skip
                 except Exception as exc:  # one bad round must not kill the pool's daemon
                     if stopped or runtime.closing:

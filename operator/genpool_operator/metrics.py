@@ -63,23 +63,29 @@ def serve(host: str, port: int) -> bool:
 
 
 def record_round(
-    namespace: str, pool: str, plan: RoundPlan, *, num_scrape_errors: int, seconds: float
+    namespace: str,
+    pool: str,
+    plan: RoundPlan,
+    *,
+    is_autoscaling: bool,
+    num_scrape_errors: int,
+    seconds: float,
 ) -> None:
     labels = (namespace, pool)
-    advisory = "true" if plan.is_advisory else "false"
-    if plan.decision is not None:
-        _count_decision((*labels, "knobs", plan.decision.reason, advisory))
-    scaling = plan.scaling
-    if scaling is not None and scaling.decision is not None:
-        _count_decision((*labels, "replicas", scaling.decision.reason, advisory))
-    if scaling is not None:
-        DESIRED_REPLICAS.labels(*labels).set(scaling.desired)
+    decision = plan.decision
+    advisory = "true" if decision.is_advisory else "false"
+    if decision.tuning is not None:
+        _count_decision((*labels, "knobs", decision.tuning.reason, advisory))
+    if decision.scaling is not None:
+        _count_decision((*labels, "replicas", decision.scaling.reason, advisory))
+    if is_autoscaling:
+        DESIRED_REPLICAS.labels(*labels).set(decision.desired)
     else:  # autoscaling off: no desired count to report, not the last one frozen
         _remove(DESIRED_REPLICAS, labels)
-    if plan.slo.ttft_p90_s is not None:
-        SLO_TTFT_P90.labels(*labels).set(plan.slo.ttft_p90_s)
-    if plan.slo.attainment is not None:
-        SLO_ATTAINMENT.labels(*labels).set(plan.slo.attainment)
+    if decision.slo.ttft_p90_s is not None:
+        SLO_TTFT_P90.labels(*labels).set(decision.slo.ttft_p90_s)
+    if decision.slo.attainment is not None:
+        SLO_ATTAINMENT.labels(*labels).set(decision.slo.attainment)
     if num_scrape_errors:
         SCRAPE_ERRORS.labels(*labels).inc(num_scrape_errors)
     ROUND_SECONDS.labels(*labels).observe(seconds)

@@ -18,13 +18,7 @@ from genpool_core.names import (
     pool_label_selector,
 )
 from genpool_operator.builders import PoolRef, build_children
-from genpool_operator.conditions import (
-    Condition,
-    merge_conditions,
-    phase,
-    readiness_conditions,
-    ready_text,
-)
+from genpool_operator.conditions import Condition
 from genpool_operator.inference_pool import (
     INFERENCE_POOL_CONDITION,
     applied,
@@ -38,6 +32,13 @@ from genpool_operator.inference_pool import (
 from genpool_operator.kube import Kube, KubeError, object_path, resource_path, with_retries
 from genpool_operator.pod_failures import degraded_condition
 from genpool_operator.pool_health import worker_failures
+from genpool_operator.pool_status import (
+    WorkloadFacts,
+    is_news,
+    reduce_status,
+    without_condition,
+)
+from genpool_operator.scaling_plan import desired_replicas
 from genpool_operator.spec import GenPoolSpec
 from genpool_operator.status import now_iso, update_status
 
@@ -96,8 +97,8 @@ async def _apply_one(kube: Kube, child: dict[str, Any]) -> ChildChange:
 async def record_spec_status(
     kube: Kube, body: dict[str, Any], spec: GenPoolSpec | None, error: str | None
 ) -> None:
-    """observedGeneration, selector and the Degraded condition after a reconcile
-    (``error``: the invalid spec's message; else the workers' failures decide)."""
+    """observedGeneration, selector and the Degraded fact after a reconcile (``error``:
+    the invalid spec's message; else the workers' failures decide)."""
     meta = body["metadata"]
     generation = meta.get("generation")
     stamp = now_iso()
@@ -105,68 +106,38 @@ async def record_spec_status(
     degraded = degraded_condition(error, failures)
 
     def mutate(status: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
-        desired = spec.replicas if spec else 0
-        patch: dict[str, Any] = {
-            "observedGeneration": generation,
-            "selector": pool_label_selector(meta["name"]),
-            "conditions": merge_conditions(
-                status.get("conditions"), [degraded], now_iso=stamp, observed_generation=generation
-            ),
-            "phase": phase(desired, int(status.get("readyReplicas") or 0), degraded.status is True),
-        }
-        if "ready" not in status:
-            patch["ready"] = ready_text(desired, 0)
-            patch["replicas"] = 0
-            patch["readyReplicas"] = 0
-        return patch
+        # Before the StatefulSet reports, the replicas in force are the workload's.
+        start = WorkloadFacts(desired_replicas(spec, status) if spec else 0)
+        workload = WorkloadFacts.from_status(status) or start
+        patch = reduce_status(status, workload=workload, facts=[degraded], now_text=stamp,
+                              observed_generation=generation)  # fmt: skip
+        return {"observedGeneration": generation, "selector": pool_label_selector(meta["name"]),
+                **patch}  # fmt: skip
 
     await update_status(kube, meta["namespace"], meta["name"], mutate)
 
 
 async def mirror_statefulset(kube: Kube, statefulset: dict[str, Any]) -> None:
-    """Copy the StatefulSet's replica counts into its GenPool's status."""
+    """Record the StatefulSet's replica counts as the GenPool's workload facts."""
     meta = statefulset["metadata"]
     pool = (meta.get("labels") or {}).get(POOL_LABEL)
     if not pool:
         return
-    desired = int((statefulset.get("spec") or {}).get("replicas") or 0)
     counts = statefulset.get("status") or {}
-    replicas = int(counts.get("replicas") or 0)
-    ready = int(counts.get("readyReplicas") or 0)
-    updated = int(counts.get("updatedReplicas") or 0)
+    workload = WorkloadFacts(
+        desired=int((statefulset.get("spec") or {}).get("replicas") or 0),
+        replicas=int(counts.get("replicas") or 0),
+        ready=int(counts.get("readyReplicas") or 0),
+        updated=int(counts.get("updatedReplicas") or 0),
+    )
     stamp = now_iso()
 
     def mutate(status: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any] | None:
-        degraded = any(
-            c.get("type") == "Degraded" and c.get("status") == "True"
-            for c in status.get("conditions") or []
-        )
-        patch: dict[str, Any] = {
-            "replicas": replicas,
-            "readyReplicas": ready,
-            "ready": ready_text(desired, ready),
-            "phase": phase(desired, ready, degraded),
-            "conditions": merge_conditions(
-                status.get("conditions"),
-                readiness_conditions(desired, ready, updated, degraded=degraded),
-                now_iso=stamp,
-                observed_generation=fresh["metadata"].get("generation"),
-            ),
-        }
-        unchanged = all(status.get(k) == v for k, v in patch.items() if k != "conditions")
-        same_conditions = _strip_times(status.get("conditions")) == _strip_times(
-            patch["conditions"]
-        )
-        return None if unchanged and same_conditions else patch
+        patch = reduce_status(status, workload=workload, now_text=stamp,
+                              observed_generation=fresh["metadata"].get("generation"))  # fmt: skip
+        return patch if is_news(status, patch) else None
 
     await update_status(kube, meta["namespace"], pool, mutate)
-
-
-def _strip_times(conditions: Any) -> list[tuple[Any, ...]]:
-    return [
-        (c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
-        for c in conditions or []
-    ]
 
 
 async def apply_inference_pool(
@@ -228,19 +199,17 @@ async def _remove_inference_pool(kube: Kube, body: dict[str, Any]) -> list[Child
 async def _set_inference_pool_condition(
     kube: Kube, body: dict[str, Any], condition: Condition | None
 ) -> None:
-    """Write ``condition`` (None: drop InferencePoolReady) when it is news."""
+    """Record ``condition`` (None: drop InferencePoolReady) when it is news."""
     meta = body["metadata"]
     stamp = now_iso()
 
     def mutate(status: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any] | None:
-        current = status.get("conditions") or []
-        if condition is None:
-            kept = [c for c in current if c.get("type") != INFERENCE_POOL_CONDITION]
-            return {"conditions": kept} if len(kept) < len(current) else None
-        generation = fresh["metadata"].get("generation")
-        merged = merge_conditions(
-            current, [condition], now_iso=stamp, observed_generation=generation
+        facts = [condition] if condition is not None else []
+        base = (
+            status if condition is not None else without_condition(status, INFERENCE_POOL_CONDITION)
         )
-        return None if _strip_times(merged) == _strip_times(current) else {"conditions": merged}
+        patch = reduce_status(base, facts=facts, now_text=stamp,
+                              observed_generation=fresh["metadata"].get("generation"))  # fmt: skip
+        return patch if is_news(status, patch) else None
 
     await update_status(kube, meta["namespace"], meta["name"], mutate)

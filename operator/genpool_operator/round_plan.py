@@ -1,35 +1,41 @@
-"""One stats round for one pool as a plan: what to push and what to record, with no I/O.
+"""One stats round for one pool as a plan: the GenPool mapped to the pool controller
+and its decision mapped back to what to push and what to record, with no I/O.
 
-``statsloop`` gathers the inputs (the pool's stat lines), calls :func:`plan_round`,
-pushes ``plan.live`` to the pods, then writes :func:`status_patch` and posts
-:func:`round_events`. Everything a round decides is here, so it is tested without
-a cluster, pods or a clock (``now`` is passed in).
+The decision is :func:`genpool_core.controller.run_round` (the simulator runs the same
+one). This module maps the spec to its settings and the status to its state
+(:func:`controller_settings`, :func:`controller_state`), and the decision to the live
+config pushed with PUT /config, the status patch and the Events. ``statsloop`` gathers
+the inputs and does the I/O; everything here is tested without a cluster or a clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from genpool_core import tuner
-from genpool_core.aggregate import PoolStats, aggregate
+from genpool_core.controller import (
+    ControllerSettings,
+    ControllerState,
+    Observation,
+    RoundDecision,
+    run_round,
+)
 from genpool_core.knobs import KnobBounds, Knobs
-from genpool_core.names import DEFAULT_STAT_INTERVAL_S
+from genpool_core.names import DEFAULT_STAT_INTERVAL_S, PreemptionMode
+from genpool_core.scaler import ScalerState
+from genpool_core.slo_check import SloTarget
 from genpool_core.statline import StatLine
-from genpool_operator.conditions import Condition, merge_conditions
-from genpool_operator.freshness import LineClock, observe
+from genpool_core.tuner import TunerSettings, TunerState
+from genpool_core.windows import WindowClock
+from genpool_operator.conditions import Condition
+from genpool_operator.pool_status import reduce_status
 from genpool_operator.scaling_plan import (
-    PoolView,
-    ScalingPlan,
-    SloMeasure,
-    SloVerdict,
     history_entry,
-    measure_slo,
-    merge_slo_condition,
-    plan_scaling,
+    recorded_desired,
+    scaler_settings,
     scaling_status,
-    slo_verdict,
+    slo_condition,
     was_slo_met,
 )
 from genpool_operator.spec import GenPoolSpec
@@ -43,13 +49,39 @@ def round_interval(spec: GenPoolSpec | None) -> float:
     return float(spec.tuning.interval_seconds if spec else DEFAULT_STAT_INTERVAL_S)
 
 
-def knobs_in_force(spec: GenPoolSpec, tuning_status: Mapping[str, Any]) -> Knobs:
-    """The tuner's last knobs (status survives restarts), else the spec's start values,
-    clamped into the spec's current bounds."""
-    start = spec.start_knobs()
-    if not spec.preemption_on:
-        return start
-    return spec.bounds().clamp(Knobs.from_json(tuning_status, start))
+def controller_settings(spec: GenPoolSpec) -> ControllerSettings:
+    """The pool controller's settings from the spec."""
+    is_slo_mode = spec.preemption.kind is PreemptionMode.TARGET_OUTPUT_TPS
+    slo = spec.slo
+    tuner = None
+    if spec.tuning.enabled and spec.preemption_on:
+        tuner = TunerSettings(cooldown_intervals=spec.tuning.cooldown_intervals)
+    return ControllerSettings(
+        interval_s=round_interval(spec),
+        start_replicas=spec.replicas,
+        bounds=spec.bounds(),
+        start_knobs=spec.start_knobs(),
+        is_pausing=spec.preemption_on,
+        tuner=tuner,
+        scaler=scaler_settings(spec) if spec.autoscaling.enabled else None,
+        slo=None if slo is None else SloTarget(
+            slo.ttft_p90_seconds, slo.attainment if is_slo_mode else None
+        ),
+        is_advisory=spec.advisory,
+    )  # fmt: skip
+
+
+def controller_state(spec: GenPoolSpec, status: Mapping[str, Any]) -> ControllerState:
+    """The controller's state as the status recorded it (tolerant of anything hand-edited)."""
+    tuning = status.get("tuning") or {}
+    scaling = status.get("scaling") or {}
+    return ControllerState(
+        knobs=Knobs.from_json(tuning, spec.start_knobs()) if spec.preemption_on else None,
+        replicas=recorded_desired(status),
+        tuner=TunerState.from_status(tuning),
+        scaler=ScalerState.from_status(scaling.get("state")),
+        windows=WindowClock.from_status(status.get("statWindows")),
+    )
 
 
 def live_config(spec: GenPoolSpec, knobs: Knobs) -> dict[str, Any]:
@@ -71,37 +103,18 @@ def desired_generation(tuning_status: Mapping[str, Any], live: Mapping[str, Any]
 class RoundPlan:
     """What one round decided before it touched a pod."""
 
-    seen: LineClock
-    stats: PoolStats | None
-    is_stale: bool
-    decision: tuner.Decision | None  # None: the tuner did not run this round
-    knobs_before: Knobs
-    bounds: KnobBounds
+    decision: RoundDecision
     live: dict[str, Any]  # pushed with PUT /config to every pod not yet in sync
     generation: int
-    scaling: ScalingPlan | None = None  # None: autoscaling off
-    slo: SloMeasure = field(default_factory=lambda: SloMeasure(None, None))
-    verdict: SloVerdict | None = None  # None: no spec.slo
     slo_met_before: str | None = None  # SLOMet's status before the round
-    is_advisory: bool = False  # decide and record, apply nothing
 
     @property
     def knobs(self) -> Knobs:
-        """The knobs in force after the round (an advisory decision is not applied)."""
-        if self.decision is None or self.is_advisory:
-            return self.knobs_before
         return self.decision.knobs
 
-    def change_text(self) -> str:
-        """``raise-cap-budget-unspent: headroom 1 -> 2, cap 1 -> 2`` for Events."""
-        if self.decision is None:
-            return ""
-        before, after = self.knobs_before, self.decision.knobs
-        text = (
-            f"{self.decision.reason}: headroom {before.resident_headroom} -> "
-            f"{after.resident_headroom}, cap {before.paused_cap} -> {after.paused_cap}"
-        )
-        return f"advisory, not applied: {text}" if self.is_advisory else text
+    @property
+    def is_advisory(self) -> bool:
+        return self.decision.is_advisory
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,48 +139,30 @@ class Event:
 
 def plan_round(
     spec: GenPoolSpec,
-    tuning_status: Mapping[str, Any],
-    lines: Mapping[str, StatLine],
-    seen: LineClock,
+    status: Mapping[str, Any],
+    lines: Mapping[str, Sequence[StatLine]],
     *,
     now: float,
-    tune: bool,
-    pool: PoolView | None = None,
+    num_ready: int,
+    is_deciding: bool = True,
 ) -> RoundPlan:
-    """Aggregate, tune and scale (when ``tune`` and a line is new or the stats went
-    stale), and choose the live config and its generation. ``pool``: the status, ready
-    pods and wall clock the scaler needs (none: an empty status)."""
-    pool = pool or PoolView({})
-    fresh = observe(seen, lines, now=now, interval=round_interval(spec))
-    stats = aggregate(list(lines.values()))
-    before = knobs_in_force(spec, tuning_status)
-    bounds = spec.bounds()
-    decision = None
-    is_due = tune and (fresh.is_stale or fresh.has_advanced)
-    if is_due and spec.tuning.enabled and spec.preemption_on:
-        state = tuner.TunerState.from_status(tuning_status)
-        settings = tuner.TunerSettings(cooldown_intervals=spec.tuning.cooldown_intervals)
-        decision = tuner.tune(before, bounds, stats, state, settings, stale=fresh.is_stale)
-    knobs = decision.knobs if decision and not spec.advisory else before
-    live = live_config(spec, knobs)
-    generation = desired_generation(tuning_status, live)
-    fresh_stats = None if fresh.is_stale else stats
-    measure = measure_slo(fresh_stats)
-    return RoundPlan(
-        fresh.seen, stats, fresh.is_stale, decision, before, bounds, live, generation,
-        scaling=plan_scaling(spec, pool, fresh_stats, is_due=is_due),
-        slo=measure,
-        verdict=slo_verdict(spec, measure),
-        slo_met_before=was_slo_met(pool.status),
-        is_advisory=spec.advisory,
-    )  # fmt: skip
+    """Run the controller on the pool's recent stat lines (per pod, oldest first) and
+    choose the live config and its generation. ``now``: unix seconds (the state is kept
+    in the status, so no monotonic clock). ``is_deciding`` False: a wake-up round."""
+    settings = controller_settings(spec)
+    state = controller_state(spec, status)
+    seen = Observation(lines, num_ready, is_deciding)
+    decision = run_round(settings, state, seen, now=now)
+    live = live_config(spec, decision.knobs)
+    generation = desired_generation(status.get("tuning") or {}, live)
+    return RoundPlan(decision, live, generation, was_slo_met(status))
 
 
 def tuning_record(
     tuning_status: Mapping[str, Any], plan: RoundPlan, push: PushOutcome, now_text: str
 ) -> dict[str, Any]:
     """``status.tuning`` after a round: knobs, sync, tuner state, bounded history."""
-    decision = plan.decision
+    decision, tuning = plan.decision, plan.decision.tuning
     record = dict(tuning_status)
     record.update(
         **plan.knobs.to_json(),
@@ -175,23 +170,23 @@ def tuning_record(
         liveConfig=plan.live,
         podsInSync=f"{push.num_in_sync}/{push.num_targets}",
     )
-    if decision is not None:
-        record.update(decision.state.to_status())
-        record["lastReason"] = decision.reason
+    if tuning is not None:
+        record.update(tuning.state.to_status())
+        record["lastReason"] = tuning.reason
     changes = []
-    if decision is not None and decision.changed:
+    if tuning is not None and tuning.changed:
         change: dict[str, Any] = {
             "time": now_text,
-            "reason": decision.reason,
+            "reason": tuning.reason,
             "kind": "Knobs",
-            "from": plan.knobs_before.to_json(),
-            "to": decision.knobs.to_json(),
+            "from": decision.knobs_before.to_json(),
+            "to": tuning.knobs.to_json(),
         }
-        if plan.is_advisory:
+        if decision.is_advisory:
             change["advisory"] = True
         record["lastChange"] = {k: v for k, v in change.items() if k != "kind"}
         changes.append(change)
-    replica_change = history_entry(plan.scaling, now_text) if plan.scaling else None
+    replica_change = history_entry(decision, now_text)
     if replica_change is not None:  # one history: the tuner's and the scaler's changes
         changes.append(replica_change)
     if changes:
@@ -200,12 +195,12 @@ def tuning_record(
     return record
 
 
-def round_conditions(plan: RoundPlan, push: PushOutcome) -> list[Condition]:
-    knobs, bounds = plan.knobs, plan.bounds
+def round_conditions(plan: RoundPlan, push: PushOutcome, bounds: KnobBounds) -> list[Condition]:
+    knobs = plan.knobs
     is_at_bound = knobs.resident_headroom >= bounds.max_resident_headroom
     is_synced = push.num_in_sync == push.num_targets
     return [
-        _stats_condition(plan, push),
+        _stats_condition(plan.decision, push),
         Condition(
             "TuningInSync",
             is_synced,
@@ -222,17 +217,18 @@ def round_conditions(plan: RoundPlan, push: PushOutcome) -> list[Condition]:
     ]
 
 
-def _stats_condition(plan: RoundPlan, push: PushOutcome) -> Condition:
+def _stats_condition(decision: RoundDecision, push: PushOutcome) -> Condition:
     """StatsStale; a pool where no worker reports has no stats, so they are stale."""
-    reporting = plan.stats.workers_reporting if plan.stats else 0
+    reporting = decision.stats.workers_reporting if decision.stats else 0
     if reporting == 0:
         message = f"0 of {push.num_targets} ready workers report a stat line"
         return Condition("StatsStale", True, "NoWorkersReporting", message)
-    reason = "NoFreshStatLines" if plan.is_stale else "StatLinesFresh"
-    return Condition("StatsStale", plan.is_stale, reason, f"{reporting} workers reporting")
+    reason = "NoFreshStatLines" if decision.is_stale else "StatLinesFresh"
+    return Condition("StatsStale", decision.is_stale, reason, f"{reporting} workers reporting")
 
 
 def status_patch(
+    spec: GenPoolSpec,
     plan: RoundPlan,
     push: PushOutcome,
     status: Mapping[str, Any],
@@ -241,42 +237,39 @@ def status_patch(
     now_text: str,
 ) -> dict[str, Any]:
     """The GenPool status patch, computed against the status as freshly read."""
-    stats = plan.stats
-    conditions = merge_conditions(
-        status.get("conditions"),
-        round_conditions(plan, push),
-        now_iso=now_text,
-        observed_generation=observed_generation,
-    )
-    if plan.verdict is not None:
-        conditions = merge_slo_condition(
-            conditions, plan.verdict, now_iso=now_text, observed_generation=observed_generation
-        )
+    decision = plan.decision
+    stats = decision.stats
+    facts = round_conditions(plan, push, spec.bounds())
+    if decision.verdict is not None:
+        facts.append(slo_condition(decision.verdict))
     patch: dict[str, Any] = {
         "tuning": tuning_record(dict(status.get("tuning") or {}), plan, push, now_text),
         "workersReporting": stats.workers_reporting if stats else 0,
-        "conditions": conditions,
+        "statWindows": decision.state.windows.to_status(),
+        **reduce_status(
+            status, facts=facts, now_text=now_text, observed_generation=observed_generation
+        ),
     }
-    if plan.scaling is not None:
-        patch.update(scaling_status(plan.scaling, status.get("scaling") or {}, now_text))
+    if spec.autoscaling.enabled:
+        patch.update(scaling_status(decision, status.get("scaling") or {}, now_text))
     elif "desiredReplicas" in status:  # autoscaling turned off: spec.replicas rules again
         patch.update(desiredReplicas=None, scaling=None)  # null deletes in a merge patch
-    if stats is not None and not plan.is_stale:
-        patch["preemption"] = stats.to_status()
+    if decision.fresh_stats is not None:
+        patch["preemption"] = decision.fresh_stats.to_status()
         patch["statsUpdatedAt"] = now_text
-        patch["slo"] = plan.slo.to_status()
+        patch["slo"] = decision.slo.to_status()
     return patch
 
 
 def round_events(plan: RoundPlan, push: PushOutcome) -> list[Event]:
+    decision = plan.decision
     events = []
-    if plan.decision is not None and plan.decision.changed:
-        events.append(Event("Normal", "Tuned", plan.change_text()))
-    scaling = plan.scaling
-    if scaling is not None and scaling.is_news:
-        reason = "ScaledUp" if scaling.desired > scaling.replicas_before else "ScaledDown"
-        events.append(Event("Normal", reason, scaling.change_text()))
-    verdict = plan.verdict
+    if decision.tuning is not None and decision.tuning.changed:
+        events.append(Event("Normal", "Tuned", decision.knob_change_text()))
+    if decision.is_replica_news:
+        reason = "ScaledUp" if decision.desired > decision.replicas_before else "ScaledDown"
+        events.append(Event("Normal", reason, decision.replica_change_text()))
+    verdict = decision.verdict
     if verdict is not None and verdict.is_met is False and plan.slo_met_before != "False":
         events.append(Event("Warning", "SLOMissed", f"{verdict.reason}: {verdict.message}"))
     if push.errors:

@@ -1,4 +1,4 @@
-"""Talking to worker pods: stat lines (HTTP or pod logs), ``GET``/``PUT /config``.
+"""Talking to worker pods: recent stat lines (HTTP or pod logs), ``GET``/``PUT /config``.
 
 Every call has a timeout and the operator-wide semaphore bounds how many run at once,
 so one slow or dead pod delays nobody else's scrape. Failures come back as values
@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import httpx
 
 from genpool_core.names import GENERATION_FIELD, WORKER_PORT
-from genpool_core.statline import StatLine, parse_statline
+from genpool_core.statline import StatLine, parse_statlines
 from genpool_operator.kube import Kube, KubeError
 
 log = logging.getLogger("genpool.operator.scrape")
@@ -78,16 +78,17 @@ class WorkerClient:
 
         return list(await asyncio.gather(*(bounded(t) for t in targets)))
 
-    async def statline(self, target: PodTarget) -> StatLine | None:
+    async def statlines(self, target: PodTarget) -> list[StatLine] | None:
+        """The pod's recent periodic stat lines, oldest first (``None``: unreadable)."""
         try:
-            response = await self._http.get(self._url(target, "/statline"), timeout=self._timeout)
+            response = await self._http.get(self._url(target, "/statlines"), timeout=self._timeout)
         except httpx.HTTPError as exc:
-            log.info("stat line from %s: %s", target.name, exc)
+            log.info("stat lines from %s: %s", target.name, exc)
             return None
         if response.status_code != 200:
-            log.info("stat line from %s: HTTP %d", target.name, response.status_code)
+            log.info("stat lines from %s: HTTP %d", target.name, response.status_code)
             return None
-        return parse_statline(response.text)
+        return parse_statlines(response.text)
 
     async def config(self, target: PodTarget) -> dict[str, Any] | None:
         try:
@@ -116,14 +117,15 @@ class WorkerClient:
         return f"HTTP {response.status_code}: {response.text[:200]}"
 
 
-async def statline_from_log(kube: Kube, namespace: str, pod: str) -> StatLine | None:
-    """The newest stat line in the worker container's log (``statsSource: Log``)."""
+async def statlines_from_log(kube: Kube, namespace: str, pod: str) -> list[StatLine] | None:
+    """The stat lines in the worker container's log tail, oldest first (``statsSource:
+    Log``; ``None``: unreadable)."""
     try:
         text = await kube.pod_log(namespace, pod, "worker", LOG_TAIL_LINES)
     except (KubeError, httpx.HTTPError) as exc:
         log.info("log of %s/%s: %s", namespace, pod, exc)
         return None
-    return parse_statline(text)
+    return parse_statlines(text)
 
 
 def in_sync(config: dict[str, Any] | None, generation: int, live: dict[str, Any]) -> bool:

@@ -16,9 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from genpool_core.knobs import KnobBounds, Knobs
-from genpool_core.names import (
-    CRD_MODES,
-)
+from genpool_core.names import PreemptionMode
 from genpool_operator.spec_sections import (
     Autoscaling,
     Drain,
@@ -103,7 +101,7 @@ class GenPoolSpec(Section):
 
     @property
     def preemption_on(self) -> bool:
-        return self.preemption.mode != "Off"
+        return self.preemption.kind is not PreemptionMode.OFF
 
     def capacity_a(self) -> int:
         """A: the base resident capacity, ``maxNumActiveRequests`` or else B."""
@@ -156,7 +154,7 @@ class GenPoolSpec(Section):
             "max_seq_len": engine.max_seq_len,
             "max_queue_length": engine.max_queue_length,
             "stamp_arrival": engine.stamp_arrival,
-            "preemption_mode": CRD_MODES[preemption.mode],
+            "preemption_mode": preemption.kind.value,
             "max_pauses_per_request": preemption.max_pauses_per_request,
             # With mode Off (a template field) no slot is reserved: the KV cache stays small.
             "max_resident_headroom": (
@@ -168,9 +166,9 @@ class GenPoolSpec(Section):
             **self.live_config(),
         }
         # The worker refuses both parameters at once: only the mode's own one goes in.
-        if preemption.mode == "TpotBudget":
+        if preemption.kind is PreemptionMode.TPOT_BUDGET:
             config["tpot_budget"] = preemption.tpot_budget
-        elif preemption.mode == "TargetOutputTps":
+        elif preemption.kind is PreemptionMode.TARGET_OUTPUT_TPS:
             config["target_output_tps"] = preemption.target_output_tps
         return config
 

@@ -18,6 +18,7 @@ from genpool_core.names import (
     DEFAULT_MAX_PAUSES_PER_REQUEST,
     DEFAULT_SLACK_S,
     DEFAULT_STAT_INTERVAL_S,
+    PreemptionMode,
 )
 
 Mode = Literal["Off", "TpotBudget", "TargetOutputTps"]
@@ -80,6 +81,11 @@ class Preemption(Section):
     slack_seconds: float = Field(default=DEFAULT_SLACK_S, ge=0, le=60)
     max_pauses_per_request: int = Field(default=DEFAULT_MAX_PAUSES_PER_REQUEST, ge=1, le=100)
     admission_target_seconds: AdmissionTarget = Field(default_factory=AdmissionTarget)
+
+    @property
+    def kind(self) -> PreemptionMode:
+        """The mode, parsed once: compare members, not spellings."""
+        return PreemptionMode.from_crd(self.mode)
 
     @model_validator(mode="after")
     def _mode_parameter(self) -> Preemption:

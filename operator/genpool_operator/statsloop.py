@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,16 +21,15 @@ from genpool_core.names import pool_label_selector
 from genpool_core.statline import StatLine
 from genpool_operator import metrics
 from genpool_operator.builders import statefulset_name
-from genpool_operator.freshness import LineClock
 from genpool_operator.kube import Kube, resource_path
 from genpool_operator.round_plan import PushOutcome, RoundPlan, plan_round, status_patch
-from genpool_operator.scaling_plan import PoolView, desired_replicas, is_autoscaled
+from genpool_operator.scaling_plan import desired_replicas, is_autoscaled
 from genpool_operator.scrape import (
     PodTarget,
     WorkerClient,
     in_sync,
     ready_targets,
-    statline_from_log,
+    statlines_from_log,
 )
 from genpool_operator.spec import GenPoolSpec
 from genpool_operator.status import now_iso, pool_path, update_status
@@ -39,10 +39,10 @@ log = logging.getLogger("genpool.operator.stats")
 
 @dataclass
 class PoolMemory:
-    """What the operator keeps about one pool between rounds, in memory only."""
+    """What the operator keeps about one pool between rounds, in memory only (the
+    controller's state is in the GenPool's status)."""
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one round at a time
-    seen: LineClock = field(default_factory=LineClock)
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # set: run a round now
 
 
@@ -54,16 +54,17 @@ class RoundReport:
 
 async def read_lines(
     workers: WorkerClient, kube: Kube, spec: GenPoolSpec, namespace: str, targets: list[PodTarget]
-) -> dict[str, StatLine]:
+) -> dict[str, Sequence[StatLine]]:
+    """Each readable pod's recent stat lines, oldest first."""
     if spec.tuning.stats_source == "Log":
 
-        async def from_log(target: PodTarget) -> StatLine | None:
-            return await statline_from_log(kube, namespace, target.name)
+        async def from_log(target: PodTarget) -> list[StatLine] | None:
+            return await statlines_from_log(kube, namespace, target.name)
 
         lines = await workers.gather(from_log, targets)
     else:
-        lines = await workers.gather(workers.statline, targets)
-    return {t.name: line for t, line in zip(targets, lines, strict=True) if line is not None}
+        lines = await workers.gather(workers.statlines, targets)
+    return {t.name: found for t, found in zip(targets, lines, strict=True) if found}
 
 
 async def push_live(
@@ -102,7 +103,6 @@ async def run_round(
     spec: GenPoolSpec,
     memory: PoolMemory,
     *,
-    now: float,
     tune: bool = True,
 ) -> RoundReport:
     """Scrape, plan, push and record one round for the pool ``body`` (valid ``spec``);
@@ -113,29 +113,31 @@ async def run_round(
         started = time.perf_counter()
         targets = await list_targets(kube, namespace, name)
         lines = await read_lines(workers, kube, spec, namespace, targets)
-        # Read afresh: the scaler's window lives in status and the last round just wrote it.
+        # Read afresh: the controller's state lives in status and the last round wrote it.
         fresh = await kube.get(pool_path(namespace, name)) or body
         status = dict(fresh.get("status") or {})
-        pool = PoolView(status, num_ready=len(targets), wall_now=time.time())
-        tuning_status = dict(status.get("tuning") or {})
-        plan = plan_round(spec, tuning_status, lines, memory.seen, now=now, tune=tune, pool=pool)
-        memory.seen = plan.seen
+        # Wall clock: the state is persisted, so it must survive an operator restart.
+        now = time.time()
+        plan = plan_round(spec, status, lines, now=now, num_ready=len(targets), is_deciding=tune)
         num_in_sync, errors = await push_live(workers, targets, plan.generation, plan.live)
         push = PushOutcome(num_in_sync, len(targets), errors)
         stamp = now_iso()
 
         def mutate(status: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
             generation = fresh["metadata"].get("generation")
-            return status_patch(plan, push, status, observed_generation=generation, now_text=stamp)
+            return status_patch(
+                spec, plan, push, status, observed_generation=generation, now_text=stamp
+            )
 
         await update_status(kube, namespace, name, mutate)
-        if plan.scaling is not None and is_autoscaled(spec):
-            replicas = desired_replicas(spec, {"desiredReplicas": plan.scaling.desired})
+        if plan.decision.scaling is not None and is_autoscaled(spec):
+            replicas = desired_replicas(spec, {"desiredReplicas": plan.decision.desired})
             await scale_statefulset(kube, namespace, name, replicas)
         metrics.record_round(
             namespace,
             name,
             plan,
+            is_autoscaling=spec.autoscaling.enabled,
             num_scrape_errors=len(targets) - len(lines),
             seconds=time.perf_counter() - started,
         )

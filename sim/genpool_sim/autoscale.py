@@ -1,9 +1,9 @@
-"""Replicas that come and go (``genpool sim --autoscale``): the replica scaler in the
-simulator's loop and the three policies it is measured with.
+"""Replicas that come and go (``genpool sim --autoscale``): the three policies the
+pool controller is measured with.
 
-Every ``interval_s`` :class:`SimScaler` does what the operator will do: one stat line
-per serving worker (formatted and parsed back, so it sees the operator's numbers),
-``aggregate``, then the pure :func:`genpool_core.scaler.scale`; the cluster adds
+Every ``interval_s`` the operator's pool controller runs in the simulator's loop
+(:class:`genpool_sim.pool_control.SimPool`: the stat lines, then the same
+:func:`genpool_core.controller.run_round` the operator ships); the cluster adds
 replicas (serving after the start-up delay) or drains them.
 
 Policies, on the same seeds:
@@ -23,11 +23,11 @@ from dataclasses import dataclass, field, replace
 
 from genpool_core.names import OFF_MODE, SLO_MODE
 from genpool_core.quantiles import percentile
-from genpool_core.scaler import ScalerSettings, ScalerState, scale
+from genpool_core.scaler import ScalerSettings
 from genpool_sim.cluster import Cluster, ClusterConfig
 from genpool_sim.experiment import Workload, measure, simulate
+from genpool_sim.pool_control import SimPool, TuneConfig
 from genpool_sim.report import mean_ci
-from genpool_sim.tuning import PoolReader, SimTuner, TuneConfig
 
 POLICIES = ("static", "replicas-only", "genpool")
 SUMMARY_METRICS = (
@@ -75,54 +75,8 @@ class AutoscaleConfig:
             cap_max=cap_max if knobs else None,
             max_utilisation=self.planner_max_utilisation,
             max_utilisation_with_pausing=self.genpool_max_utilisation,
+            interval_s=self.interval_s,
         )
-
-
-class SimScaler:
-    """One per simulated pool; ``timeline`` is the replica log for JSON and plots.
-
-    ``is_acting=False`` only observes (the static policy's timeline).
-    """
-
-    def __init__(
-        self, settings: ScalerSettings, config: AutoscaleConfig, is_acting: bool = True
-    ) -> None:
-        self.settings = settings
-        self.interval_s = config.interval_s
-        self.startup_delay_s = config.startup_delay_s
-        self.is_acting = is_acting
-        self.state = ScalerState()
-        self.desired = 0
-        self.timeline: list[dict[str, object]] = []
-        self._reader = PoolReader()
-
-    def attach(self, cluster: Cluster) -> None:
-        self.desired = len(cluster.workers)
-        self.timeline.append({"t": 0.0, "desired": self.desired, "ready": self.desired,
-                              "reason": "start", "ttft_p90": None})  # fmt: skip
-
-    def tick(self, cluster: Cluster, now: float) -> None:
-        pool = self._reader.read(cluster, now)
-        num_ready = sum(1 for worker in cluster.workers if worker.is_routable)
-        reason = "static"
-        if self.is_acting:
-            decision = scale(self.desired, num_ready, pool, self.settings, self.state, now)
-            self.state, reason = decision.state, decision.reason
-            self._apply(cluster, decision.replicas)
-        p90 = None if pool is None else pool.ttft_p90
-        self.timeline.append({
-            "t": now, "desired": self.desired, "ready": num_ready, "reason": reason,
-            "ttft_p90": None if p90 is None else round(p90, 4),
-        })  # fmt: skip
-
-    def _apply(self, cluster: Cluster, desired: int) -> None:
-        current = sum(1 for w in cluster.workers if w.retired_at is None and not w.is_draining)
-        for _ in range(desired - current):
-            cluster.add_worker(self.startup_delay_s)
-        for _ in range(current - desired):
-            if cluster.remove_worker() is None:
-                break
-        self.desired = sum(1 for w in cluster.workers if w.retired_at is None and not w.is_draining)
 
 
 @dataclass
@@ -143,24 +97,23 @@ def run_policy(
 ) -> PolicyRun:
     """One policy on one seed. ``base.workers`` is the static pool's size."""
     slo = replace(base, mode=SLO_MODE, target_output_tps=auto.target_output_tps)
-    tuner = None
-    if policy == "static":
-        config = slo
-        scaler = SimScaler(auto.scaler_settings(base.max_batch), auto, is_acting=False)
+    interval, delay = auto.interval_s, auto.startup_delay_s
+    if policy == "static":  # observed, never scaled
+        config, pool = slo, SimPool(interval)
     elif policy == "replicas-only":
         config = replace(base, mode=OFF_MODE, workers=auto.min_replicas)
-        scaler = SimScaler(auto.scaler_settings(base.max_batch, knobs=False), auto)
+        pool = SimPool(interval, None, auto.scaler_settings(base.max_batch, knobs=False), delay)
     elif policy == "genpool":
         bounds = tune.bounds
         config = replace(slo, workers=auto.min_replicas,
                          max_resident_headroom=bounds.max_resident_headroom)  # fmt: skip
-        tuner = SimTuner(tune)
         settings = auto.scaler_settings(base.max_batch, cap_max=bounds.max_paused_cap)
-        scaler = SimScaler(settings, auto)
+        tuner = TuneConfig(bounds, interval, tune.settings)
+        pool = SimPool(interval, tuner, settings, delay)
     else:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
-    cluster = simulate(config, workload, seed, tuner, [scaler])
-    return PolicyRun(policy, seed, policy_metrics(cluster, workload, auto), scaler.timeline)
+    cluster = simulate(config, workload, seed, pool)
+    return PolicyRun(policy, seed, policy_metrics(cluster, workload, auto), pool.timeline)
 
 
 def policy_metrics(cluster: Cluster, workload: Workload, auto: AutoscaleConfig) -> dict[str, float]:

@@ -22,7 +22,7 @@ from genpool_sim.autoscale import (
 )
 from genpool_sim.cluster import ClusterConfig
 from genpool_sim.experiment import Workload
-from genpool_sim.tuning import TuneConfig
+from genpool_sim.pool_control import TuneConfig
 
 
 class AutoscaleUsageError(ValueError):

@@ -20,8 +20,8 @@ from genpool_sim.autoscale_cli import AutoscaleUsageError, run_autoscale
 from genpool_sim.cli_options import DEFAULT_TRACE, build_parser
 from genpool_sim.cluster import ClusterConfig
 from genpool_sim.experiment import RunResult, Workload, run_seed
+from genpool_sim.pool_control import TuneConfig
 from genpool_sim.report import class_summary, format_class_table, format_table, summarize
-from genpool_sim.tuning import TuneConfig
 from genpool_sim.workload import (
     RatePhase,
     TraceError,

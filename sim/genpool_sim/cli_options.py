@@ -1,5 +1,7 @@
 """``genpool sim``'s command line: the option groups, their defaults and help, and the
-argparse types that check each value (``genpool_sim.cli`` parses with it and runs)."""
+argparse types that check each value (``genpool_sim.cli`` parses with it and runs).
+A flag that sets a field of ``Workload``, ``GenCapacity`` or ``GenPreemptionSettings``
+takes its help from the field's description (``genpool_core.field_help``)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,14 @@ import argparse
 import math
 from pathlib import Path
 
+from genpool_core.field_help import help_for
+from genpool_core.preemption import GenCapacity, GenPreemptionSettings
 from genpool_sim.autoscale_cli import add_autoscale_options
 from genpool_sim.cluster import MODES
 from genpool_sim.datafiles import AZURE_CONV, data_file
+from genpool_sim.experiment import Workload
+from genpool_sim.phases import Phase, parse_phases
 from genpool_sim.slo_classes import SloClass, parse_classes
-from genpool_sim.tuning import Phase, parse_phases
 
 DEFAULT_TRACE = data_file(AZURE_CONV)
 
@@ -111,14 +116,16 @@ def _add_load_options(sim: argparse.ArgumentParser) -> None:
         "--concurrency",
         type=_list_of(int),
         default=None,
-        help="closed loop: number of clients; a comma-separated list runs each (default: 220,250)",
+        help=help_for(
+            Workload, "concurrency", default=[220, 250], note="a comma-separated list runs each"
+        ),
     )
     load.add_argument(
         "--rate", type=_positive(float), help="open loop: Gamma arrivals at this rate, requests/s"
     )
     load.add_argument(
         "--rate-phases",
-        help="open loop whose rate changes: SECONDS:RATE,... in requests/s (sets the duration)",
+        help=help_for(Workload, "rate_phases", note="as SECONDS:RATE,..."),
     )
     load.add_argument(
         "--replay", action="store_true", help="open loop: the trace's own arrival times"
@@ -126,16 +133,9 @@ def _add_load_options(sim: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--phases",
         type=_phases,
-        help="closed loop whose number of clients changes: SECONDS:CLIENTS,... (sets the duration)",
+        help=help_for(Workload, "phases", note="as SECONDS:CLIENTS,..."),
     )
-    _add_positive(
-        sim,
-        "--cv",
-        float,
-        1.0,
-        "coefficient of variation of the Gamma inter-arrival times, unitless"
-        " (1: Poisson; default: 1)",
-    )
+    _add_positive(sim, "--cv", float, 1.0, help_for(Workload, "cv", default=1.0))
     _add_positive(
         sim,
         "--time-scale",
@@ -146,23 +146,35 @@ def _add_load_options(sim: argparse.ArgumentParser) -> None:
     sim.add_argument(
         "--classes",
         type=_classes,
-        help="request classes with their own SLOs: NAME:SHARE[:tpot_ms=MS][:ttft_ms=MS],..."
-        " (shares add up to 1; T_i = 1000/tpot_ms tokens/s, D_i = ttft_ms GEN admission"
-        " target); adds the per_request_tps run and per-class attainment (docs/sim.md)",
+        help=help_for(
+            Workload,
+            "classes",
+            note="as NAME:SHARE[:tpot_ms=MS][:ttft_ms=MS],... (shares add up to 1;"
+            " T_i = 1000/tpot_ms, D_i = ttft_ms/1000); adds the per_request_tps run and"
+            " per-class attainment (docs/sim.md)",
+        ),
     )
-    sim.add_argument("--duration", type=_positive(float), help="simulated seconds (default: 600)")
+    sim.add_argument(
+        "--duration",
+        type=_positive(float),
+        help=help_for(Workload, "duration_s", default=600.0),
+    )
     sim.add_argument(
         "--warmup",
         type=float,
         default=60.0,
-        help="simulated seconds excluded from the metrics (default: 60)",
+        help=help_for(Workload, "warmup_s", default=60.0),
     )
 
 
 def _add_pool_options(sim: argparse.ArgumentParser) -> None:
     _add_positive(sim, "--workers", int, 8, "GEN workers (default: 8)")
     _add_positive(
-        sim, "--max-batch", int, 16, "A: requests a worker decodes per step (default: 16)"
+        sim,
+        "--max-batch",
+        int,
+        16,
+        help_for(GenCapacity, "max_batch_size", default=16, note="A = B here"),
     )
     _add_positive(
         sim, "--ctx-servers", int, 4, "context (prefill) servers ahead of the pool (default: 4)"
@@ -177,8 +189,12 @@ def _add_pool_options(sim: argparse.ArgumentParser) -> None:
         "--target-output-tps",
         type=_target,
         default=None,
-        help="T of target_output_tps, output tokens/s per worker, or auto: the off run's"
-        " (default: auto)",
+        help=help_for(
+            GenPreemptionSettings,
+            "target_output_tps",
+            default="auto",
+            note="or auto: the off run's median per-request output rate / 1.10, same seed",
+        ),
     )
     sim.add_argument(
         "--paused-cap-fraction",
@@ -192,7 +208,7 @@ def _add_pool_options(sim: argparse.ArgumentParser) -> None:
         "--tpot-budget",
         float,
         0.1,
-        "TPOT budget of tpot_budget, seconds per output token (default: 0.1)",
+        help_for(GenPreemptionSettings, "tpot_budget", default=0.1),
     )
 
 

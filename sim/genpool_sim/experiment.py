@@ -14,14 +14,15 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
+from genpool_core.field_help import DESCRIPTION
 from genpool_core.names import OFF_MODE, SLO_MODE
 from genpool_core.quantiles import percentile
 from genpool_sim.cluster import Cluster, ClusterConfig
+from genpool_sim.phases import Phase, clients_at, phase_starts
+from genpool_sim.pool_control import SimPool, TuneConfig
 from genpool_sim.records import SimRequest
 from genpool_sim.slo_classes import ClassPicker, SloClass, class_metrics
-from genpool_sim.tuning import Phase, SimTuner, TuneConfig, clients_at, phase_starts
 from genpool_sim.workload import (
     LengthSampler,
     RatePhase,
@@ -41,15 +42,58 @@ class Workload:
     coefficient of variation ``cv`` at the ``rate_phases``' rates, drawn per seed; the
     phases set the duration)."""
 
-    lengths: Sequence[TraceRequest]
-    concurrency: int | None = None
-    arrivals: Sequence[TraceRequest] | None = None
-    duration_s: float = 600.0
-    warmup_s: float = 60.0
-    phases: Sequence[Phase] | None = None
-    rate_phases: Sequence[RatePhase] | None = None
-    cv: float = 1.0
-    classes: Sequence[SloClass] = ()
+    lengths: Sequence[TraceRequest] = field(
+        metadata={DESCRIPTION: "the trace's (prompt, output) length pairs requests draw from"}
+    )
+    concurrency: int | None = field(
+        default=None,
+        metadata={
+            DESCRIPTION: "closed loop: number of clients, each sending its next request"
+            " the moment its last one ends"
+        },
+    )
+    arrivals: Sequence[TraceRequest] | None = field(
+        default=None, metadata={DESCRIPTION: "open loop: these requests at their own times"}
+    )
+    duration_s: float = field(
+        default=600.0,
+        metadata={
+            DESCRIPTION: "simulated seconds in which requests arrive, then clients stop"
+            " and the pool drains; phases, when given, set it"
+        },
+    )
+    warmup_s: float = field(
+        default=60.0,
+        metadata={DESCRIPTION: "first simulated seconds, whose arrivals the metrics exclude"},
+    )
+    phases: Sequence[Phase] | None = field(
+        default=None,
+        metadata={
+            DESCRIPTION: "closed loop whose number of clients changes: (seconds, clients)"
+            " per phase, in order; they set the duration"
+        },
+    )
+    rate_phases: Sequence[RatePhase] | None = field(
+        default=None,
+        metadata={
+            DESCRIPTION: "open loop whose Gamma arrival rate changes: (seconds, requests/s)"
+            " per phase, in order; they set the duration"
+        },
+    )
+    cv: float = field(
+        default=1.0,
+        metadata={
+            DESCRIPTION: "coefficient of variation of the open loop's Gamma inter-arrival"
+            " times, unitless; 1: Poisson"
+        },
+    )
+    classes: Sequence[SloClass] = field(
+        default=(),
+        metadata={
+            DESCRIPTION: "request classes, each with its share of the requests and its own"
+            " SLOs: output-rate floor T_i (tokens/s) and GEN admission target D_i (seconds)"
+        },
+    )
 
     def __post_init__(self) -> None:
         kinds = (self.concurrency, self.arrivals, self.phases, self.rate_phases)
@@ -79,8 +123,7 @@ def simulate(
     config: ClusterConfig,
     workload: Workload,
     seed: int,
-    tuner: SimTuner | None = None,
-    controllers: Sequence[Controller] = (),
+    pool: SimPool | None = None,
     carries_slo: bool = False,
 ) -> Cluster:
     """One run; with classes, requests carry their class's SLO only if ``carries_slo``."""
@@ -94,12 +137,9 @@ def simulate(
             picker.assign(request, carries_slo=carries_slo)
         cluster.submit(request)
 
-    if tuner is not None:
-        tuner.attach(cluster)
-        every(cluster, tuner.config.interval_s, workload.duration_s, tuner.tick, order=1)
-    for controller in controllers:
-        controller.attach(cluster)
-        every(cluster, controller.interval_s, workload.duration_s, controller.tick, order=2)
+    if pool is not None:  # the pool controller's rounds
+        pool.attach(cluster)
+        every(cluster, pool.interval_s, workload.duration_s, pool.tick, order=1)
     arrivals = workload.arrivals
     if workload.rate_phases is not None:  # each seed draws its own arrivals and lengths
         arrivals = phased_gamma_arrivals(workload.rate_phases, workload.cv, workload.lengths, rng)
@@ -138,16 +178,6 @@ def simulate(
         cluster.at(start, start_phase, order=0)
     cluster.run()
     return cluster
-
-
-class Controller(Protocol):
-    """Something that acts on the pool every ``interval_s`` (the replica scaler)."""
-
-    interval_s: float
-
-    def attach(self, cluster: Cluster) -> None: ...
-
-    def tick(self, cluster: Cluster, now: float) -> None: ...
 
 
 def every(
@@ -221,11 +251,11 @@ def run_seed(
         if mode == SLO_MODE and target is None:
             raise ValueError("T = auto needs the off mode in the same run")
         config = replace(base, mode=mode, target_output_tps=target)
-        tuner = None
+        pool = None
         if tune is not None and mode == SLO_MODE:
             config = replace(config, max_resident_headroom=tune.bounds.max_resident_headroom)
-            tuner = SimTuner(tune)
-        cluster = simulate(config, workload, seed, tuner, carries_slo=carries_slo)
+            pool = SimPool(tune.interval_s, tune)
+        cluster = simulate(config, workload, seed, pool, carries_slo=carries_slo)
         metrics, done = measure(cluster, workload, target)
         if mode == OFF_MODE and target is None:
             target = metrics["output_rate_p50"] / AUTO_T_DIVISOR
@@ -233,7 +263,7 @@ def run_seed(
                 1 for r in done if (rate := r.output_rate) is not None and rate < target
             ) / max(1, sum(1 for r in done if r.output_rate is not None))
         records = done if keep_records else []
-        decisions = tuner.records if tuner is not None else []
+        decisions = pool.records if pool is not None else []
         results.append(
             RunResult(label, seed, target, metrics, cluster.stat_lines, records, decisions)
         )

@@ -15,6 +15,7 @@ SETTINGS = ScalerSettings(
     ttft_p90_s=1.0, min_replicas=2, max_replicas=20, max_batch=A, attainment=0.8, cap_max=8
 )
 PLANNER = replace(SETTINGS, attainment=None, cap_max=None)
+LOADED = ScalerState(loaded_at=0.0)  # the round before (t = 0) asked for more on load too
 
 
 def hist(seconds: float, n: int) -> tuple[int, ...]:
@@ -104,14 +105,14 @@ def test_up_is_immediate_but_capped_and_waits_for_starting_replicas() -> None:
     decision = scale(10, 10, missed, SETTINGS, ScalerState(), now=30.0)
     assert (decision.replicas, decision.reason) == (13, "up-ttft-miss")
     big = pool(arrivals_window=400, completed_window=100, waiters=100)
-    assert scale(10, 10, big, SETTINGS, ScalerState(), 30.0).replicas == 18  # max_step 8
-    assert scale(19, 19, big, SETTINGS, ScalerState(), 30.0).replicas == 20  # max replicas
+    assert scale(10, 10, big, SETTINGS, LOADED, 30.0).replicas == 18  # max_step 8
+    assert scale(19, 19, big, SETTINGS, LOADED, 30.0).replicas == 20  # max replicas
     starting = scale(13, 10, missed, SETTINGS, ScalerState(), 60.0)
     assert (starting.replicas, starting.reason) == (13, "hold-starting")
     # the throughput count is absolute (from the 10 serving): it tops up while others start
     behind = pool(arrivals_window=150, completed_window=100, waiters=30)
-    assert scale(13, 10, behind, SETTINGS, ScalerState(), 60.0).replicas == 18
-    assert scale(18, 10, behind, SETTINGS, ScalerState(), 60.0).replicas == 18
+    assert scale(13, 10, behind, SETTINGS, ScalerState(loaded_at=30.0), 60.0).replicas == 18
+    assert scale(18, 10, behind, SETTINGS, ScalerState(loaded_at=30.0), 60.0).replicas == 18
 
 
 def test_down_waits_for_a_full_window_of_agreeing_recommendations() -> None:
@@ -145,8 +146,9 @@ def test_bounds_are_obeyed_at_once_and_missing_stats_freeze() -> None:
 
 
 def test_state_round_trips_and_garbage_restarts_it() -> None:
-    state = ScalerState(((30.0, 5), (60.0, 6)))
+    state = ScalerState(((30.0, 5), (60.0, 6)), loaded_at=60.0)
     assert ScalerState.from_status(state.to_status()) == state
+    assert ScalerState.from_status({"loadedAt": "x"}) == ScalerState()
     assert ScalerState.from_status(None) == ScalerState()
     assert ScalerState.from_status({"recommendations": "x"}) == ScalerState()
     garbage = {"recommendations": [[1, 2], ["a", 3], [1], [True, 2], [float("nan"), 1]]}
@@ -162,6 +164,8 @@ def test_state_round_trips_and_garbage_restarts_it() -> None:
         {"attainment": 1.0},
         {"max_step": 0},
         {"down_window_s": -1.0},
+        {"up_window_s": -1.0},
+        {"interval_s": 0.0},
     ],
 )
 def test_bad_settings_are_refused(overrides: dict[str, object]) -> None:
@@ -179,4 +183,61 @@ def test_load_above_the_ceiling_scales_up_before_a_queue_forms_even_while_starti
     busy = pool(batch_mean=15.5)  # 155 in the batches, no miss yet, no queue
     assert recommend(10, busy, SETTINGS) == (11, "up-utilisation-high")  # 155 / 15.2
     assert recommend(10, busy, PLANNER) == (12, "up-utilisation-high")  # 155 / 13.6
-    assert scale(11, 10, busy, PLANNER, ScalerState(), 30.0).replicas == 12
+    assert scale(11, 10, busy, PLANNER, LOADED, 30.0).replicas == 12
+
+
+def test_a_single_burst_while_the_slo_holds_buys_no_replica_but_two_in_a_row_do() -> None:
+    burst = pool(arrivals_window=150, completed_window=100, waiters=30)  # outrun, SLO met
+    first = scale(10, 10, burst, SETTINGS, ScalerState(), 30.0)
+    assert (first.replicas, first.reason) == (10, "hold-single-burst")
+    second = scale(10, 10, burst, SETTINGS, first.state, 60.0)
+    assert (second.replicas, second.reason) == (18, "up-arrivals-outrun-completions")
+    # a quiet window between two bursts: each is single again
+    quiet = scale(10, 10, pool(), SETTINGS, first.state, 60.0)
+    assert scale(10, 10, burst, SETTINGS, quiet.state, 90.0).reason == "hold-single-burst"
+    # the SLO needs it: a burst that misses TTFT steps at once
+    missing = replace(burst, ttft_hist=hist(5.0, 100))
+    assert scale(10, 10, missing, SETTINGS, ScalerState(), 30.0).replicas == 18
+
+
+def test_no_flap_after_a_scale_down_hands_waiters_back() -> None:
+    """The drained replica's waiters arrive at the others in the next window: arrivals
+    outrun completions for one window, the SLO holds, so the pool does not scale back."""
+    state, t, replicas = ScalerState(), 0.0, 10
+    while replicas == 10:  # a long quiet spell: down after the window
+        decision = scale(replicas, replicas, pool(), SETTINGS, state, t)
+        state, replicas, t = decision.state, decision.replicas, t + 30.0
+    assert replicas == 6
+    handed_back = pool(workers_reporting=6, arrivals_window=160, completed_window=100,
+                       waiters=12, batch_mean=8.0)  # fmt: skip
+    after = scale(replicas, replicas, handed_back, SETTINGS, state, t)
+    assert (after.replicas, after.reason) == (6, "hold-single-burst")
+    settled = scale(6, 6, pool(workers_reporting=6), SETTINGS, after.state, t + 30.0)
+    assert settled.replicas == 6
+
+
+def test_windows_tolerate_rounds_that_land_late_or_early() -> None:
+    """Rounds every 30 s give or take 10 s: the 300 s down window is covered after ten
+    intervals of agreeing recommendations, not one round later."""
+    state, replicas = ScalerState(), 10
+    times = [30.0 * k + (10.0 if k % 2 else -10.0) for k in range(1, 14)]
+    rounds = 0
+    for t in times:
+        decision = scale(replicas, replicas, pool(), SETTINGS, state, t)
+        state, replicas, rounds = decision.state, decision.replicas, rounds + 1
+        if replicas != 10:
+            break
+    assert replicas == 6 and rounds == 11  # first at ~30 s, covered at ~330 s
+    assert SETTINGS.whole_intervals(100.0) == 120.0  # never shorter than asked
+    assert SETTINGS.is_covered(0.0, 106.0, 100.0) and not SETTINGS.is_covered(0.0, 104.0, 100.0)
+
+
+def test_the_up_window_steps_only_as_far_as_every_recent_recommendation_asked() -> None:
+    windowed = replace(SETTINGS, up_window_s=60.0)
+    missed = pool(ttft_hist=hist(5.0, 100))
+    first = scale(10, 10, missed, windowed, ScalerState(), 30.0)
+    assert (first.replicas, first.reason) == (10, "hold-up-window")
+    second = scale(10, 10, missed, windowed, first.state, 60.0)
+    assert second.reason == "hold-up-window"  # 30 s of 60 covered
+    third = scale(10, 10, missed, windowed, second.state, 90.0)
+    assert (third.replicas, third.reason) == (13, "up-ttft-miss")

@@ -17,8 +17,8 @@ from genpool_sim import cli
 from genpool_sim.autoscale import AutoscaleConfig, run_policy, slo_windows
 from genpool_sim.cluster import Cluster, ClusterConfig
 from genpool_sim.experiment import Workload, simulate
+from genpool_sim.pool_control import TuneConfig
 from genpool_sim.records import SimRequest
-from genpool_sim.tuning import TuneConfig
 from genpool_sim.workload import (
     RatePhase,
     TraceRequest,

@@ -8,18 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from genpool_core.controller import knobs_in_force
 from genpool_core.knobs import KnobBounds as Bounds
 from genpool_sim import cli
 from genpool_sim.cluster import ClusterConfig
 from genpool_sim.experiment import Workload, run_seed, simulate
-from genpool_sim.tuning import (
-    Phase,
-    SimTuner,
-    TuneConfig,
-    clients_at,
-    parse_phases,
-    phase_starts,
-)
+from genpool_sim.phases import Phase, clients_at, parse_phases, phase_starts
+from genpool_sim.pool_control import SimPool, TuneConfig
 from genpool_sim.workload import TraceRequest
 
 LENGTHS = [TraceRequest(0.0, 200, 80), TraceRequest(0.0, 800, 300), TraceRequest(0.0, 50, 20)]
@@ -87,9 +82,9 @@ def test_a_single_phase_is_the_plain_closed_loop() -> None:
     ]
 
 
-def _tuned_run(bounds: Bounds, seed: int = 0) -> tuple[SimTuner, list[tuple[int, int]]]:
+def _tuned_run(bounds: Bounds, seed: int = 0) -> tuple[SimPool, list[tuple[int, int]]]:
     workload = Workload(LENGTHS, phases=parse_phases("40:6,60:30,40:8"), warmup_s=0)
-    tuner = SimTuner(TuneConfig(bounds, interval_s=10.0))
+    tuner = SimPool(10.0, TuneConfig(bounds, interval_s=10.0))
     config = replace(SMALL, max_resident_headroom=bounds.max_resident_headroom)
     cluster = simulate(config, workload, seed, tuner)
     knobs = [(w.scheduler.slots.resident_headroom(), w.scheduler.knobs.paused_cap)
@@ -100,8 +95,9 @@ def _tuned_run(bounds: Bounds, seed: int = 0) -> tuple[SimTuner, list[tuple[int,
 def test_the_tuner_runs_every_interval_and_drives_every_worker() -> None:
     tuner, knobs = _tuned_run(Bounds(0, 8, 0, 8))
     assert [r["t"] for r in tuner.records] == [10.0 * k for k in range(1, 15)]
-    assert tuner.knobs is not None
-    assert knobs == [(tuner.knobs.resident_headroom, tuner.knobs.paused_cap)] * 2
+    assert tuner.settings is not None
+    final = knobs_in_force(tuner.settings, tuner.state)
+    assert knobs == [(final.resident_headroom, final.paused_cap)] * 2
     assert tuner.num_changes >= 1, "the 30-client phase overloads 2 x 8 slots"
     for record in tuner.records:
         assert 0 <= int(str(record["cap"])) <= int(str(record["headroom"])) <= 8

@@ -8,6 +8,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from genpool_core.live import StaleGenerationError
 from genpool_worker.api import ConfigUpdate, DrainRequest
 from genpool_worker.http_common import ApiError, context_of, read_json, require_admin
 
@@ -22,21 +23,19 @@ async def get_config(request: Request) -> Response:
 
 @router.put("/config")
 async def put_config(request: Request) -> Response:
-    """Apply knobs tagged with the operator's generation; an older generation is a 409."""
+    """Apply knobs tagged with the operator's generation, together, in the engine's loop
+    (an older generation is a 409, a value that cannot apply a 422)."""
     require_admin(request)
     context = context_of(request)
-    engine = context.engine
     update = await read_json(request, ConfigUpdate)
     async with context.config_lock:
-        if update.generation < engine.generation:
-            raise ApiError(409, f"stale generation {update.generation} < {engine.generation}")
-        future = engine.reconfigure(update.knobs())
+        future = context.engine.reconfigure(update.live_fields())
         try:
             config = await asyncio.wrap_future(future)
+        except StaleGenerationError as exc:
+            raise ApiError(409, str(exc)) from None
         except (ValueError, TypeError) as exc:
             raise ApiError(422, str(exc)) from None
-        engine.generation = update.generation
-        config["generation"] = update.generation
         return JSONResponse(config)
 
 

@@ -178,8 +178,9 @@ class ConfigUpdate(BaseModel):
     def _int_ok(cls, value: object) -> object:
         return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
-    def knobs(self) -> dict[str, float | int]:
-        return {k: v for k, v in self.model_dump(exclude={"generation"}).items() if v is not None}
+    def live_fields(self) -> dict[str, float | int]:
+        """The update as the engine applies it (the generation included)."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
 class DrainRequest(BaseModel):

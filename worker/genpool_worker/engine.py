@@ -13,11 +13,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 from genpool_core.admission import QueueFullError
+from genpool_core.names import RECENT_STAT_LINES
 from genpool_core.plan import GenPlan
 from genpool_core.request import FinishReason, GenRequest
 from genpool_core.scheduler import GenScheduler
@@ -74,7 +76,8 @@ class GenEngine:
         self._tokens_total = 0
         self._passes = 0
         self._last_stat: StatLine | None = None
-        self.generation = 0
+        # The periodic lines a controller has not necessarily read: it counts each once.
+        self._recent_stats: deque[StatLine] = deque(maxlen=RECENT_STAT_LINES)
         self.is_draining = False
         self.error: BaseException | None = None
         self._running = False
@@ -200,6 +203,7 @@ class GenEngine:
             self._finish(request_id, reason)
         if plan.stat is not None:
             self._last_stat = plan.stat
+            self._recent_stats.append(plan.stat)
             if self.coordinator.rank == 0:
                 STAT_LOGGER.info(plan.stat_line)
         return plan
@@ -275,7 +279,7 @@ class GenEngine:
         headroom, cap = scheduler.capacity_in_force()
         target = scheduler.queue.target
         return {
-            "generation": self.generation,
+            "generation": scheduler.live_config().generation,
             "mode": scheduler.policy.mode.value,
             "resident_headroom": scheduler.slots.resident_headroom(),
             "max_resident_headroom": scheduler.slots.max_resident_headroom(),
@@ -290,5 +294,6 @@ class GenEngine:
         stats = self.scheduler.make_stats(now)
         stat = self._last_stat or make_statline(stats, None)
         return EngineSnapshot(
-            stats, stat, self.config(), self._inflight, self._tokens_total, self._passes
-        )
+            stats, stat, self.config(), self._inflight, self._tokens_total, self._passes,
+            tuple(self._recent_stats),
+        )  # fmt: skip

@@ -152,6 +152,12 @@ class EngineSnapshot:
     inflight: int
     tokens_total: int
     passes: int
+    recent: tuple[StatLine, ...] = ()  # the last periodic lines, oldest first
+
+    @property
+    def recent_lines(self) -> str:
+        """``GET /statlines``: the recent periodic lines, oldest first, one per line."""
+        return "".join(format_statline(line) + "\n" for line in self.recent)
 
     @property
     def stat_line(self) -> str:

@@ -44,6 +44,13 @@ async def statline(request: Request) -> Response:
     return PlainTextResponse(context_of(request).engine.snapshot.stat_line + "\n")
 
 
+@router.get("/statlines")
+async def statlines(request: Request) -> Response:
+    """The recent periodic stat lines, oldest first (empty before the first period): the
+    operator counts each window once however its rounds fall (genpool_core.windows)."""
+    return PlainTextResponse(context_of(request).engine.snapshot.recent_lines)
+
+
 @router.get("/stats")
 async def stats(request: Request) -> Response:
     """The stat line's fields (the snapshot's ``StatLine``), plus worker counters."""

@@ -21,9 +21,8 @@ from genpool_core.names import (
     DEFAULT_MAX_PAUSES_PER_REQUEST,
     DEFAULT_SLACK_S,
     DEFAULT_STAT_INTERVAL_S,
-    SLO_MODE,
-    TPOT_MODE,
     WORKER_PORT,
+    PreemptionMode,
 )
 from genpool_core.preemption import GenCapacity, GenPreemptionSettings
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
@@ -138,12 +137,17 @@ class WorkerConfig(BaseModel):
         description="synthetic model: factor on its simulated step times, unitless; 0: no sleep",
     )
 
+    @property
+    def mode(self) -> PreemptionMode:
+        """``preemption_mode``, parsed once: compare members, not spellings."""
+        return PreemptionMode(self.preemption_mode)
+
     @model_validator(mode="after")
     def _mode_parameter(self) -> WorkerConfig:
         check_tensor_parallel_size(self.model, self.tensor_parallel_size)
-        if self.preemption_mode == SLO_MODE and self.target_output_tps is None:
+        if self.mode is PreemptionMode.TARGET_OUTPUT_TPS and self.target_output_tps is None:
             raise ValueError("--preemption-mode target_output_tps needs --target-output-tps")
-        if self.preemption_mode == TPOT_MODE and self.tpot_budget is None:
+        if self.mode is PreemptionMode.TPOT_BUDGET and self.tpot_budget is None:
             raise ValueError("--preemption-mode tpot_budget needs --tpot-budget")
         return self
 
@@ -157,9 +161,9 @@ class WorkerConfig(BaseModel):
             "max_resident_headroom": self.max_resident_headroom,
             "paused_cap": self.paused_cap,
         }
-        if self.preemption_mode == SLO_MODE:
+        if self.mode is PreemptionMode.TARGET_OUTPUT_TPS:
             settings["target_output_tps"] = self.target_output_tps
-        elif self.preemption_mode == TPOT_MODE:
+        elif self.mode is PreemptionMode.TPOT_BUDGET:
             settings["tpot_budget"] = self.tpot_budget
         return settings
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from genpool_core.names import PreemptionMode
 from genpool_core.preemption.base import OffPolicy, PolicyBase, PreemptionPolicy
 from genpool_core.preemption.pausing import (
     PauseLane,
@@ -13,7 +14,6 @@ from genpool_core.preemption.settings import (
     GenCapacity,
     GenPreemptionConfigError,
     GenPreemptionSettings,
-    PreemptionMode,
     ResolvedCapacity,
     parse_settings,
     resolve_capacity,

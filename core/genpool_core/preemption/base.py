@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import ClassVar, Protocol
 
+from genpool_core.names import PreemptionMode
 from genpool_core.preemption.pausing import HYSTERESIS_TOKENS, Victim
 from genpool_core.preemption.settings import (
     GenPreemptionSettings,
-    PreemptionMode,
     ResolvedCapacity,
 )
 from genpool_core.request import GenRequest

@@ -7,7 +7,6 @@ the defaults of docs/design.md#capacity are applied and every cross-field rule i
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass, field
 
@@ -20,20 +19,12 @@ from genpool_core.names import (
     DEFAULT_ADMISSION_TARGET_MIN_S,
     DEFAULT_MAX_PAUSES_PER_REQUEST,
     DEFAULT_SLACK_S,
-    OFF_MODE,
-    SLO_MODE,
-    TPOT_MODE,
+    PreemptionMode,
 )
 
 
 class GenPreemptionConfigError(ValueError):
     """A preemption or capacity setting is invalid; the message names the field."""
-
-
-class PreemptionMode(enum.Enum):
-    OFF = OFF_MODE
-    TPOT_BUDGET = TPOT_MODE
-    TARGET_OUTPUT_TPS = SLO_MODE
 
 
 class GenPreemptionSettings(BaseModel):

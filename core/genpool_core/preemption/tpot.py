@@ -26,11 +26,11 @@ import heapq
 from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
+from genpool_core.names import PreemptionMode
 from genpool_core.preemption.base import PolicyBase
 from genpool_core.preemption.pausing import Victim, is_in_hysteresis
 from genpool_core.preemption.settings import (
     GenPreemptionSettings,
-    PreemptionMode,
     ResolvedCapacity,
 )
 from genpool_core.request import GenRequest, VictimKind

@@ -68,8 +68,8 @@ def test_push_reaches_out_of_sync_pods_and_reports_failures() -> None:
             assert [w.puts for w in workers] == [1, 1, 1]
             assert await push_live(client, targets, 1, live) == (3, {})
             assert [w.puts for w in workers] == [1, 1, 1]  # in sync: nothing sent
-            lines = await client.gather(client.statline, targets)
-            assert all(line is not None and line.paused == 4 for line in lines)
+            recent = await client.gather(client.statlines, targets)
+            assert all(lines and lines[-1].paused == 4 for lines in recent), recent
             wrong = WorkerClient(http, "nope", port=fleet.port)
             synced, errors = await push_live(wrong, targets, 2, live)
             assert synced == 0 and set(errors) == {"p0", "p1", "p2"}
