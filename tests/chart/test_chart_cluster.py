@@ -11,7 +11,6 @@ runner and the operator, not on the chart.
 from __future__ import annotations
 
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +23,7 @@ from kubernetes import client
 
 from tests.conftest import DevCluster, Kubectl
 from tests.integration.inference_pool_harness import INFERENCE_POOL_CRD
+from tests.polling import wait_until
 
 from .conftest import CHART, PEERING_API_VERSIONS, helm_path
 from .test_chart_rbac import POOL_RULES
@@ -241,10 +241,8 @@ def leftovers(kubectl: Kubectl, release: str) -> list[str]:
 
 def assert_uninstalled(kubectl: Kubectl, release: str) -> None:
     # Pods go asynchronously (garbage collector, then the pod runner's grace period).
-    deadline = time.monotonic() + 90
-    while (left := leftovers(kubectl, release)) and time.monotonic() < deadline:
-        time.sleep(2)
-    assert not left, f"uninstall left {left}"
+    wait_until(lambda: leftovers(kubectl, release), lambda left: not left,
+               "uninstall to leave none of the release's objects", 90, interval=2)  # fmt: skip
     kubectl("get", "crd", "genpools.genpool.dev")  # helm never deletes crds/ CRDs
 
 
@@ -315,13 +313,12 @@ def test_install_namespaced_with_peering(
     # Each operator pod's kopf priority comes from this label: they must differ.
     selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator"
     jsonpath = "{range .items[*]}{.metadata.labels.apps\\.kubernetes\\.io/pod-index}{'\\n'}{end}"
-    deadline = time.monotonic() + 60
-    while True:
+
+    def pod_indices() -> list[str]:
         out = kubectl("get", "pods", "-n", ns, "-l", selector, "-o", f"jsonpath={jsonpath}")
-        if sorted(out.stdout.split()) == ["0", "1"] or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert sorted(out.stdout.split()) == ["0", "1"], out.stdout
+        return sorted(out.stdout.split())
+
+    wait_until(pod_indices, lambda got: got == ["0", "1"], "operator pods 0 and 1", 60, interval=1)
 
     sa = f"system:serviceaccount:{ns}:{release}-genpool"
     assert_matrix(

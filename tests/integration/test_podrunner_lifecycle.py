@@ -73,7 +73,11 @@ def test_delete_runs_prestop_and_honours_grace(
     )
     core.create_namespaced_pod(ns, manifest)
     wait_phase(core, ns, "graceful", ("Running",))
-    time.sleep(0.5)  # let the interpreter install its SIGTERM handler
+    wait_for(  # it prints "up" once its SIGTERM handler is installed
+        lambda: "up" in core.read_namespaced_pod_log("graceful", ns),
+        "the container to print 'up' (its SIGTERM handler installed)",
+        30,
+    )
     began = time.monotonic()
     core.delete_namespaced_pod("graceful", ns)
     wait_for(lambda: gone(core, ns, "graceful"), "the pod to be gone", 30)
@@ -179,6 +183,8 @@ def test_runner_restart_kills_orphans_and_finishes_deletes(
         runner.kill()
         runner.wait()
         core.delete_namespaced_pod("drop", ns)  # nobody runs its deletion now
+        # What is checked is that nothing happens with no runner: an absence, which only a
+        # stretch of time can show (there is no event to poll for).
         time.sleep(1.0)
         assert not gone(core, ns, "drop") and _alive(keep_pid) and _alive(drop_pid)
         runner = start()

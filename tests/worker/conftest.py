@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from genpool_worker.engine import GenEngine
 from genpool_worker.metrics import WorkerMetrics
 from genpool_worker.server import create_app
 from genpool_worker.worker_cli import WorkerConfig, build_runner, build_scheduler
+from tests.polling import wait_for
 
 
 @dataclass
@@ -50,10 +50,12 @@ def run_worker(admin_token: str | None = None, **overrides: object) -> Iterator[
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])))
     engine.start()
     thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert time.monotonic() < deadline, "worker did not start"
-        time.sleep(0.02)
+
+    def started() -> bool:
+        assert thread.is_alive(), "the worker's server thread died before it listened"
+        return server.started
+
+    wait_for(started, "the worker's HTTP server to start", 15, interval=0.02)
     try:
         yield RunningWorker(f"http://127.0.0.1:{port}", engine)
     finally:

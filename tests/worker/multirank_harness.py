@@ -10,6 +10,7 @@ from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Arrival, EngineRequest
 from genpool_worker.multirank import DistCoordinator, init_process_group
 from genpool_worker.worker_cli import WorkerConfig, build_runner, build_scheduler
+from tests.polling import wait_for
 from tests.worker.recording import PlanRecorder
 
 SETTINGS: dict[str, Any] = {
@@ -41,17 +42,16 @@ def script(long_tokens: int) -> list[tuple[float, str, list[int] | str, int]]:
 def drive(engine: GenEngine, recorder: PlanRecorder, tokenizer: Any, long_tokens: int) -> None:
     expected = 0
     for delay, request_id, prompt, max_tokens in script(long_tokens):
-        time.sleep(delay)
+        time.sleep(delay)  # the script's spacing of arrivals: the load's shape, not a wait
         ids = tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
         arrival = Arrival(request_id, ids, max_tokens, arrival_time=time.time())
         engine.submit(EngineRequest(arrival))
         expected += 1
         if request_id == "w33":  # let the warm-up finish so X is initialised
-            while len(recorder.completed) < 34:
-                time.sleep(0.01)
-    deadline = time.monotonic() + 600
-    while len(recorder.completed) < expected and time.monotonic() < deadline:
-        time.sleep(0.02)
+            wait_for(lambda: len(recorder.completed) >= 34, "the 34 warm-up requests", 300,
+                     interval=0.01)  # fmt: skip
+    wait_for(lambda: len(recorder.completed) >= expected, f"all {expected} requests", 600,
+             interval=0.02)  # fmt: skip
 
 
 def run_rank(
@@ -71,11 +71,16 @@ def run_rank(
     coordinator = DistCoordinator(rank) if world_size > 1 else None
     recorder = PlanRecorder()
     engine = GenEngine(runner, tokenizer, scheduler, coordinator=coordinator, observer=recorder)
+    failure: BaseException | None = None
     if rank == 0:
         engine.start()
-        drive(engine, recorder, tokenizer, 120 if runner.info.is_synthetic else 40)
+        try:
+            drive(engine, recorder, tokenizer, 120 if runner.info.is_synthetic else 40)
+        except AssertionError as exc:  # a wait timed out: stop cleanly, then report it
+            failure = exc
         engine.stop(timeout=60)
     else:
         engine.run()
     stats = scheduler.make_stats(0.0)
-    results.put((rank, recorder.plan_digests, recorder.completed, stats.pauses, engine.error))
+    error = engine.error or failure
+    results.put((rank, recorder.plan_digests, recorder.completed, stats.pauses, error))

@@ -4,14 +4,36 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable
 
 import httpx
 
+from genpool_core.stats import SchedulerStats
+from tests.polling import PollTimeout, wait_for, wait_for_async, wait_until
 from tests.worker.conftest import RunningWorker
 
 Factory = Callable[..., RunningWorker]
+
+
+def live(worker: RunningWorker) -> SchedulerStats:
+    """The scheduler's counts as of the engine's last pass (``/stats`` repeats the last
+    stat line, which lags by up to ``stat_interval_s``)."""
+    return worker.engine.snapshot.stats
+
+
+async def until_engine(
+    worker: RunningWorker, what: str, ok: Callable[[SchedulerStats], bool]
+) -> SchedulerStats:
+    """Wait, letting the loop's requests run, until the last pass's counts satisfy ``ok``."""
+    try:
+        return await wait_for_async(lambda: s if ok(s := live(worker)) else None, what, 30,
+                                    interval=0.02)  # fmt: skip
+    except PollTimeout as exc:
+        raise PollTimeout(f"{exc}; the last pass: {live(worker)}") from None
+
+
+def wait_idle(worker: RunningWorker, what: str) -> None:
+    wait_for(lambda: worker.engine.inflight == 0, what, 30, interval=0.05)
 
 
 def sse_texts(raw: str) -> tuple[str, list[dict[str, object]]]:
@@ -75,9 +97,11 @@ def test_pause_and_resume_visible_in_stats_under_overload(worker_factory: Factor
             # Warm-up: 32 admissions (keyed at receipt) initialise the adaptive target X.
             await asyncio.gather(*(client.post("/v1/completions", json=plain_body(2))
                                    for _ in range(32)))  # fmt: skip
+            arrived = live(worker).arrivals  # the warm-up's replies came: all of them counted
             long = [asyncio.create_task(client.post("/v1/completions", json=plain_body(150)))
                     for _ in range(2)]  # fmt: skip
-            await asyncio.sleep(0.5)
+            await until_engine(worker, "both long ones resident before the short ones come",
+                               lambda s: (s.arrivals, s.residents) == (arrived + 2, 2))  # fmt: skip
             short = [client.post("/v1/completions", json=plain_body(20)) for _ in range(6)]
             return list(await asyncio.gather(*long, *short))
 
@@ -85,13 +109,13 @@ def test_pause_and_resume_visible_in_stats_under_overload(worker_factory: Factor
     assert all(r.status_code == 200 for r in replies)
     assert [r.json()["usage"]["completion_tokens"] for r in replies] == [150] * 2 + [20] * 6
     with worker.client() as client:
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            stats = client.get("/stats").json()
-            if stats["pauses_total"] > 0 and stats["completed_total"] == 40:
-                break
-            time.sleep(0.2)
-        assert stats["pauses_total"] > 0, stats
+        stats = wait_until(
+            lambda: client.get("/stats").json(),
+            lambda s: s["completed_total"] == 40 and s["pauses_total"] > 0,
+            "a stat line with all 40 completions and a pause",
+            30,
+            interval=0.1,
+        )
         assert stats["victims"] == {} or set(stats["victims"]) <= {
             "laxity", "below_target", "sacrificed"}  # fmt: skip
         assert stats["paused"] == 0 and stats["residents"] == 0
@@ -132,9 +156,13 @@ def test_put_config_changes_headroom_and_cap_live(worker_factory: Factory) -> No
         assert client.put("/config", json={"generation": 2, "bogus": 1}).status_code == 422
         after = client.get("/config").json()
         assert (after["resident_headroom"], after["paused_cap"], after["generation"]) == (5, 4, 1)
-        time.sleep(0.6)  # the next pass's snapshot and stat line carry the new knobs
-        stats = client.get("/stats").json()
-        assert (stats["headroom"], stats["cap"]) == (5, 4)
+        wait_until(
+            lambda: client.get("/stats").json(),
+            lambda s: (s["headroom"], s["cap"]) == (5, 4),
+            "a stat line carrying the new headroom 5 and cap 4",
+            30,
+            interval=0.1,
+        )
 
 
 def test_drain_finishes_residents_then_refuses_with_503(worker_factory: Factory) -> None:
@@ -145,7 +173,8 @@ def test_drain_finishes_residents_then_refuses_with_503(worker_factory: Factory)
             work = [asyncio.create_task(client.post("/v1/completions",
                                                     json={"prompt": "a", "max_tokens": 60}))
                     for _ in range(3)]  # fmt: skip
-            await asyncio.sleep(0.3)
+            await until_engine(worker, "all three requests taken in before the drain",
+                               lambda s: s.residents + s.waiters == 3)  # fmt: skip
             drain = await client.post("/drain", json={"timeout_s": 30})
             return list(await asyncio.gather(*work)), drain
 
@@ -166,10 +195,12 @@ def test_full_queue_answers_429_with_retry_after(worker_factory: Factory) -> Non
         async with worker.async_client() as client:
             body = {"prompt": "a", "max_tokens": 80}
             first = asyncio.create_task(client.post("/v1/completions", json=body))
-            await asyncio.sleep(0.2)  # admitted: the queue is empty again
+            await until_engine(worker, "the first request admitted, the queue empty again",
+                               lambda s: s.residents == 1 and s.waiters == 0)  # fmt: skip
             queued = [asyncio.create_task(client.post("/v1/completions", json=body))
                       for _ in range(2)]  # fmt: skip
-            await asyncio.sleep(0.2)
+            await until_engine(worker, "two requests queued behind it: the queue full",
+                               lambda s: s.residents == 1 and s.waiters == 2)  # fmt: skip
             extra = await client.post("/v1/completions", json=body)
             return list(await asyncio.gather(first, *queued)), extra
 
@@ -186,10 +217,7 @@ def test_client_disconnect_frees_the_request(worker_factory: Factory) -> None:
         ) as reply:
             for _ in reply.iter_lines():
                 break  # fmt: skip
-        deadline = time.monotonic() + 5
-        while worker.engine.inflight and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert worker.engine.inflight == 0
+        wait_idle(worker, "the disconnected request to leave the engine")
         assert client.get("/stats").json()["aborted"] == 1
 
 
@@ -200,7 +228,8 @@ def test_a_waiting_client_that_disconnects_leaves_the_queue(worker_factory: Fact
         async with worker.async_client() as client:
             body = {"prompt": "a", "max_tokens": 60}
             running = asyncio.create_task(client.post("/v1/completions", json=body))
-            await asyncio.sleep(0.2)  # admitted: the next request waits for the one slot
+            # Admitted: the next request waits for the one slot.
+            await until_engine(worker, "the first request admitted", lambda s: s.residents == 1)
             waiting = {"prompt": "b", "max_tokens": 5, "stream": True}
             async with client.stream("POST", "/v1/completions", json=waiting) as reply:
                 assert reply.status_code == 200  # accepted into the queue, no token yet
@@ -208,10 +237,7 @@ def test_a_waiting_client_that_disconnects_leaves_the_queue(worker_factory: Fact
 
     running = asyncio.run(scenario())
     assert running.json()["usage"]["completion_tokens"] == 60
-    deadline = time.monotonic() + 5
-    while worker.engine.inflight and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert worker.engine.inflight == 0  # the waiter finished too: nothing leaks
+    wait_idle(worker, "the waiter to finish too: nothing leaks")
     with worker.client() as client:
         stats = client.get("/stats").json()
         assert stats["aborted"] == 1 and stats["waiters"] == 0

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import time
 from collections.abc import Callable
 
 import httpx
@@ -23,6 +22,7 @@ from genpool_worker.metrics import (
 )
 from genpool_worker.server import create_app
 from genpool_worker.slo_request import TPOT_HEADER, TTFT_HEADER
+from tests.polling import wait_for, wait_for_async
 from tests.worker.conftest import RunningWorker
 
 Factory = Callable[..., RunningWorker]
@@ -109,10 +109,7 @@ def test_stop_strings_truncate_text_and_finish_with_stop(worker_factory: Factory
         assert events[-1]["choices"][0]["finish_reason"] == "stop"  # type: ignore[index]
         chat = client.post("/v1/chat/completions", json=CHAT | {"max_tokens": 40, "stop": "zzzz"})
         assert chat.json()["choices"][0]["finish_reason"] == "length"  # no match: untouched
-    deadline = time.monotonic() + 5
-    while worker.engine.inflight and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert worker.engine.inflight == 0  # a stopped request freed its slot
+    wait_for(lambda: worker.engine.inflight == 0, "a stopped request to free its slot", 30)
     assert worker.engine.snapshot.stats.aborted == 0  # stops count as completions
 
 
@@ -171,8 +168,14 @@ def testmodel_server_gauges_count_queued_and_resident_requests(worker_factory: F
             body = {"prompt": "a", "max_tokens": 150}
             work = [asyncio.create_task(client.post("/v1/completions", json=body))
                     for _ in range(3)]  # fmt: skip
-            await asyncio.sleep(0.4)  # one decodes, one holds the headroom slot, one waits
-            metrics = (await client.get("/metrics")).text
+
+            async def all_three_in() -> str | None:
+                text = (await client.get("/metrics")).text
+                both = gauge(text, NUM_REQUESTS_RUNNING) + gauge(text, NUM_REQUESTS_WAITING)
+                return text if both == 3 else None
+
+            # One decodes, one holds the headroom slot, one waits.
+            metrics = await wait_for_async(all_three_in, "the gauges to count all 3", 30)
             return metrics, list(await asyncio.gather(*work))
 
     metrics, replies = asyncio.run(scenario())
@@ -212,10 +215,7 @@ def test_a_chat_client_that_disconnects_frees_its_slot(worker_factory: Factory) 
         with client.stream("POST", "/v1/chat/completions", json=body) as reply:
             for _ in reply.iter_lines():
                 break  # the role chunk: accepted, then gone
-        deadline = time.monotonic() + 5
-        while worker.engine.inflight and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert worker.engine.inflight == 0
+        wait_for(lambda: worker.engine.inflight == 0, "the chat request to free its slot", 30)
 
 
 class BrokenTokenizer:

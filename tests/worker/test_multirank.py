@@ -10,12 +10,14 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 
 import httpx
 import pytest
 
 from genpool_worker.multirank import free_port
 from genpool_worker.worker_config import check_tensor_parallel_size
+from tests.polling import wait_for
 from tests.worker.multirank_harness import run_rank
 
 SYNTHETIC = "synthetic:tp"
@@ -86,6 +88,10 @@ def _is_running(pid: int) -> bool:
         return False
 
 
+def _is_gone(pid: int) -> bool:
+    return not _is_running(pid)
+
+
 def test_a_dead_rank_takes_the_worker_down_quickly() -> None:
     port = free_port()
     worker = subprocess.Popen(
@@ -93,15 +99,15 @@ def test_a_dead_rank_takes_the_worker_down_quickly() -> None:
          "--tensor-parallel-size", "3", "--port", str(port), "--synthetic-time-scale", "0.1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
+
+    def ready() -> bool:
+        assert worker.poll() is None, f"the worker exited with {worker.returncode}"
+        with contextlib.suppress(httpx.TransportError):  # not listening yet
+            return httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200
+        return False
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert time.monotonic() < deadline, "worker did not become ready"
-            assert worker.poll() is None
-            with contextlib.suppress(httpx.TransportError):  # not listening yet
-                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.2)
+        wait_for(ready, "the worker's /ready to answer 200", 60, interval=0.2)
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
                            json={"prompt": "hi", "max_tokens": 4}, timeout=30)  # fmt: skip
         assert reply.status_code == 200
@@ -112,10 +118,8 @@ def test_a_dead_rank_takes_the_worker_down_quickly() -> None:
         code = worker.wait(timeout=30)
         assert code != 0 and time.monotonic() - started < 15
         for pid in followers[1:]:  # the surviving rank does not linger
-            gone_by = time.monotonic() + 10
-            while _is_running(pid):
-                assert time.monotonic() < gone_by, f"rank process {pid} outlived the worker"
-                time.sleep(0.1)
+            wait_for(partial(_is_gone, pid), f"rank process {pid} to exit with the worker", 10,
+                     interval=0.1)  # fmt: skip
     finally:
         if worker.poll() is None:
             worker.kill()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
+from tests.polling import wait_for, wait_for_async
 from tests.worker.conftest import RunningWorker
 
 Factory = Callable[..., RunningWorker]
@@ -32,8 +32,7 @@ def test_smollm2_answers_paris_and_pausing_keeps_every_answer(worker_factory: Fa
     async def overload() -> list[str]:
         async with worker.async_client() as client:
 
-            async def one(prompt: str, delay: float, max_tokens: int = 16) -> str:
-                await asyncio.sleep(delay)
+            async def one(prompt: str, max_tokens: int = 16) -> str:
                 body = {"prompt": prompt, "max_tokens": max_tokens}  # keyed at receipt
                 reply = await client.post("/v1/completions", json=body)
                 assert reply.status_code == 200, reply.text
@@ -42,13 +41,20 @@ def test_smollm2_answers_paris_and_pausing_keeps_every_answer(worker_factory: Fa
             # 32 keyed warm-up admissions initialise X (about 2 s here); then two long
             # requests fill B = 2 and two short ones wait until they are at risk
             # (X - slack_s), when the long ones are paused in place to let them in.
-            await asyncio.gather(*(one("Hi", 0, max_tokens=1) for _ in range(32)))
-            delays = [0.0, 0.0, 0.3, 0.3]
-            return list(
-                await asyncio.gather(
-                    *(one(p, d, n) for p, d, n in zip(prompts, delays, lengths, strict=True))
-                )
-            )
+            await asyncio.gather(*(one("Hi", max_tokens=1) for _ in range(32)))
+            arrived = worker.engine.snapshot.stats.arrivals  # the warm-up's, all counted
+            long = [
+                asyncio.create_task(one(p, n))
+                for p, n in zip(prompts[:2], lengths[:2], strict=True)
+            ]
+
+            def both_resident() -> bool:
+                stats = worker.engine.snapshot.stats  # the last pass's counts
+                return stats.arrivals == arrived + 2 and stats.residents == 2
+
+            await wait_for_async(both_resident, "the two long requests to fill B = 2", 120)
+            short = [one(p, n) for p, n in zip(prompts[2:], lengths[2:], strict=True)]
+            return list(await asyncio.gather(*long, *short))
 
     together = asyncio.run(overload())
     with worker.client() as client:
@@ -56,7 +62,8 @@ def test_smollm2_answers_paris_and_pausing_keeps_every_answer(worker_factory: Fa
         for prompt, n in zip(prompts, lengths, strict=True):
             reply = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": n})
             alone.append(reply.json()["choices"][0]["text"])
-        time.sleep(1.2)  # the next stat line
-        pauses = client.get("/stats").json()["pauses_total"]
     assert together == alone  # greedy: batching and pausing change no one's tokens
-    assert pauses > 0
+    with worker.client() as client:
+        # /stats repeats the last stat line (every stat_interval_s = 1 s): wait for one
+        # that counts the overload's pauses.
+        wait_for(lambda: client.get("/stats").json()["pauses_total"] > 0, "a pause counted", 30)
