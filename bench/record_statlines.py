@@ -1,4 +1,4 @@
-"""Record simulator stat lines for the tuner's tests (tests/unit/operator/data/).
+"""Record simulator stat lines for the tuner's tests (tests/unit/core/data/).
 
 Static knobs (no tuner): each file is what the operator would scrape from W = 8
 workers, one line per worker every 30 simulated s, in the worker's own format.

@@ -205,7 +205,7 @@ def fit_step_model(
 
 
 # fit_step_model(splitwise_perf_model.csv) for llama2-70b / h100-80gb / TP8, to four
-# significant digits (tests/unit/test_stepmodel.py re-fits and compares).
+# significant digits (tests/unit/core/test_stepmodel.py re-fits and compares).
 DEFAULT_STEP_MODEL = StepModel(
     t0_s=29.83e-3,  # 29.83 ms
     per_request_s=0.2077e-3,  # 0.2077 ms per active request

@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from genpool_core.preemption import GenCapacity, TargetOutputTpsPolicy, create_gen_preemption
-from genpool_core.request import FinishReason, GenRequest, VictimKind
+from genpool_core.request import FinishReason, VictimKind
+from tests.unit.slo_oracle import rank_victims
 from tests.unit.support import choose_victim, make_active
 
 T = 10.0
@@ -186,40 +187,6 @@ def test_enabled_line_lists_knobs_and_constants() -> None:
         assert field in line.split(), field
 
 
-def scan_reference(
-    policy: TargetOutputTpsPolicy, batch: list[GenRequest], now: float
-) -> list[tuple[str, VictimKind, float, float | None]]:
-    """The ranking spelled with the policy's own methods (laxity, is_in_hysteresis)."""
-    laxity, below, sacrifices = [], [], []
-    for order, request in enumerate(batch):
-        span = policy.decode_span(request)
-        if span <= 0.0 or policy.is_in_hysteresis(request, now):
-            continue
-        lax = policy.laxity(request, now)
-        if lax >= policy.MIN_LAXITY_FRACTION * span and request.num_pauses < 8:
-            laxity.append((-lax, order, request))
-        if (lax < 0.0 or request.is_sacrificed) and request.num_pauses < 3:
-            below.append(request)
-        if not request.is_sacrificed:
-            sacrifices.append(request)
-    ranked: list[tuple[str, VictimKind, float, float | None]] = []
-    for negative_lax, _, request in sorted(laxity, key=lambda e: (e[0], e[1])):
-        span = policy.decode_span(request)
-        hold = min(-negative_lax - 0.01 * span, 0.35 * span)
-        ranked.append((request.request_id, VictimKind.LAXITY, now + hold, -negative_lax))
-    chosen = {entry[0] for entry in ranked}
-    credit = policy.credit
-    for kind, group in ((VictimKind.BELOW_TARGET, below), (VictimKind.SACRIFICED, sacrifices)):
-        for request in sorted(group, key=lambda r: r.resident_since or 0.0):
-            if request.request_id in chosen or (kind is VictimKind.SACRIFICED and credit < 1.0):
-                continue
-            chosen.add(request.request_id)
-            credit -= kind is VictimKind.SACRIFICED
-            due = now + 0.15 * policy.decode_span(request)
-            ranked.append((request.request_id, kind, due, None))
-    return ranked
-
-
 slo_state = st.tuples(
     st.integers(2, 400),  # max_tokens
     st.integers(0, 300),  # tokens decoded here
@@ -262,7 +229,7 @@ def test_the_inlined_scan_ranks_as_the_policy_methods_do(
         request.run_started_at = now - ran
         batch.append(request)
         policy.on_batch_enter(request)
-    expected = scan_reference(policy, batch, now)
+    expected = rank_victims(policy, batch, now, policy.credit)  # measured by its own methods
     got = []
     for victim in policy.choose_victims(now):
         got.append((victim.request.request_id, victim.kind, victim.resume_due, victim.laxity))

@@ -1,5 +1,5 @@
 """The tuner (docs/design.md#tuner) on stat-line sequences recorded from the simulator
-(tests/unit/operator/data, `python -m bench.record_statlines`), plus properties."""
+(tests/unit/core/data, `python -m bench.record_statlines`), plus properties."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Per-request SLOs: a request's own admission target D_i and output-rate floor T_i.
 
-Without them every path is the pool's (tests/unit/test_scheduler_replay.py pins that);
+Without them every path is the pool's (tests/unit/core/test_scheduler_replay.py pins that);
 here: the queue orders mixed waiters by deadline, the SLO policy ranks mixed floors
 exactly as a brute force does, and every mode counts attainment against each
 request's own floor.
@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from genpool_core.admission import AdaptiveTarget, AdmissionQueue
 from genpool_core.preemption import GenCapacity, TargetOutputTpsPolicy, create_gen_preemption
 from genpool_core.request import GenRequest, VictimKind
+from tests.unit.slo_oracle import Formulas, rank_victims
 from tests.unit.support import choose_victim, keyed, make_active
 
 T = 10.0
@@ -155,53 +156,6 @@ def test_a_fresh_request_without_a_step_time_runs_at_its_own_floor() -> None:
     assert policy.laxity(fresh, 1.0) == pytest.approx(2.0 - (1.0 + 98 / 50.0))
 
 
-def brute_force_laxity(
-    request: GenRequest, now: float, step_time: float | None
-) -> tuple[float, float]:
-    """(D_i, L_i) from the formulas of docs/design.md, written out independently."""
-    floor = request.target_output_tps if request.target_output_tps is not None else T
-    span = (request.max_tokens - 1) / floor
-    generated = request.num_output_tokens - request.tokens_at_admission
-    unpaused = request.unpaused_time(now)
-    if generated >= 4 and unpaused > 0.0:
-        rate = generated / unpaused
-    else:
-        rate = 1.0 / step_time if step_time is not None else floor
-    finish_at = now + (request.max_tokens - request.num_output_tokens) / rate
-    return span, request.output_start_time() + span - finish_at
-
-
-def brute_force_ranking(
-    batch: list[GenRequest], now: float, step_time: float | None, credit: float
-) -> list[tuple[str, VictimKind, float, float | None]]:
-    laxity, below, sacrifices = [], [], []
-    for order, request in enumerate(batch):
-        span, lax = brute_force_laxity(request, now, step_time)
-        run_s = now - (request.run_started_at or 0.0)
-        run_tokens = request.num_output_tokens - request.tokens_at_run_start
-        if span <= 0.0 or run_tokens < 4 or run_s < 0.02 * span:
-            continue  # hysteresis: tokens and a fraction of the span since the run began
-        if lax >= 0.02 * span and request.num_pauses < 8:
-            laxity.append((-lax, order, request, span))
-        if (lax < 0.0 or request.is_sacrificed) and request.num_pauses < 3:
-            below.append((request, span))
-        if not request.is_sacrificed:
-            sacrifices.append((request, span))
-    ranked: list[tuple[str, VictimKind, float, float | None]] = []
-    for negative_lax, _, request, span in sorted(laxity, key=lambda e: (e[0], e[1])):
-        hold = min(-negative_lax - 0.01 * span, 0.35 * span)
-        ranked.append((request.request_id, VictimKind.LAXITY, now + hold, -negative_lax))
-    chosen = {entry[0] for entry in ranked}
-    for kind, group in ((VictimKind.BELOW_TARGET, below), (VictimKind.SACRIFICED, sacrifices)):
-        for request, span in sorted(group, key=lambda e: e[0].resident_since or 0.0):
-            if request.request_id in chosen or (kind is VictimKind.SACRIFICED and credit < 1.0):
-                continue
-            chosen.add(request.request_id)
-            credit -= kind is VictimKind.SACRIFICED
-            ranked.append((request.request_id, kind, now + 0.15 * span, None))
-    return ranked
-
-
 mixed_state = st.tuples(
     st.integers(2, 400),  # max_tokens
     st.integers(0, 300),  # tokens decoded here
@@ -254,7 +208,7 @@ def test_mixed_floors_rank_as_a_brute_force_does_across_passes(
         policy.on_batch_enter(request)
     if earlier is not None:
         list(policy.choose_victims(earlier))  # an earlier pass: caches hysteresis states
-    expected = brute_force_ranking(batch, now, policy.step_time_s, credit)
+    expected = rank_victims(Formulas(T, policy.step_time_s), batch, now, credit)
     got = []
     for victim in policy.choose_victims(now):
         got.append((victim.request.request_id, victim.kind, victim.resume_due, victim.laxity))

@@ -100,7 +100,7 @@ def test_the_console_script_is_this_cli() -> None:
     import tomllib
     from pathlib import Path
 
-    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["genpool"] == "genpool_cli.main:main"
 
 

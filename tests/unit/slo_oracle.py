@@ -1,0 +1,117 @@
+"""The SLO policy's victim ranking (docs/design.md#preemption), brute-forced from scratch.
+
+One oracle for the target_output_tps policy's `choose_victims`: every batch member is
+measured, classified (laxity, below target, sacrificed) and ranked in one pass with none
+of the policy's caches, heaps or remembered hysteresis. What it measures a request with
+(its decode span D_i, its laxity L_i, whether it is in hysteresis) comes from a `Measure`:
+
+- `Formulas`: the formulas of docs/design.md, written out independently of the policy
+  (tests/unit/core/test_per_request_slo.py: the ranking, compared to a tolerance);
+- the policy itself, whose `decode_span`, `laxity` and `is_in_hysteresis` have these names
+  (tests/unit/core/test_policy_slo.py: its inlined scan against its own methods, exactly).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+from genpool_core.request import GenRequest, VictimKind
+
+# docs/design.md's constants, spelled here rather than read from the policy.
+MIN_LAXITY_FRACTION = 0.02  # a laxity victim has L_i >= this * D_i
+MAX_LAXITY_PAUSES = 8
+MAX_BELOW_TARGET_PAUSES = 3
+RESUME_LAXITY_FRACTION = 0.01  # a laxity victim resumes this * D_i before its slack is gone
+MAX_LAXITY_PAUSE_FRACTION = 0.35  # ... and at most this * D_i after now
+WINDOW_FRACTION = 0.15  # below-target and sacrificed victims resume after this * D_i
+HYSTERESIS_TOKENS = 4  # a request that just (re)started runs this many tokens ...
+HYSTERESIS_FRACTION = 0.02  # ... and this * D_i before it can be paused again
+RATE_PRIOR_TOKENS = 4  # its own rate once it decoded this many tokens here, else the prior
+
+
+class Measure(Protocol):
+    def decode_span(self, request: GenRequest) -> float: ...
+    def laxity(self, request: GenRequest, now: float) -> float: ...
+    def is_in_hysteresis(self, request: GenRequest, now: float) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Formulas:
+    """D_i, L_i and hysteresis from docs/design.md, independently of the policy's code.
+
+    ``pool_floor`` is the pool's T (for a request without its own T_i); ``step_time`` the
+    policy's step-time estimate, the rate prior of a request with too few tokens."""
+
+    pool_floor: float
+    step_time: float | None
+
+    def floor(self, request: GenRequest) -> float:
+        own = request.target_output_tps
+        return own if own is not None else self.pool_floor
+
+    def decode_span(self, request: GenRequest) -> float:
+        return (request.max_tokens - 1) / self.floor(request)
+
+    def laxity(self, request: GenRequest, now: float) -> float:
+        generated = request.num_output_tokens - request.tokens_at_admission
+        unpaused = request.unpaused_time(now)
+        if generated >= RATE_PRIOR_TOKENS and unpaused > 0.0:
+            rate = generated / unpaused
+        else:
+            rate = 1.0 / self.step_time if self.step_time is not None else self.floor(request)
+        finish_at = now + (request.max_tokens - request.num_output_tokens) / rate
+        return request.output_start_time() + self.decode_span(request) - finish_at
+
+    def is_in_hysteresis(self, request: GenRequest, now: float) -> bool:
+        run_s = now - (request.run_started_at or 0.0)
+        run_tokens = request.num_output_tokens - request.tokens_at_run_start
+        return run_tokens < HYSTERESIS_TOKENS or run_s < HYSTERESIS_FRACTION * (
+            self.decode_span(request)
+        )
+
+
+class Ranked(NamedTuple):
+    """One victim as `Victim` gives it (a plain tuple compares equal to it)."""
+
+    request_id: str
+    kind: VictimKind
+    resume_due: float
+    laxity: float | None  # None for below-target and sacrificed victims
+
+
+def rank_victims(
+    measure: Measure, batch: Iterable[GenRequest], now: float, credit: float
+) -> list[Ranked]:
+    """Every victim, in the order the policy should pause them all at ``now`` with
+    ``credit`` in the bucket (each sacrifice spends 1): laxity victims by laxity, largest
+    first (ties: batch order), then below-target, then sacrificed ones, oldest resident
+    first, each request at most once."""
+    laxity: list[tuple[float, int, GenRequest, float]] = []
+    below: list[tuple[GenRequest, float]] = []
+    sacrifices: list[tuple[GenRequest, float]] = []
+    for order, request in enumerate(batch):
+        span = measure.decode_span(request)
+        if span <= 0.0 or measure.is_in_hysteresis(request, now):
+            continue
+        lax = measure.laxity(request, now)
+        if lax >= MIN_LAXITY_FRACTION * span and request.num_pauses < MAX_LAXITY_PAUSES:
+            laxity.append((lax, order, request, span))
+        if (lax < 0.0 or request.is_sacrificed) and request.num_pauses < MAX_BELOW_TARGET_PAUSES:
+            below.append((request, span))
+        if not request.is_sacrificed:
+            sacrifices.append((request, span))
+    ranked: list[Ranked] = []
+    for lax, _, request, span in sorted(laxity, key=lambda e: (-e[0], e[1])):
+        hold = min(lax - RESUME_LAXITY_FRACTION * span, MAX_LAXITY_PAUSE_FRACTION * span)
+        ranked.append(Ranked(request.request_id, VictimKind.LAXITY, now + hold, lax))
+    chosen = {entry.request_id for entry in ranked}
+    for kind, group in ((VictimKind.BELOW_TARGET, below), (VictimKind.SACRIFICED, sacrifices)):
+        for request, span in sorted(group, key=lambda e: e[0].resident_since or 0.0):
+            if request.request_id in chosen or (kind is VictimKind.SACRIFICED and credit < 1.0):
+                continue
+            chosen.add(request.request_id)
+            credit -= kind is VictimKind.SACRIFICED
+            ranked.append(Ranked(request.request_id, kind, now + WINDOW_FRACTION * span, None))
+    return ranked
