@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from genpool_core.field_help import DESCRIPTION
 
 # P defaults to floor(0.375 A) and H to P, where A is the base resident capacity.
 DEFAULT_PAUSED_CAP_FRACTION = 0.375
@@ -65,10 +67,29 @@ def _count(value: object, fallback: int) -> int:
 class KnobBounds:
     """The range the tuner may move the knobs in (unset maxima default to A upstream)."""
 
-    min_resident_headroom: int
-    max_resident_headroom: int
-    min_paused_cap: int
-    max_paused_cap: int
+    min_resident_headroom: int = field(
+        metadata={
+            DESCRIPTION: "lowest H (resident slots beyond B) the tuner may set, requests per worker"
+        }
+    )
+    max_resident_headroom: int = field(
+        metadata={
+            DESCRIPTION: "highest H (resident slots beyond B) the tuner may set, requests per"
+            " worker; at least the highest P"
+        }
+    )
+    min_paused_cap: int = field(
+        metadata={
+            DESCRIPTION: "lowest P (most requests paused at once) the tuner may set, requests"
+            " per worker"
+        }
+    )
+    max_paused_cap: int = field(
+        metadata={
+            DESCRIPTION: "highest P (most requests paused at once) the tuner may set, requests"
+            " per worker; at most the highest H"
+        }
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_resident_headroom <= self.max_resident_headroom:

@@ -41,9 +41,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from genpool_core.aggregate import PoolStats
+from genpool_core.field_help import DESCRIPTION
 
 OUTRUN = "up-arrivals-outrun-completions"
 UTILISATION_HIGH = "up-utilisation-high"
@@ -53,25 +54,125 @@ LOAD_UPS = (OUTRUN, UTILISATION_HIGH)  # ups on the window's load, not on an SLO
 
 @dataclass(frozen=True, slots=True)
 class ScalerSettings:
-    ttft_p90_s: float
-    min_replicas: int
-    max_replicas: int
-    max_batch: int  # A: batch positions per replica, for the utilisation estimate
-    attainment: float | None = 0.8  # None: scale on TTFT alone (the replica-only planner)
-    cap_max: int | None = None  # the tuner's per-worker cap bound; None: no knob lever
-    max_step: int = 8
-    up_fraction: float = 0.25  # an up step adds this fraction of the replicas (>= 1)
-    down_window_s: float = 300.0
-    up_window_s: float = 0.0  # 0: up on this round's recommendation
-    interval_s: float = 30.0  # between rounds: windows are whole intervals, jitter half one
-    max_utilisation: float = 0.85  # of the batch positions, to scale down (no knob lever)
-    max_utilisation_with_pausing: float = 0.95  # the same with the knob lever
-    down_ttft_fraction: float = 0.6  # TTFT p90 below this share of the target to scale down
-    severe_factor: float = 2.0  # a TTFT miss this far above target scales up regardless
-    outrun_margin: float = 0.1  # arrivals above completions by this share...
-    min_waiters_per_replica: float = 1.0  # ...with this queue means the pool falls behind
-    min_samples: int = 20  # fewer first tokens / completions in the window: noise
-    min_victims: int = 4
+    """The SLO, the replica bounds and the scaler's thresholds and windows; a round is
+    one stats interval (its window: the stat lines since the last round)."""
+
+    ttft_p90_s: float = field(
+        metadata={
+            DESCRIPTION: "SLO: GEN TTFT p90 target (arrival at the GEN worker -> first"
+            " token), seconds"
+        }
+    )
+    min_replicas: int = field(metadata={DESCRIPTION: "fewest replicas the scaler keeps"})
+    max_replicas: int = field(metadata={DESCRIPTION: "most replicas the scaler adds up to"})
+    max_batch: int = field(
+        metadata={
+            DESCRIPTION: "A: batch positions per replica, for the utilisation estimate, requests"
+        }
+    )
+    attainment: float | None = field(
+        default=0.8,
+        metadata={
+            DESCRIPTION: "SLO: least share of the window's completed requests at or above T"
+            " (1 - eps), in (0, 1); None: scale on GEN TTFT alone (the replica-only planner)"
+        },
+    )
+    cap_max: int | None = field(
+        default=None,
+        metadata={
+            DESCRIPTION: "the tuner's highest P, requests per worker: while the cap is below"
+            " it and attainment budget is left, a TTFT miss waits for the knobs; None: no"
+            " knob lever"
+        },
+    )
+    max_step: int = field(
+        default=8, metadata={DESCRIPTION: "most replicas one round adds or removes"}
+    )
+    up_fraction: float = field(
+        default=0.25,
+        metadata={
+            DESCRIPTION: "an up on a TTFT or attainment miss adds this fraction of the"
+            " replicas (at least 1), unitless"
+        },
+    )
+    down_window_s: float = field(
+        default=300.0,
+        metadata={
+            DESCRIPTION: "down only as far as every recommendation over this window allows"
+            " (stabilisation, whole intervals), seconds"
+        },
+    )
+    up_window_s: float = field(
+        default=0.0,
+        metadata={
+            DESCRIPTION: "up only as far as every recommendation over this window asked"
+            " (stabilisation, whole intervals), seconds; 0: this round's"
+        },
+    )
+    interval_s: float = field(
+        default=30.0,
+        metadata={
+            DESCRIPTION: "seconds between scaler rounds: the windows are whole intervals,"
+            " covered within half of one"
+        },
+    )
+    max_utilisation: float = field(
+        default=0.85,
+        metadata={
+            DESCRIPTION: "utilisation ceiling without the knob lever: the share of the"
+            " replicas' batch positions the load (batch, paused, waiting) may fill; above"
+            " it: up, down to the replicas that hold the load at it, unitless"
+        },
+    )
+    max_utilisation_with_pausing: float = field(
+        default=0.95,
+        metadata={
+            DESCRIPTION: "utilisation ceiling with the knob lever (attainment and cap_max"
+            " set): higher, since pausing absorbs the bursts a planner keeps headroom for,"
+            " unitless"
+        },
+    )
+    down_ttft_fraction: float = field(
+        default=0.6,
+        metadata={
+            DESCRIPTION: "down only while GEN TTFT p90 is below this share of the target, unitless"
+        },
+    )
+    severe_factor: float = field(
+        default=2.0,
+        metadata={
+            DESCRIPTION: "a GEN TTFT p90 above this multiple of the target scales up even"
+            " when the knobs could fix it, unitless"
+        },
+    )
+    outrun_margin: float = field(
+        default=0.1,
+        metadata={
+            DESCRIPTION: "the pool falls behind when the window's arrivals exceed its"
+            " completions by more than this share, with a queue, unitless"
+        },
+    )
+    min_waiters_per_replica: float = field(
+        default=1.0,
+        metadata={
+            DESCRIPTION: "the queue behind the pool falling behind, requests waiting per"
+            " reporting replica"
+        },
+    )
+    min_samples: int = field(
+        default=20,
+        metadata={
+            DESCRIPTION: "fewer first tokens (TTFT) or completions (attainment) than this in"
+            " the window: that part is noise and no rule uses it, count"
+        },
+    )
+    min_victims: int = field(
+        default=4,
+        metadata={
+            DESCRIPTION: "fewer victims (requests picked to pause) than this in the window:"
+            " an attainment miss comes from queueing, count"
+        },
+    )
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.ttft_p90_s) and self.ttft_p90_s > 0):

@@ -26,28 +26,108 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from genpool_core.aggregate import PoolStats
+from genpool_core.field_help import DESCRIPTION
 from genpool_core.knobs import KnobBounds, Knobs
 from genpool_core.names import SLO_MODE
 
 
 @dataclass(frozen=True, slots=True)
 class TunerSettings:
-    eps: float = 0.2  # the SLO lets 20 % of requests fall below T
-    dead_band: float = 0.05  # raise only below eps - dead_band: no flapping around eps
-    step_fraction: float = 0.25  # a step moves a knob by this fraction of its value...
-    min_step: int = 1  # ...and by at least this much
-    bind_fraction: float = 0.8  # the cap binds when paused >= this fraction of it
-    min_completions: int = 20  # fewer completions in the window: below-T is noise
-    min_victims: int = 4  # fewer victims in the window: the victim mix is noise
-    implicated_share: float = 0.5  # non-laxity victim share that implicates pauses
-    sacrificed_share: float = 0.5  # "mostly sacrificed"
-    confirm_rounds: int = 2  # hysteresis for cap changes
-    shrink_rounds: int = 4  # headroom unused this long before it is given back
-    cooldown_intervals: int = 2
-    guarded: bool = True
+    """The tuner's thresholds, steps, hysteresis and cooldown; a round is one stats
+    interval (its window: the stat lines since the last round)."""
+
+    eps: float = field(
+        default=0.2,
+        metadata={
+            DESCRIPTION: "eps: the share of requests the SLO lets fall below T, unitless,"
+            " in (0, 1) (0.2: 20% of the requests)"
+        },
+    )
+    dead_band: float = field(
+        default=0.05,
+        metadata={
+            DESCRIPTION: "the cap is raised for unspent budget only while below-T is under"
+            " eps - dead_band, so it does not flap around eps; a share of requests, unitless"
+        },
+    )
+    step_fraction: float = field(
+        default=0.25,
+        metadata={
+            DESCRIPTION: "a step moves a knob by this fraction of its value (at least"
+            " min_step), unitless"
+        },
+    )
+    min_step: int = field(
+        default=1, metadata={DESCRIPTION: "the smallest step a knob moves by, requests"}
+    )
+    bind_fraction: float = field(
+        default=0.8,
+        metadata={
+            DESCRIPTION: "the cap binds when paused >= this fraction of P (or P turned over"
+            " twice in the window), unitless"
+        },
+    )
+    min_completions: int = field(
+        default=20,
+        metadata={
+            DESCRIPTION: "fewer completions than this in the window: below-T is noise and"
+            " no rule uses it, requests"
+        },
+    )
+    min_victims: int = field(
+        default=4,
+        metadata={
+            DESCRIPTION: "fewer victims (requests picked to pause) than this in the window:"
+            " the victim mix is noise and no rule uses it, count"
+        },
+    )
+    implicated_share: float = field(
+        default=0.5,
+        metadata={
+            DESCRIPTION: "guarded rule: the pauses are implicated in the misses when at least"
+            " this share of the window's victims are below-target or sacrificed, unitless"
+        },
+    )
+    sacrificed_share: float = field(
+        default=0.5,
+        metadata={
+            DESCRIPTION: "at least this share of the window's victims sacrificed (mostly"
+            " sacrificed) lowers the cap, unitless"
+        },
+    )
+    confirm_rounds: int = field(
+        default=2,
+        metadata={
+            DESCRIPTION: "fresh rounds in a row a cap change must be proposed before it"
+            " applies (hysteresis), rounds"
+        },
+    )
+    shrink_rounds: int = field(
+        default=4,
+        metadata={
+            DESCRIPTION: "fresh rounds in a row headroom above the cap must go unused before"
+            " it is given back, rounds"
+        },
+    )
+    cooldown_intervals: int = field(
+        default=2,
+        metadata={
+            DESCRIPTION: "tuner rounds without a change after a change (a clamp to the bounds"
+            " included); rounds with stale stats do not count; 0: none"
+        },
+    )
+    guarded: bool = field(
+        default=True,
+        metadata={
+            DESCRIPTION: "lower the cap on misses (below-T above eps, or negative credit)"
+            " only when the pauses are implicated (implicated_share), and raise it on"
+            " queueing misses instead; off: the literal rule of docs/design.md#tuner, lower"
+            " on any miss"
+        },
+    )
 
     def __post_init__(self) -> None:
         if not 0 < self.eps < 1 or not 0 <= self.dead_band < self.eps:

@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from genpool_core.field_help import DESCRIPTION, describe
 from genpool_core.names import OFF_MODE, SLO_MODE
 from genpool_core.quantiles import percentile
 from genpool_core.scaler import ScalerSettings
@@ -42,18 +43,65 @@ SUMMARY_METRICS = (
 
 @dataclass(frozen=True)
 class AutoscaleConfig:
-    slo_ttft_p90_s: float
-    target_output_tps: float  # T: attainment is the share of requests at or above it
-    min_replicas: int
-    max_replicas: int
-    attainment: float = 0.8
-    startup_delay_s: float = 60.0
-    interval_s: float = 30.0
-    slo_window_s: float = 60.0
-    # Utilisation ceilings (share of the batch positions the load may fill), the
-    # scaler's defaults; bench/sim_autoscale_sweep.py tunes each to its SLO
-    planner_max_utilisation: float = 0.85  # replicas-only: headroom for bursts
-    genpool_max_utilisation: float = 0.95  # genpool: pausing absorbs the bursts
+    """The SLO and the scaler's settings of the policies (``scaler_settings``); the
+    utilisation ceilings default to the scaler's, bench/sim_autoscale_sweep.py tunes each
+    to its SLO."""
+
+    slo_ttft_p90_s: float = field(metadata={DESCRIPTION: describe(ScalerSettings, "ttft_p90_s")})
+    target_output_tps: float = field(
+        metadata={
+            DESCRIPTION: "T, output tokens/s per request: attainment is the share of requests"
+            " at or above it; the static and genpool policies pause for it"
+        }
+    )
+    min_replicas: int = field(
+        metadata={
+            DESCRIPTION: "fewest replicas the scaler keeps; the replicas-only and genpool"
+            " policies start with this many"
+        }
+    )
+    max_replicas: int = field(metadata={DESCRIPTION: describe(ScalerSettings, "max_replicas")})
+    attainment: float = field(
+        default=0.8,
+        metadata={
+            DESCRIPTION: "SLO: least share of the requests at or above T (1 - eps), in (0, 1),"
+            " in every policy's SLO windows; the genpool policy's scaler scales on it,"
+            " replicas-only's on GEN TTFT alone"
+        },
+    )
+    startup_delay_s: float = field(
+        default=60.0,
+        metadata={
+            DESCRIPTION: "simulated seconds from adding a replica to its serving (model load)"
+        },
+    )
+    interval_s: float = field(
+        default=30.0,
+        metadata={
+            DESCRIPTION: "simulated seconds between pool-controller rounds: the scaler's, and"
+            " the genpool policy's tuner's"
+        },
+    )
+    slo_window_s: float = field(
+        default=60.0,
+        metadata={
+            DESCRIPTION: "the windows the SLO is scored in (SLO windows met), simulated seconds"
+        },
+    )
+    planner_max_utilisation: float = field(
+        default=0.85,
+        metadata={
+            DESCRIPTION: "replicas-only: the share of the batch positions the load (batch,"
+            " waiting) may fill, with headroom for bursts, unitless"
+        },
+    )
+    genpool_max_utilisation: float = field(
+        default=0.95,
+        metadata={
+            DESCRIPTION: "genpool: the share of the batch positions the load (batch, paused,"
+            " waiting) may fill, higher since pausing absorbs the bursts, unitless"
+        },
+    )
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.startup_delay_s) and self.startup_delay_s >= 0):

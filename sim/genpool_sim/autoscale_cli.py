@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from genpool_core.field_help import help_for
 from genpool_core.knobs import KnobBounds
 from genpool_sim.autoscale import (
     POLICIES,
@@ -38,31 +39,34 @@ def add_autoscale_options(sim: argparse.ArgumentParser) -> None:
         default=",".join(POLICIES),
         help=f"comma-separated, among {', '.join(POLICIES)} (default: all)",
     )
-    group.add_argument("--slo-ttft-p90", help="SLO: GEN TTFT p90 target, seconds (required)")
     group.add_argument(
-        "--slo-attainment",
-        default="0.8",
-        help="SLO: share of requests at or above T, 1 - eps (default: 0.8)",
-    )
-    group.add_argument("--min-replicas", default="1", help="scaler floor (default: 1)")
-    group.add_argument("--max-replicas", default="32", help="scaler ceiling (default: 32)")
-    group.add_argument(
-        "--startup-delay",
-        default="60",
-        help="seconds from adding a replica to its serving: model load (default: 60)",
+        "--slo-ttft-p90",
+        help=help_for(AutoscaleConfig, "slo_ttft_p90_s", note="required with --autoscale"),
     )
     group.add_argument(
-        "--scale-interval", default="30", help="seconds between scaler rounds (default: 30)"
+        "--slo-attainment", default="0.8", help=help_for(AutoscaleConfig, "attainment")
+    )
+    group.add_argument(
+        "--min-replicas", default="1", help=help_for(AutoscaleConfig, "min_replicas", default=1)
+    )
+    group.add_argument(
+        "--max-replicas", default="32", help=help_for(AutoscaleConfig, "max_replicas", default=32)
+    )
+    group.add_argument(
+        "--startup-delay", default="60", help=help_for(AutoscaleConfig, "startup_delay_s")
+    )
+    group.add_argument(
+        "--scale-interval", default="30", help=help_for(AutoscaleConfig, "interval_s")
     )
     group.add_argument(
         "--planner-max-utilisation",
         default="0.85",
-        help="replicas-only: share of the batch positions the load may fill (default: 0.85)",
+        help=help_for(AutoscaleConfig, "planner_max_utilisation"),
     )
     group.add_argument(
         "--genpool-max-utilisation",
         default="0.95",
-        help="genpool: the same with pausing to absorb bursts (default: 0.95)",
+        help=help_for(AutoscaleConfig, "genpool_max_utilisation"),
     )
 
 

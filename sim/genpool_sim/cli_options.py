@@ -1,7 +1,8 @@
 """``genpool sim``'s command line: the option groups, their defaults and help, and the
 argparse types that check each value (``genpool_sim.cli`` parses with it and runs).
-A flag that sets a field of ``Workload``, ``GenCapacity`` or ``GenPreemptionSettings``
-takes its help from the field's description (``genpool_core.field_help``)."""
+A flag that sets a field of ``Workload``, ``GenCapacity``, ``GenPreemptionSettings``,
+``KnobBounds``, ``TunerSettings``, ``TuneConfig`` or ``AutoscaleConfig`` takes its help
+from the field's description (``genpool_core.field_help``)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import math
 from pathlib import Path
 
 from genpool_core.field_help import help_for
+from genpool_core.knobs import KnobBounds
 from genpool_core.preemption import GenCapacity, GenPreemptionSettings
+from genpool_core.tuner import TunerSettings
 from genpool_sim.autoscale_cli import add_autoscale_options
 from genpool_sim.cluster import MODES
 from genpool_sim.datafiles import AZURE_CONV, data_file
 from genpool_sim.experiment import Workload
 from genpool_sim.phases import Phase, parse_phases
+from genpool_sim.pool_control import TuneConfig
 from genpool_sim.slo_classes import SloClass, parse_classes
 
 DEFAULT_TRACE = data_file(AZURE_CONV)
@@ -226,24 +230,40 @@ def _add_tune_options(sim: argparse.ArgumentParser) -> None:
     tune = sim.add_argument_group("tuner in the loop (target_output_tps runs)")
     tune.add_argument("--tune", action="store_true", help="run the tuner (docs/design.md#tuner)")
     _add_positive(
-        tune, "--tune-interval", float, 30.0, "simulated seconds between tuner rounds (default: 30)"
+        tune,
+        "--tune-interval",
+        float,
+        30.0,
+        help_for(TuneConfig, "interval_s", note="with --autoscale: --scale-interval"),
     )
     tune.add_argument(
-        "--headroom-min", type=_count, default=0, help="lowest H, requests (default: 0)"
+        "--headroom-min",
+        type=_count,
+        default=0,
+        help=help_for(KnobBounds, "min_resident_headroom", default=0),
     )
-    tune.add_argument("--headroom-max", type=_count, help="highest H, requests (default: A)")
-    tune.add_argument("--cap-min", type=_count, default=0, help="lowest P, requests (default: 0)")
-    tune.add_argument("--cap-max", type=_count, help="highest P, requests (default: A)")
+    tune.add_argument(
+        "--headroom-max",
+        type=_count,
+        help=help_for(KnobBounds, "max_resident_headroom", default="A"),
+    )
+    tune.add_argument(
+        "--cap-min", type=_count, default=0, help=help_for(KnobBounds, "min_paused_cap", default=0)
+    )
+    tune.add_argument(
+        "--cap-max", type=_count, help=help_for(KnobBounds, "max_paused_cap", default="A")
+    )
     tune.add_argument(
         "--tune-cooldown",
         type=_count,
         default=2,
-        help="tuner rounds without a change after one (default: 2)",
+        help=help_for(TunerSettings, "cooldown_intervals"),
     )
     tune.add_argument(
         "--tune-rule",
         choices=("guarded", "literal"),
         default="guarded",
-        help="literal: lower the cap on any miss above eps (docs/design.md#tuner as"
-        " specified); guarded: only when the cap is implicated in the miss (default: guarded)",
+        help=help_for(
+            TunerSettings, "guarded", default="guarded", note="guarded: on, literal: off"
+        ),
     )

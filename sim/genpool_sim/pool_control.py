@@ -23,6 +23,7 @@ from genpool_core.controller import (
     knobs_in_force,
     run_round,
 )
+from genpool_core.field_help import DESCRIPTION
 from genpool_core.knobs import KnobBounds, Knobs
 from genpool_core.names import OFF_MODE
 from genpool_core.scaler import ScalerSettings
@@ -55,9 +56,23 @@ class PoolReader:
 class TuneConfig:
     """The knob tuner's part of the controller (``spec.tuning``)."""
 
-    bounds: KnobBounds
-    interval_s: float = 30.0
-    settings: TunerSettings = field(default_factory=TunerSettings)
+    bounds: KnobBounds = field(
+        metadata={
+            DESCRIPTION: "the range the tuner may move H and P in, requests per worker"
+            " (spec.tuning's residentHeadroom and pausedCap)"
+        }
+    )
+    interval_s: float = field(
+        default=30.0,
+        metadata={
+            DESCRIPTION: "simulated seconds between tuner rounds, each on the stat lines of"
+            " the window since the last"
+        },
+    )
+    settings: TunerSettings = field(
+        default_factory=TunerSettings,
+        metadata={DESCRIPTION: "the tuner's thresholds, steps, hysteresis and cooldown"},
+    )
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.interval_s) and self.interval_s > 0):

@@ -13,9 +13,16 @@ import pytest
 from pydantic import BaseModel, Field
 
 from genpool_core.field_help import DESCRIPTION, describe, format_default, help_for
+from genpool_core.knobs import KnobBounds
 from genpool_core.preemption import GenCapacity, GenPreemptionSettings
+from genpool_core.scaler import ScalerSettings
+from genpool_core.tuner import TunerSettings
+from genpool_sim.autoscale import AutoscaleConfig
+from genpool_sim.autoscale_cli import autoscale_config
+from genpool_sim.cli import tune_config
 from genpool_sim.cli_options import build_parser as sim_parser
 from genpool_sim.experiment import Workload
+from genpool_sim.pool_control import TuneConfig
 from genpool_worker.worker_config import WorkerConfig
 from genpool_worker.worker_config import build_parser as worker_parser
 
@@ -31,7 +38,38 @@ SIM_FLAGS: dict[str, tuple[type, str]] = {
     "--max-batch": (GenCapacity, "max_batch_size"),
     "--target-output-tps": (GenPreemptionSettings, "target_output_tps"),
     "--tpot-budget": (GenPreemptionSettings, "tpot_budget"),
+    # the tuner in the loop
+    "--tune-interval": (TuneConfig, "interval_s"),
+    "--headroom-min": (KnobBounds, "min_resident_headroom"),
+    "--headroom-max": (KnobBounds, "max_resident_headroom"),
+    "--cap-min": (KnobBounds, "min_paused_cap"),
+    "--cap-max": (KnobBounds, "max_paused_cap"),
+    "--tune-cooldown": (TunerSettings, "cooldown_intervals"),
+    "--tune-rule": (TunerSettings, "guarded"),
+    # --autoscale
+    "--slo-ttft-p90": (AutoscaleConfig, "slo_ttft_p90_s"),
+    "--slo-attainment": (AutoscaleConfig, "attainment"),
+    "--min-replicas": (AutoscaleConfig, "min_replicas"),
+    "--max-replicas": (AutoscaleConfig, "max_replicas"),
+    "--startup-delay": (AutoscaleConfig, "startup_delay_s"),
+    "--scale-interval": (AutoscaleConfig, "interval_s"),
+    "--planner-max-utilisation": (AutoscaleConfig, "planner_max_utilisation"),
+    "--genpool-max-utilisation": (AutoscaleConfig, "genpool_max_utilisation"),
 }
+# `genpool sim` flags whose help stays hand-written: they set no described field (a mode,
+# a file, a run count, a switch); --workers, --ctx-servers and --paused-cap-fraction set
+# ClusterConfig fields, which have no descriptions yet.
+SIM_HAND_WRITTEN = frozenset({
+    "-h", "--help", "--trace", "--rate", "--replay", "--time-scale", "--workers",
+    "--ctx-servers", "--modes", "--paused-cap-fraction", "--seeds", "--jobs", "--json",
+    "--plot", "--stat-lines", "--tune", "--autoscale", "--policies",
+})  # fmt: skip
+# Flags whose unset value (None) means a default computed elsewhere, shown as such.
+SIM_SHOWN_DEFAULTS = {"--headroom-max": "A", "--cap-max": "A", "--target-output-tps": "auto"}
+# The dataclasses behind the tuner and the scaler: every field carries its description.
+DESCRIBED = (KnobBounds, TunerSettings, ScalerSettings, TuneConfig, AutoscaleConfig)
+# AutoscaleConfig fields handed to ScalerSettings unchanged in meaning: one description.
+SCALER_FIELDS = {"slo_ttft_p90_s": "ttft_p90_s", "max_replicas": "max_replicas"}
 CORE_FIELDS: dict[str, type] = {
     **{f.name: GenCapacity for f in dataclasses.fields(GenCapacity)},
     **dict.fromkeys(GenPreemptionSettings.model_fields, GenPreemptionSettings),
@@ -84,9 +122,55 @@ def test_sim_flag_help_is_its_field_description(flag: str) -> None:
     action = options(sim_parser())[flag]
     assert action.dest == flag.removeprefix("--").replace("-", "_")
     text = shown(action)
-    assert text.startswith(describe(model, name))
+    assert text.startswith(describe(model, name)), f"{flag}: hand-written help"
     if action.default is not None:  # the default shown is the flag's own
         assert text.endswith(f" (default: {format_default(action.default)})")
+    elif flag in SIM_SHOWN_DEFAULTS:
+        assert text.endswith(f" (default: {SIM_SHOWN_DEFAULTS[flag]})")
+
+
+def test_every_sim_flag_is_mapped_or_listed_as_hand_written() -> None:
+    flags = set(options(sim_parser()))
+    assert not SIM_FLAGS.keys() & SIM_HAND_WRITTEN
+    assert flags == SIM_FLAGS.keys() | SIM_HAND_WRITTEN, "classify the new flag"
+
+
+@pytest.mark.parametrize("flag", sorted(SIM_HAND_WRITTEN - {"-h", "--help"}))
+def test_hand_written_sim_help_is_no_field_description(flag: str) -> None:
+    text = shown(options(sim_parser())[flag])
+    for model in DESCRIBED:
+        for f in dataclasses.fields(model):
+            assert not text.startswith(describe(model, f.name)), f"{flag}: map it in SIM_FLAGS"
+
+
+@pytest.mark.parametrize("model", DESCRIBED, ids=lambda model: model.__name__)
+def test_every_tuner_and_scaler_field_has_a_description(model: type) -> None:
+    for f in dataclasses.fields(model):
+        assert describe(model, f.name), f.name
+
+
+def test_autoscale_fields_passed_to_the_scaler_share_its_description() -> None:
+    for name, scaler_name in SCALER_FIELDS.items():
+        assert describe(AutoscaleConfig, name) == describe(ScalerSettings, scaler_name)
+
+
+def test_tuner_and_autoscale_flag_defaults_are_the_fields_defaults() -> None:
+    """Unchanged behaviour: the flags left out give the fields' own defaults."""
+    ns = sim_parser().parse_args(["sim", "--tune", "--max-batch", "16"])
+    assert tune_config(ns) == TuneConfig(KnobBounds(0, 16, 0, 16), 30.0, TunerSettings())
+    ns = sim_parser().parse_args(
+        ["sim", "--autoscale", "--slo-ttft-p90", "2", "--target-output-tps", "10"]
+    )
+    assert autoscale_config(ns) == AutoscaleConfig(2.0, 10.0, 1, 32)
+    ns = sim_parser().parse_args(["sim", "--tune", "--tune-rule", "literal"])
+    config = tune_config(ns)
+    assert config is not None and not config.settings.guarded
+
+
+def test_cooldown_is_rounds_without_a_change_not_seconds() -> None:
+    text = shown(options(sim_parser())["--tune-cooldown"])
+    assert text.startswith("tuner rounds without a change after a change")
+    assert "second" not in text and text.endswith("(default: 2)")
 
 
 @pytest.mark.parametrize("parser", [worker_parser, sim_parser], ids=["worker", "sim"])
