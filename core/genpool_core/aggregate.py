@@ -5,15 +5,32 @@ covers its own last window, so counters are summed and ratios are re-weighted by
 counts they were measured over (a worker that completed 3 requests must not weigh
 as much as one that completed 300). Garbage (``None`` from ``parse_statline``) is
 skipped, never fatal: one broken pod must not blind the tuner to the others.
+
+Which ``PoolStats`` attribute comes from which line attribute, by which rule, over
+which lines, and under which ``status.preemption`` key: the rows of
+``genpool_core.stat_fields``; this module applies them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from genpool_core import ttft_histogram
+from genpool_core.stat_fields import (
+    FIELDS,
+    Kind,
+    Over,
+    Pool,
+    Rule,
+    StatField,
+    Status,
+    StatusGroup,
+    Weight,
+    pooled,
+)
 from genpool_core.statline import VICTIM_ORDER, StatLine
 
 MIXED_MODE = "mixed"
@@ -76,24 +93,19 @@ class PoolStats:
 
     def to_status(self) -> dict[str, object]:
         """``status.preemption`` in the CRD's camelCase shape, JSON-safe (no NaN/inf)."""
-        return {
-            "paused": self.paused,
-            "cap": self.paused_cap,
-            "headroom": self.resident_headroom,
-            "belowTargetWindow": _rounded(self.below_target_window, 4),
-            "belowTargetTotal": _rounded(self.below_target_total, 4),
-            "credit": _rounded(self.credit_sum, 2),
-            "victims": {
-                name: self.victims.get(kind, 0) for kind, name in _STATUS_VICTIM_KEYS.items()
-            },
-            "victimsText": victims_text(self.victims),
-            "meanLaxitySeconds": _rounded(self.mean_laxity, 3),
-            "laxityResumes": self.laxity_resumes,
-            "pausedBelowTarget": self.paused_below_target,
-            "waiters": self.waiters,
-            "atRisk": self.at_risk,
-            "admissionTargetSeconds": _rounded(self.admission_target_mean_s, 3),
-        }
+        status: dict[str, object] = {}
+        for row, pool, spelling in _STATUS_ROWS:
+            value = getattr(self, pool.attr)
+            if row.kind is Kind.VICTIMS:  # the counts by kind, and the line's text of them
+                status[spelling.key] = {
+                    name: value.get(kind, 0) for kind, name in _STATUS_VICTIM_KEYS.items()
+                }
+                status[spelling.key + "Text"] = victims_text(value)
+            elif spelling.digits is not None:
+                status[spelling.key] = _rounded(value, spelling.digits)
+            else:
+                status[spelling.key] = value
+        return status
 
 
 def victims_text(victims: Mapping[str, int]) -> str:
@@ -123,29 +135,12 @@ def _present(values: Iterable[float | int | None]) -> list[float]:
     return [float(v) for v in values if v is not None and math.isfinite(v)]
 
 
-def _sum_victims(lines: list[StatLine]) -> dict[str, int]:
+def _sum_victims(maps: Iterable[Mapping[str, int]]) -> dict[str, int]:
     victims: dict[str, int] = {}
-    for line in lines:
-        for kind, count in line.victims.items():
+    for counts in maps:
+        for kind, count in counts.items():
             victims[kind] = victims.get(kind, 0) + count
     return victims
-
-
-# Per-worker counts whose pool value is their sum: snapshots (each pod's newest line)...
-SUMMED_SNAPSHOTS = ("paused", "paused_cap", "resident_headroom", "waiters", "at_risk")
-# ...and window counts (every window counted, each once: genpool_core.windows).
-SUMMED_WINDOWS = (
-    "completed_window",
-    "pauses_window",
-    "laxity_resumes",
-    "arrivals_window",
-    "steps_window",
-)
-
-
-def _line_key(name: str) -> str:
-    """The stat line spells the knobs by its keys (``cap=``, ``headroom=``)."""
-    return {"paused_cap": "cap", "resident_headroom": "headroom"}.get(name, name)
 
 
 def _usable(lines: Iterable[StatLine | None]) -> list[StatLine]:
@@ -162,33 +157,71 @@ def aggregate(
     if not good:
         return None
     counted = good if windows is None else _usable(windows)
-    modes = {line.mode for line in good}
-    credits = _present(line.credit for line in good)
-    targets = _present(line.admission_target_s for line in good)
-    paused_below = [line.paused_below_target for line in good]
+    values = _pooled_values(good, counted, FIELDS)
     return PoolStats(
         workers_reporting=len(good),
         windows_counted=len(counted),
-        mode=modes.pop() if len(modes) == 1 else MIXED_MODE,
-        **{name: sum(getattr(line, _line_key(name)) for line in good) for name in SUMMED_SNAPSHOTS},
-        **{name: sum(getattr(line, name) for line in counted) for name in SUMMED_WINDOWS},
-        victims=_sum_victims(counted),
-        below_target_window=_weighted_mean(
-            (line.below_target_window, line.completed_window) for line in counted
-        ),
-        below_target_total=_weighted_mean(
-            (line.below_target_total, line.completed_total) for line in good
-        ),
-        credit_sum=sum(credits) if credits else None,
-        # mean_laxity is a mean over the window's laxity victims: weighting by their
-        # count gives the exact pooled mean.
-        mean_laxity=_weighted_mean(
-            (line.mean_laxity, line.victims.get("laxity", 0)) for line in counted
-        ),
-        paused_below_target=(
-            None if all(v is None for v in paused_below) else sum(v or 0 for v in paused_below)
-        ),
-        admission_target_mean_s=sum(targets) / len(targets) if targets else None,
-        batch_mean=_weighted_mean((line.batch_mean, line.steps_window) for line in counted),
-        ttft_hist=ttft_histogram.summed(line.ttft_hist for line in counted),
+        **values,  # type: ignore[arg-type]
     )
+
+
+def _pooled_values(
+    snapshots: Sequence[StatLine], windows: Sequence[StatLine], fields: tuple[StatField, ...]
+) -> dict[str, object]:
+    """Each pooled attribute of ``fields``, by its rule over its lines."""
+    over = {Over.SNAPSHOTS: snapshots, Over.WINDOWS: windows}
+    return {
+        pool.attr: _pool_value(row.kind, pool, over[pool.over], attr)
+        for row, attr, pool in pooled(fields)
+    }
+
+
+def _pool_value(kind: Kind, pool: Pool, lines: Sequence[StatLine], attr: str) -> object:
+    values: list[Any] = [getattr(line, attr) for line in lines]
+    match pool.rule:
+        case Rule.SAME:
+            distinct = set(values)
+            return distinct.pop() if len(distinct) == 1 else MIXED_MODE
+        case Rule.SUM:
+            return _sum(kind, values)
+        case Rule.SUM_PRESENT:
+            if kind is Kind.FLOAT:
+                present = _present(values)
+                return sum(present) if present else None
+            counts = [value for value in values if value is not None]
+            return sum(counts) if counts else None
+        case Rule.MEAN_PRESENT:
+            present = _present(values)
+            return sum(present) / len(present) if present else None
+        case Rule.WEIGHTED_MEAN:
+            assert pool.weight is not None, pool
+            weights = [_weight(line, pool.weight) for line in lines]
+            return _weighted_mean(zip(values, weights, strict=True))
+
+
+def _sum(kind: Kind, values: list[Any]) -> object:
+    match kind:
+        case Kind.INT | Kind.INT_PAIR:  # a pair's attributes are counts each
+            return sum(values)
+        case Kind.VICTIMS:
+            return _sum_victims(values)
+        case Kind.HISTOGRAM:
+            return ttft_histogram.summed(values)
+        case _:
+            raise TypeError(f"{kind} values do not add up")
+
+
+def _weight(line: StatLine, weight: Weight) -> int:
+    value = getattr(line, weight.attr)
+    count: int = value if weight.key is None else value.get(weight.key, 0)
+    return count
+
+
+def _status_rows() -> list[tuple[StatField, Pool, Status]]:
+    """The pooled attributes ``status.preemption`` shows, group by group, in row order."""
+    rows = [(row, pool, pool.status) for row, _, pool in pooled(FIELDS) if pool.status]
+    groups = list(StatusGroup)
+    return sorted(rows, key=lambda entry: groups.index(entry[2].group))
+
+
+_STATUS_ROWS = _status_rows()

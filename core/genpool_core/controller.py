@@ -143,7 +143,7 @@ def run_round(
     settings: ControllerSettings, state: ControllerState, seen: Observation, *, now: float
 ) -> RoundDecision:
     """One round (module doc). Pure; the caller applies and persists the result."""
-    windows = _windows(settings, state, seen, now)
+    windows = take_windows(state.windows, seen.lines, now=now, interval_s=settings.interval_s)
     stats = aggregate(windows.latest, windows.new)
     fresh = None if windows.is_stale else stats
     is_due = seen.is_deciding and (windows.is_stale or windows.has_new)
@@ -170,12 +170,6 @@ def run_round(
         judge(settings.slo, measure) if is_judged and settings.slo is not None else None,
         settings.is_advisory, state.replicas, windows.has_new,
     )  # fmt: skip
-
-
-def _windows(
-    settings: ControllerSettings, state: ControllerState, seen: Observation, now: float
-) -> PoolWindows:
-    return take_windows(state.windows, seen.lines, now=now, interval_s=settings.interval_s)
 
 
 def _tuner_turn(

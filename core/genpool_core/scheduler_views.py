@@ -91,5 +91,5 @@ class SchedulerViews:
             steps=counts.steps,
             batch_sum=counts.batch_sum,
             ttft_counts=tuple(counts.ttft_counts),
-            mode_fields=self.policy.stat_fields(now, self.pausing),
+            mode_stats=self.policy.mode_stats(now, self.pausing),
         )

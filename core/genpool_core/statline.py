@@ -1,5 +1,7 @@
 """The periodic stat line (docs/design.md#stat-line): one module formats it and parses it.
 
+Both follow the rows of ``genpool_core.stat_fields`` (keys, kinds, when shown, which
+are required); ``StatLine`` has one attribute per row attribute (a unit test checks).
 ``a/b`` values are last window / since start. The parser tolerates any key order,
 ignores unknown keys and returns ``None`` for anything that is not a stat line; it
 never raises, because it reads text from other processes (HTTP bodies, pod logs).
@@ -12,7 +14,8 @@ from dataclasses import dataclass, field
 
 from genpool_core import ttft_histogram
 from genpool_core.names import SLO_MODE, TPOT_MODE
-from genpool_core.stats import SchedulerStats
+from genpool_core.stat_fields import FIELDS, Kind, Shown, StatField
+from genpool_core.stats import SchedulerStats, SloModeStats, TpotModeStats
 
 MARKER = "gen_preemption stats"
 VICTIM_ORDER = ("laxity", "below_target", "sacrificed", "wait")
@@ -69,7 +72,8 @@ def make_statline(cur: SchedulerStats, prev: SchedulerStats | None) -> StatLine:
         k: v - base.victims.get(k, 0) for k, v in cur.victims.items() if v > base.victims.get(k, 0)
     }
     laxity_victims = window_victims.get("laxity", 0)
-    mode_fields = cur.mode_fields
+    slo = cur.mode_stats if isinstance(cur.mode_stats, SloModeStats) else None
+    tpot = cur.mode_stats if isinstance(cur.mode_stats, TpotModeStats) else None
     return StatLine(
         t=cur.t,
         mode=cur.mode,
@@ -86,21 +90,21 @@ def make_statline(cur: SchedulerStats, prev: SchedulerStats | None) -> StatLine:
             cur.below_target - base.below_target, cur.slo_completed - base.slo_completed
         ),
         below_target_total=_ratio(cur.below_target, cur.slo_completed),
-        credit=_opt_float(mode_fields.get("credit")),
+        credit=None if slo is None else slo.credit,
         victims=window_victims,
         mean_laxity=(
             (cur.laxity_sum - base.laxity_sum) / laxity_victims if laxity_victims else None
         ),
         laxity_resumes=cur.laxity_resumes - base.laxity_resumes,
         forced_resumes=cur.forced_resumes - base.forced_resumes,
-        paused_below_target=_opt_int(mode_fields.get("paused_below_target")),
+        paused_below_target=None if slo is None else slo.paused_below_target,
         completed_window=cur.completed - base.completed,
         completed_total=cur.completed,
         pauses_window=cur.pauses - base.pauses,
         pauses_total=cur.pauses,
-        tpot_budget=_opt_float(mode_fields.get("budget")),
-        window_s=_opt_float(mode_fields.get("window")),
-        inflation=_opt_float(mode_fields.get("inflation")),
+        tpot_budget=None if tpot is None else tpot.budget,
+        window_s=None if tpot is None else tpot.window_s,
+        inflation=None if tpot is None else tpot.inflation,
         arrivals_window=cur.arrivals - base.arrivals,
         arrivals_total=cur.arrivals,
         steps_window=cur.steps - base.steps,
@@ -109,67 +113,48 @@ def make_statline(cur: SchedulerStats, prev: SchedulerStats | None) -> StatLine:
     )
 
 
-def _opt_float(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-def _opt_int(value: object) -> int | None:
-    return int(value) if isinstance(value, int) else None
-
-
-def _fmt(value: float | None, digits: int) -> str:
+def _fmt(value: float | None, digits: int | None) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _fmt_pair(window: float | None, total: float | None, digits: int) -> str:
-    return f"{_fmt(window, digits)}/{_fmt(total, digits)}"
-
-
 def format_statline(line: StatLine) -> str:
-    parts = [f"t={line.t:.1f}", f"mode={line.mode}"]
-    if line.mode == SLO_MODE:
-        parts.append(f"T={_fmt(line.target_output_tps, 2)}")
-    if line.mode == TPOT_MODE:
-        parts.append(f"budget={_fmt(line.tpot_budget, 3)}")
-        parts.append(f"window={_fmt(line.window_s, 3)}")
-        parts.append(f"inflation={_fmt(line.inflation, 3)}")
-    parts += [
-        f"residents={line.residents}",
-        f"active={line.active}",
-        f"paused={line.paused}",
-        f"cap={line.cap}",
-        f"headroom={line.headroom}",
-        f"waiters={line.waiters}",
-        f"at_risk={line.at_risk}",
-        f"X={_fmt(line.admission_target_s, 2)}",
-    ]
-    # Other modes count only requests with their own floor T_i: shown once there are any.
-    if line.mode == SLO_MODE or line.below_target_total is not None:
-        parts.append(
-            f"below_target={_fmt_pair(line.below_target_window, line.below_target_total, 3)}"
-        )
-    if line.mode == SLO_MODE:
-        parts.append(f"credit={_fmt(line.credit, 2)}")
-    kinds = sorted(line.victims, key=_victim_rank)
-    victims = ",".join(f"{k}:{line.victims[k]}" for k in kinds) or "-"
-    parts.append(f"victims={victims}")
-    if line.mode == SLO_MODE:
-        parts.append(f"mean_laxity={_fmt(line.mean_laxity, 2)}")
-        parts.append(f"laxity_resumes={line.laxity_resumes}")
-    parts.append(f"forced_resumes={line.forced_resumes}")
-    if line.mode == SLO_MODE:
-        parts.append(f"paused_below_target={_opt_text(line.paused_below_target)}")
-    parts.append(f"completed={line.completed_window}/{line.completed_total}")
-    parts.append(f"pauses={line.pauses_window}/{line.pauses_total}")
-    if line.arrivals_total > 0:  # a worker that never saw a request has nothing to say here
-        parts += [
-            f"arrivals={line.arrivals_window}/{line.arrivals_total}",
-            f"steps={line.steps_window}",
-            f"batch={_fmt(line.batch_mean, 2)}",
-            f"ttft_p90={_fmt(line.ttft_p90, 3)}",  # for people; parsers read the histogram
-            f"ttft_hist={ttft_histogram.format_sparse(line.ttft_hist)}",
-        ]
-    return f"{MARKER} " + " ".join(parts)
+    return f"{MARKER} " + " ".join(_tokens(line, FIELDS))
+
+
+def _tokens(line: StatLine, fields: tuple[StatField, ...]) -> list[str]:
+    """``key=value`` for each row the line shows, in the rows' order."""
+    return [f"{row.key}={_text(row, line)}" for row in fields if _is_shown(row, line)]
+
+
+def _is_shown(row: StatField, line: StatLine) -> bool:
+    match row.shown:
+        case Shown.ALWAYS:
+            return True
+        case Shown.SLO:
+            return line.mode == SLO_MODE
+        case Shown.TPOT:
+            return line.mode == TPOT_MODE
+        case Shown.SLO_OR_SET:
+            return line.mode == SLO_MODE or getattr(line, row.attrs[-1]) is not None
+        case Shown.ARRIVALS:  # a worker that never saw a request has nothing to say here
+            return line.arrivals_total > 0
+
+
+def _text(row: StatField, line: StatLine) -> str:
+    values = [getattr(line, attr) for attr in row.attrs]
+    match row.kind:
+        case Kind.FLOAT | Kind.FLOAT_PAIR:
+            return "/".join(_fmt(value, row.digits) for value in values)
+        case Kind.TEXT | Kind.INT | Kind.INT_PAIR:
+            return "/".join(f"{value}" for value in values)
+        case Kind.OPT_INT:
+            return "-" if values[0] is None else f"{values[0]}"
+        case Kind.VICTIMS:
+            victims: dict[str, int] = values[0]
+            kinds = sorted(victims, key=_victim_rank)
+            return ",".join(f"{k}:{victims[k]}" for k in kinds) or "-"
+        case Kind.HISTOGRAM:
+            return ttft_histogram.format_sparse(values[0])
 
 
 def _victim_rank(kind: str) -> tuple[int, str]:
@@ -177,36 +162,7 @@ def _victim_rank(kind: str) -> tuple[int, str]:
     return (VICTIM_ORDER.index(kind) if known else len(VICTIM_ORDER), kind)
 
 
-def _opt_text(value: int | None) -> str:
-    return "-" if value is None else str(value)
-
-
 # -- parsing ------------------------------------------------------------------------
-
-_INT_KEYS = {
-    "residents": "residents",
-    "active": "active",
-    "paused": "paused",
-    "cap": "cap",
-    "headroom": "headroom",
-    "waiters": "waiters",
-    "at_risk": "at_risk",
-    "laxity_resumes": "laxity_resumes",
-    "forced_resumes": "forced_resumes",
-    "steps": "steps_window",
-}
-_REQUIRED = ("t", "mode", "residents", "active", "paused", "cap", "headroom", "waiters")
-_FLOAT_KEYS = {
-    "t": "t",
-    "T": "target_output_tps",
-    "X": "admission_target_s",
-    "credit": "credit",
-    "mean_laxity": "mean_laxity",
-    "budget": "tpot_budget",
-    "window": "window_s",
-    "inflation": "inflation",
-    "batch": "batch_mean",
-}
 
 
 class _Garbage(Exception):
@@ -248,31 +204,33 @@ def _parse_victims(text: str) -> dict[str, int]:
     return victims
 
 
-def _parse_fields(fields: dict[str, str]) -> dict[str, object]:
-    values: dict[str, object] = {"mode": fields["mode"]}
-    for key, name in _INT_KEYS.items():
-        if key in fields:
-            values[name] = _parse_int(fields[key])
-    for key, name in _FLOAT_KEYS.items():
-        if key in fields:
-            values[name] = _parse_float(fields[key])
-    if "paused_below_target" in fields:
-        text = fields["paused_below_target"]
-        values["paused_below_target"] = None if text == "-" else _parse_int(text)
-    if "victims" in fields:
-        values["victims"] = _parse_victims(fields["victims"])
-    if "below_target" in fields:
-        window, total = _parse_pair(fields["below_target"])
-        values["below_target_window"] = _parse_float(window)
-        values["below_target_total"] = _parse_float(total)
-    if "ttft_hist" in fields:
-        values["ttft_hist"] = ttft_histogram.parse_sparse(fields["ttft_hist"])
-    for key in ("completed", "pauses", "arrivals"):
-        if key in fields:
-            window, total = _parse_pair(fields[key])
-            values[f"{key}_window"] = _parse_int(window)
-            values[f"{key}_total"] = _parse_int(total)
+def _parse_fields(fields: dict[str, str], table: tuple[StatField, ...]) -> dict[str, object]:
+    """The attributes of the rows present in ``fields`` (raises on a bad value)."""
+    values: dict[str, object] = {}
+    for row in table:
+        if row.key in fields and not row.derived:
+            values.update(zip(row.attrs, _read(row, fields[row.key]), strict=True))
     return values
+
+
+def _read(row: StatField, text: str) -> tuple[object, ...]:
+    match row.kind:
+        case Kind.TEXT:
+            return (text,)
+        case Kind.INT:
+            return (_parse_int(text),)
+        case Kind.OPT_INT:
+            return (None if text == "-" else _parse_int(text),)
+        case Kind.FLOAT:
+            return (_parse_float(text),)
+        case Kind.FLOAT_PAIR:
+            return tuple(_parse_float(part) for part in _parse_pair(text))
+        case Kind.INT_PAIR:
+            return tuple(_parse_int(part) for part in _parse_pair(text))
+        case Kind.VICTIMS:
+            return (_parse_victims(text),)
+        case Kind.HISTOGRAM:
+            return (ttft_histogram.parse_sparse(text),)
 
 
 def parse_statline(text: object) -> StatLine | None:
@@ -292,6 +250,13 @@ def parse_statlines(text: object) -> list[StatLine]:
 
 
 def _parse_one(line: str) -> StatLine | None:
+    values = _parse_values(line, FIELDS)
+    return None if values is None else StatLine(**values)  # type: ignore[arg-type]
+
+
+def _parse_values(line: str, table: tuple[StatField, ...]) -> dict[str, object] | None:
+    """The attributes a stat line in ``line`` sets; ``None`` if there is none, if a
+    required row is missing or ``-``, or if any value is garbage."""
     _, marker, rest = line.partition(MARKER)
     if not marker:
         return None
@@ -300,12 +265,13 @@ def _parse_one(line: str) -> StatLine | None:
         key, sep, value = token.partition("=")
         if sep and key:
             fields[key] = value
-    if any(key not in fields for key in _REQUIRED):
+    required = [row for row in table if row.required]
+    if any(row.key not in fields for row in required):
         return None
     try:
-        values = _parse_fields(fields)
-        if values.get("t") is None:
-            return None
-        return StatLine(**values)  # type: ignore[arg-type]
-    except (ValueError, TypeError, _Garbage):
+        values = _parse_fields(fields, table)
+    except (ValueError, _Garbage):
         return None
+    if any(values[attr] is None for row in required for attr in row.attrs):
+        return None
+    return values

@@ -11,6 +11,26 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
+class SloModeStats:
+    """The ``target_output_tps`` mode's gauges."""
+
+    credit: float  # the sacrifice credit bucket
+    paused_below_target: int  # paused residents that are below target or sacrificed
+
+
+@dataclass(frozen=True, slots=True)
+class TpotModeStats:
+    """The ``tpot_budget`` mode's gauges."""
+
+    budget: float  # the TPOT budget b (seconds per token)
+    window_s: float  # the window controller's current window
+    inflation: float | None = None  # last period's mean TPOT inflation; None before one
+
+
+ModeStats = SloModeStats | TpotModeStats | None  # None: a mode without gauges of its own
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerStats:
     t: float
     mode: str
@@ -38,5 +58,4 @@ class SchedulerStats:
     steps: int = 0  # decode passes with a non-empty batch
     batch_sum: int = 0  # batch sizes summed over those passes
     ttft_counts: tuple[int, ...] = ()  # GEN TTFT histogram (genpool_core.ttft_histogram)
-    # mode-specific gauges (credit, paused_below_target, budget, window, inflation)
-    mode_fields: Mapping[str, object] = field(default_factory=dict)
+    mode_stats: ModeStats = None  # the mode's own gauges (the policy's ``mode_stats``)

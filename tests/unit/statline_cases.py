@@ -10,7 +10,7 @@ from genpool_core.names import OFF_MODE, SLO_MODE, TPOT_MODE
 from genpool_core.statline import (
     StatLine,
 )
-from genpool_core.stats import SchedulerStats
+from genpool_core.stats import SchedulerStats, SloModeStats, TpotModeStats
 
 SLO, TPOT, OFF = SLO_MODE, TPOT_MODE, OFF_MODE
 
@@ -47,7 +47,7 @@ def slo_snapshots() -> tuple[SchedulerStats, SchedulerStats]:
         forced_resumes=23,
         slo_completed=4800,
         below_target=582,
-        mode_fields={"credit": 1.0, "paused_below_target": 3},
+        mode_stats=SloModeStats(credit=1.0, paused_below_target=3),
     )
     cur = SchedulerStats(
         t=1712.0,
@@ -71,7 +71,7 @@ def slo_snapshots() -> tuple[SchedulerStats, SchedulerStats]:
         forced_resumes=40,
         slo_completed=5000,  # window: 23 below of 200 -> 0.115; total 605/5000 -> 0.121
         below_target=605,
-        mode_fields={"credit": 3.4, "paused_below_target": 1},
+        mode_stats=SloModeStats(credit=3.4, paused_below_target=1),
     )
     return prev, cur
 
@@ -93,7 +93,7 @@ def tpot_snapshots() -> tuple[SchedulerStats, SchedulerStats]:
         pauses=90,
         victims={"wait": 90},
         forced_resumes=80,
-        mode_fields={"budget": 0.1, "window": 0.25},
+        mode_stats=TpotModeStats(budget=0.1, window_s=0.25),
     )
     cur = SchedulerStats(
         t=60.04,
@@ -114,7 +114,7 @@ def tpot_snapshots() -> tuple[SchedulerStats, SchedulerStats]:
         # tpot mode has no laxity: these must not show up on the line.
         laxity_sum=9.0,
         laxity_resumes=7,
-        mode_fields={"budget": 0.1, "window": 0.3536, "inflation": 0.0812},
+        mode_stats=TpotModeStats(budget=0.1, window_s=0.3536, inflation=0.0812),
     )
     return prev, cur
 

@@ -11,6 +11,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from genpool_core.stats import SloModeStats
+
 if TYPE_CHECKING:
     from genpool_core.stats import SchedulerStats
     from genpool_worker.engine import GenEngine
@@ -123,9 +125,8 @@ class WorkerMetrics(Collector):
             s.below_target,
         )
         yield counter("genpool_slo_completed", "SLO-counted completions", s.slo_completed)
-        credit = s.mode_fields.get("credit")
-        if isinstance(credit, (int, float)):
-            yield gauge("genpool_credit", "Sacrifice credit", float(credit))
+        if isinstance(s.mode_stats, SloModeStats):
+            yield gauge("genpool_credit", "Sacrifice credit", float(s.mode_stats.credit))
         if s.admission_target_s is not None:
             yield gauge("genpool_admission_target_seconds", "Adaptive target X",
                         s.admission_target_s)  # fmt: skip

@@ -20,6 +20,7 @@ from genpool_core.preemption.settings import (
     ResolvedCapacity,
 )
 from genpool_core.request import GenRequest
+from genpool_core.stats import ModeStats
 
 
 class PreemptionPolicy(Protocol):
@@ -71,8 +72,8 @@ class PreemptionPolicy(Protocol):
         """Called once per stat interval, after the stat line's snapshot."""
         ...
 
-    def stat_fields(self, now: float, paused: Iterable[GenRequest]) -> dict[str, object]:
-        """Mode-specific stat-line gauges."""
+    def mode_stats(self, now: float, paused: Iterable[GenRequest]) -> ModeStats:
+        """The mode's own gauges (stat line, metrics); ``None`` for a mode without any."""
         ...
 
     def enabled_line(self) -> str:
@@ -117,8 +118,8 @@ class PolicyBase:
     def on_stat_period(self, now: float) -> None:
         return None
 
-    def stat_fields(self, now: float, paused: Iterable[GenRequest]) -> dict[str, object]:
-        return {}
+    def mode_stats(self, now: float, paused: Iterable[GenRequest]) -> ModeStats:
+        return None
 
     def mode_knobs(self) -> dict[str, object]:
         return {}

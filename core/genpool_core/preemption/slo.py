@@ -25,6 +25,7 @@ from genpool_core.preemption.settings import (
     ResolvedCapacity,
 )
 from genpool_core.request import GenRequest, VictimKind
+from genpool_core.stats import SloModeStats
 
 
 class TargetOutputTpsPolicy(PolicyBase):
@@ -221,11 +222,11 @@ class TargetOutputTpsPolicy(PolicyBase):
             "hysteresis_fraction": self.HYSTERESIS_FRACTION,
         }
 
-    def stat_fields(self, now: float, paused: Iterable[GenRequest]) -> dict[str, object]:
+    def mode_stats(self, now: float, paused: Iterable[GenRequest]) -> SloModeStats:
         paused_below = sum(
             1 for r in paused if r.is_sacrificed or r.victim_kind is VictimKind.BELOW_TARGET
         )
-        return {"credit": self.credit, "paused_below_target": paused_below}
+        return SloModeStats(credit=self.credit, paused_below_target=paused_below)
 
 
 @dataclass(slots=True)

@@ -34,6 +34,7 @@ from genpool_core.preemption.settings import (
     ResolvedCapacity,
 )
 from genpool_core.request import GenRequest, VictimKind
+from genpool_core.stats import TpotModeStats
 
 
 class TpotBudgetPolicy(PolicyBase):
@@ -100,11 +101,10 @@ class TpotBudgetPolicy(PolicyBase):
             "max_window_step": self.MAX_WINDOW_STEP,
         }
 
-    def stat_fields(self, now: float, paused: Iterable[GenRequest]) -> dict[str, object]:
-        fields: dict[str, object] = {"budget": self.budget, "window": self.window_s}
-        if self.last_inflation is not None:
-            fields["inflation"] = self.last_inflation
-        return fields
+    def mode_stats(self, now: float, paused: Iterable[GenRequest]) -> TpotModeStats:
+        return TpotModeStats(
+            budget=self.budget, window_s=self.window_s, inflation=self.last_inflation
+        )
 
 
 class BudgetOrder:

@@ -119,8 +119,8 @@ def test_replica_news_is_a_change_or_new_advice() -> None:
 
 def test_the_controller_is_the_only_caller_of_the_tuner_and_the_scaler() -> None:
     """No product, simulator or bench module calls tune() or scale() but the controller."""
-    call = re.compile(r"(?<![\w.])(tune|scale|tuner\.tune|scaler\.scale)\(")
-    imports = re.compile(r"from genpool_core(\.| import )(tuner|scaler)")
+    call = re.compile(r"(?<!def )(?<![\w.])(tune|scale|tuner\.tune|scaler\.scale)\(")
+    imports = re.compile(r"from genpool_core(\.| import )(tuner|scaler)\b")
     callers = []
     for package in ("core", "operator", "sim", "worker", "devcluster", "bench", "cli"):
         for path in (ROOT / package).rglob("*.py"):

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from genpool_core.preemption import GenCapacity, TargetOutputTpsPolicy, create_gen_preemption
 from genpool_core.request import FinishReason, VictimKind
+from genpool_core.stats import SloModeStats
 from tests.unit.slo_oracle import rank_victims
 from tests.unit.support import choose_victim, make_active
 
@@ -108,6 +109,19 @@ def test_sacrificed_requests_become_below_target_victims() -> None:
     request.num_pauses = 1
     victim = choose_victim(policy, [request], 1.0)
     assert victim is not None and victim.kind is VictimKind.BELOW_TARGET
+
+
+def test_mode_stats_report_credit_and_paused_below_target() -> None:
+    policy = slo_policy()
+    policy.credit = 2.5
+    sacrificed = make_active("s", max_tokens=101, gen_tokens=10, now=1.0, unpaused=1.0)
+    sacrificed.is_sacrificed = True
+    plain = make_active("p", max_tokens=101, gen_tokens=10, now=1.0, unpaused=1.0)
+    assert policy.mode_stats(1.0, [sacrificed, plain]) == SloModeStats(
+        credit=2.5, paused_below_target=1
+    )
+    off = create_gen_preemption({}, GenCapacity(8))
+    assert off.mode_stats(1.0, [plain]) is None  # no gauges of its own
 
 
 def test_hysteresis_after_resume_in_tokens_and_time() -> None:

@@ -12,6 +12,7 @@ from genpool_core.preemption import (
     is_in_hysteresis,
 )
 from genpool_core.request import GenRequest, RequestStatus, VictimKind
+from genpool_core.stats import TpotModeStats
 from tests.unit.support import choose_victim, make_active
 
 
@@ -81,12 +82,12 @@ def test_window_stays_within_bounds() -> None:
     assert policy.window_s == TpotBudgetPolicy.MIN_WINDOW_S
 
 
-def test_stat_fields_report_budget_window_and_inflation() -> None:
+def test_mode_stats_report_budget_window_and_inflation() -> None:
     policy = tpot_policy(0.2)
-    assert policy.stat_fields(0.0, []) == {"budget": 0.2, "window": 0.25}
+    assert policy.mode_stats(0.0, []) == TpotModeStats(budget=0.2, window_s=0.25)
     finish_paused(policy, paused=0.5, unpaused=10.0)
     policy.on_stat_period(30.0)
-    assert policy.stat_fields(30.0, [])["inflation"] == pytest.approx(0.05)
+    assert policy.mode_stats(30.0, []).inflation == pytest.approx(0.05)
 
 
 def scan_reference(policy: TpotBudgetPolicy, batch: list[GenRequest], now: float) -> list[str]:

@@ -19,6 +19,7 @@ from genpool_core.statline import (
     make_statline,
     parse_statline,
 )
+from genpool_core.stats import TpotModeStats
 from tests.unit.statline_cases import (
     DESIGN_EXAMPLE,
     OFF,
@@ -71,7 +72,7 @@ def test_tpot_line_exact_text() -> None:
 
 def test_tpot_line_without_inflation_yet_prints_dash() -> None:
     prev, cur = tpot_snapshots()
-    cur = dataclasses.replace(cur, mode_fields={"budget": 0.1, "window": 0.25})
+    cur = dataclasses.replace(cur, mode_stats=TpotModeStats(budget=0.1, window_s=0.25))
     text = format_statline(make_statline(cur, prev))
     assert " budget=0.100 window=0.250 inflation=- residents=80 " in text
     parsed = parse_statline(text)
@@ -176,9 +177,9 @@ def test_unknown_victim_kinds_sort_after_known_ones() -> None:
     assert " victims=laxity:4,wait:2,alpha:3,zeta:1 " in format_statline(line)
 
 
-def test_make_statline_ignores_non_numeric_mode_fields() -> None:
+def test_make_statline_without_mode_stats_prints_dashes() -> None:
     _, cur = slo_snapshots()
-    cur = dataclasses.replace(cur, mode_fields={"credit": "lots", "paused_below_target": 1.5})
+    cur = dataclasses.replace(cur, mode_stats=None)
     line = make_statline(cur, None)
     assert line.credit is None
     assert line.paused_below_target is None
