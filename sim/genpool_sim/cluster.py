@@ -18,17 +18,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from genpool_core.knobs import DEFAULT_PAUSED_CAP_FRACTION, default_paused_cap
-from genpool_core.names import DEFAULT_STAT_INTERVAL_S, OFF_MODE, SLO_MODE, TPOT_MODE
+from genpool_core.names import DEFAULT_STAT_INTERVAL_S, OFF_MODE
 from genpool_core.plan import GenPlan
 from genpool_core.preemption import GenCapacity
 from genpool_core.request import FinishReason, GenRequest
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
 from genpool_core.stepmodel import DEFAULT_STEP_MODEL, StepModel
+from genpool_sim.modes import MODES as MODES
+from genpool_sim.modes import RECOMPUTE_MODE as RECOMPUTE_MODE
+from genpool_sim.modes import SimMode
 from genpool_sim.records import SimRequest
 from genpool_sim.replica import GenWorker, Tick
 
-RECOMPUTE_MODE = "recompute"  # the simulator's baseline: evict and recompute, never pause
-MODES = (OFF_MODE, RECOMPUTE_MODE, TPOT_MODE, SLO_MODE)
 _ARRIVAL, _CTX_DONE, _WORKER, _READY, _TICK = 0, 1, 2, 3, 4
 
 
@@ -46,15 +47,24 @@ class ClusterConfig:
     max_evictions_per_request: int = 1
     max_resident_headroom: int | None = None  # the ceiling a tuner may raise H to
 
+    @property
+    def kind(self) -> SimMode:
+        """``mode``, parsed once (``ValueError`` naming the choices if unknown)."""
+        try:
+            return SimMode(self.mode)
+        except ValueError:
+            raise ValueError(
+                f"unknown mode {self.mode!r}; choose from {', '.join(MODES)}"
+            ) from None
+
     def settings(self) -> dict[str, object]:
-        if self.mode == SLO_MODE:
+        kind = self.kind
+        if kind is SimMode.TARGET_OUTPUT_TPS:
             knobs: dict[str, object] = {"target_output_tps": self.target_output_tps}
-        elif self.mode == TPOT_MODE:
+        elif kind is SimMode.TPOT_BUDGET:
             knobs = {"tpot_budget": self.tpot_budget}
-        elif self.mode in (OFF_MODE, RECOMPUTE_MODE):
-            return {}
         else:
-            raise ValueError(f"unknown mode {self.mode!r}; choose from {', '.join(MODES)}")
+            return {}
         cap = default_paused_cap(self.max_batch, self.paused_cap_fraction)
         knobs |= {"paused_cap": cap, "resident_headroom": cap}
         if self.max_resident_headroom is not None:
@@ -229,7 +239,7 @@ class Cluster:
             if worker.plan.batch_ids:
                 self.tokens_by_time.append((now, len(worker.plan.batch_ids)))
             worker.plan = None
-        if self.config.mode == "recompute":
+        if self.config.kind is SimMode.RECOMPUTE:
             self._evict_for_at_risk(worker)
         plan = scheduler.step(now)
         self._record(worker, plan)

@@ -25,12 +25,11 @@ from genpool_core.controller import (
 )
 from genpool_core.field_help import DESCRIPTION
 from genpool_core.knobs import KnobBounds, Knobs
-from genpool_core.names import OFF_MODE
 from genpool_core.scaler import ScalerSettings
 from genpool_core.statline import StatLine, format_statline, make_statline, parse_statline
 from genpool_core.stats import SchedulerStats
 from genpool_core.tuner import TunerSettings
-from genpool_sim.cluster import RECOMPUTE_MODE, Cluster
+from genpool_sim.cluster import Cluster
 from genpool_sim.replica import GenWorker
 
 
@@ -105,7 +104,7 @@ class SimPool:
     def attach(self, cluster: Cluster) -> None:
         """Settings from the cluster as started (its knobs are the spec's start knobs)."""
         start = cluster.workers[0].scheduler.knobs
-        is_pausing = cluster.config.mode not in (OFF_MODE, RECOMPUTE_MODE)
+        is_pausing = cluster.config.kind.is_pausing
         bounds = self.tune.bounds if self.tune else KnobBounds(0, 0, 0, 0)
         self.settings = ControllerSettings(
             interval_s=self.interval_s,
