@@ -12,15 +12,50 @@ of it takes effect, so a bad update leaves the old one in force.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 from genpool_core.knobs import Knobs
-from genpool_core.names import GENERATION_FIELD, LIVE_FIELDS
+from genpool_core.names import GENERATION_FIELD
 
 
 class StaleGenerationError(ValueError):
     """An update tagged with an older generation than the one in force."""
+
+
+class LiveUpdate(BaseModel):
+    """A change to the live config, as ``PUT /config`` carries it: any of the live fields,
+    tagged with the operator's generation. The wire format, the engine's inbox item and
+    the operator's push are this one type; ``LIVE_FIELDS`` are its fields."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    generation: int = Field(ge=0)
+    resident_headroom: int | None = Field(default=None, ge=0)
+    paused_cap: int | None = Field(default=None, ge=0)
+    slack_s: float | None = Field(default=None, ge=0.0)
+    admission_target_min_s: float | None = Field(default=None, gt=0.0)
+    admission_target_max_s: float | None = Field(default=None, gt=0.0)
+
+    @field_validator("slack_s", "admission_target_min_s", "admission_target_max_s", mode="before")
+    @classmethod
+    def _int_ok(cls, value: object) -> object:
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    def values(self) -> dict[str, float | int]:
+        """The live fields it sets (no generation): the operator's ``liveConfig``."""
+        return {
+            k: v for k, v in self.model_dump(exclude={GENERATION_FIELD}).items() if v is not None
+        }
+
+    def to_json(self) -> dict[str, float | int]:
+        """``PUT /config``'s body."""
+        return {GENERATION_FIELD: self.generation, **self.values()}
+
+
+# Fields of PUT /config: pushed to running workers, so a change never rolls the pods.
+LIVE_FIELDS = tuple(name for name in LiveUpdate.model_fields if name != GENERATION_FIELD)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,49 +83,28 @@ class LiveConfig:
         if not (math.isfinite(x_min) and math.isfinite(x_max) and 0.0 < x_min <= x_max):
             raise ValueError(f"admission target bounds need 0 < min <= max, got {x_min}, {x_max}")
 
-    def updated(self, update: Mapping[str, object]) -> LiveConfig:
-        """This config with the fields of ``update`` (``PUT /config`` names) replaced.
+    def updated(self, update: LiveUpdate) -> LiveConfig:
+        """This config with the fields ``update`` sets; ``StaleGenerationError`` for an
+        older generation (the same one applies again: a retried push)."""
+        if update.generation < self.generation:
+            raise StaleGenerationError(f"stale generation {update.generation} < {self.generation}")
 
-        Raises ``StaleGenerationError`` for an older generation, ``ValueError`` for an
-        unknown field, ``TypeError`` for a wrong type.
-        """
-        unknown = sorted(set(update).difference((*LIVE_FIELDS, GENERATION_FIELD)))
-        if unknown:
-            raise ValueError(f"not live fields: {', '.join(unknown)}")
-        generation = _integer(update, GENERATION_FIELD, self.generation)
-        if generation < self.generation:
-            raise StaleGenerationError(f"stale generation {generation} < {self.generation}")
+        def pick(value: float | int | None, current: float | int) -> float | int:
+            return current if value is None else value
+
         knobs = Knobs(
-            _integer(update, "resident_headroom", self.knobs.resident_headroom),
-            _integer(update, "paused_cap", self.knobs.paused_cap),
+            int(pick(update.resident_headroom, self.knobs.resident_headroom)),
+            int(pick(update.paused_cap, self.knobs.paused_cap)),
         )
         return replace(
             self,
             knobs=knobs,
-            slack_s=_number(update, "slack_s", self.slack_s),
-            admission_target_min_s=_number(
-                update, "admission_target_min_s", self.admission_target_min_s
+            slack_s=float(pick(update.slack_s, self.slack_s)),
+            admission_target_min_s=float(
+                pick(update.admission_target_min_s, self.admission_target_min_s)
             ),
-            admission_target_max_s=_number(
-                update, "admission_target_max_s", self.admission_target_max_s
+            admission_target_max_s=float(
+                pick(update.admission_target_max_s, self.admission_target_max_s)
             ),
-            generation=generation,
+            generation=update.generation,
         )
-
-
-def _integer(update: Mapping[str, object], name: str, current: int) -> int:
-    value = update.get(name)
-    if value is None:
-        return current
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    return value
-
-
-def _number(update: Mapping[str, object], name: str, current: float) -> float:
-    value = update.get(name)
-    if value is None:
-        return current
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    return float(value)

@@ -47,14 +47,6 @@ DEFAULT_ADMISSION_TARGET_MIN_S = 0.25
 DEFAULT_ADMISSION_TARGET_MAX_S = 30.0
 DEFAULT_STAT_INTERVAL_S = 30  # the operator's tuning.intervalSeconds, the worker's stat period
 
-# Fields of PUT /config: pushed to running workers, so a change never rolls the pods.
-LIVE_FIELDS = (
-    "resident_headroom",
-    "paused_cap",
-    "slack_s",
-    "admission_target_min_s",
-    "admission_target_max_s",
-)
 RECENT_STAT_LINES = 16  # periodic stat lines a worker serves on GET /statlines
 GENERATION_FIELD = "generation"  # PUT /config's version: a worker refuses an older one
 

@@ -16,11 +16,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from genpool_core.live import LIVE_FIELDS
 from genpool_core.names import (
     API_KIND,
     GENERATION_ANNOTATION,
     GROUP_VERSION,
-    LIVE_FIELDS,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     POOL_LABEL,

@@ -22,6 +22,7 @@ from genpool_core.controller import (
     run_round,
 )
 from genpool_core.knobs import KnobBounds, Knobs
+from genpool_core.live import LiveUpdate
 from genpool_core.names import DEFAULT_STAT_INTERVAL_S, PreemptionMode
 from genpool_core.scaler import ScalerState
 from genpool_core.slo_check import SloTarget
@@ -85,12 +86,15 @@ def controller_state(spec: GenPoolSpec, status: Mapping[str, Any]) -> Controller
 
 
 def live_config(spec: GenPoolSpec, knobs: Knobs) -> dict[str, Any]:
-    """PUT /config's body (less the generation): the knobs and the spec's live fields."""
-    return {
-        "resident_headroom": knobs.resident_headroom,
-        "paused_cap": knobs.paused_cap,
+    """PUT /config's values (less the generation): the knobs and the spec's live fields,
+    checked as the worker will check them (``LiveUpdate``)."""
+    update = LiveUpdate(
+        generation=0,
+        resident_headroom=knobs.resident_headroom,
+        paused_cap=knobs.paused_cap,
         **spec.live_config(),
-    }
+    )
+    return update.values()
 
 
 def desired_generation(tuning_status: Mapping[str, Any], live: Mapping[str, Any]) -> int:

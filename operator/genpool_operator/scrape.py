@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from genpool_core.live import LiveUpdate
 from genpool_core.names import GENERATION_FIELD, WORKER_PORT
 from genpool_core.statline import StatLine, parse_statlines
 from genpool_operator.kube import Kube, KubeError
@@ -99,14 +100,12 @@ class WorkerClient:
             return None
         return body if isinstance(body, dict) else None
 
-    async def put_config(
-        self, target: PodTarget, generation: int, live: dict[str, Any]
-    ) -> str | None:
+    async def put_config(self, target: PodTarget, update: LiveUpdate) -> str | None:
         """Push live knobs; ``None`` on success, else why it failed."""
         try:
             response = await self._http.put(
                 self._url(target, "/config"),
-                json={GENERATION_FIELD: generation, **live},
+                json=update.to_json(),
                 headers=self._admin_headers(),
                 timeout=self._timeout,
             )

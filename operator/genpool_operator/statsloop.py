@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from genpool_core.names import pool_label_selector
+from genpool_core.live import LiveUpdate
+from genpool_core.names import GENERATION_FIELD, pool_label_selector
 from genpool_core.statline import StatLine
 from genpool_operator import metrics
 from genpool_operator.builders import statefulset_name
@@ -73,7 +74,8 @@ async def push_live(
     """Push to every pod not yet in sync; returns (pods in sync, errors by pod)."""
     configs = await workers.gather(workers.config, targets)
     stale = [t for t, c in zip(targets, configs, strict=True) if not in_sync(c, generation, live)]
-    results = await workers.gather(lambda t: workers.put_config(t, generation, live), stale)
+    update = LiveUpdate.model_validate({GENERATION_FIELD: generation, **live})
+    results = await workers.gather(lambda t: workers.put_config(t, update), stale)
     errors = {t.name: err for t, err in zip(stale, results, strict=True) if err is not None}
     return len(targets) - len(errors), errors
 

@@ -8,8 +8,8 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from genpool_core.live import StaleGenerationError
-from genpool_worker.api import ConfigUpdate, DrainRequest
+from genpool_core.live import LiveUpdate, StaleGenerationError
+from genpool_worker.api import DrainRequest
 from genpool_worker.http_common import ApiError, context_of, read_json, require_admin
 
 DRAIN_POLL_S = 0.05
@@ -27,9 +27,9 @@ async def put_config(request: Request) -> Response:
     (an older generation is a 409, a value that cannot apply a 422)."""
     require_admin(request)
     context = context_of(request)
-    update = await read_json(request, ConfigUpdate)
+    update = await read_json(request, LiveUpdate)
     async with context.config_lock:
-        future = context.engine.reconfigure(update.live_fields())
+        future = context.engine.reconfigure(update)
         try:
             config = await asyncio.wrap_future(future)
         except StaleGenerationError as exc:

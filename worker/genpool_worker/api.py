@@ -161,28 +161,6 @@ class ChatCompletionRequest(GenerationRequest):
         return self.max_completion_tokens or self.max_tokens
 
 
-class ConfigUpdate(BaseModel):
-    """``PUT /config``: live knobs, tagged with the operator's generation."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    generation: int = Field(ge=0)
-    resident_headroom: int | None = Field(default=None, ge=0)
-    paused_cap: int | None = Field(default=None, ge=0)
-    slack_s: float | None = Field(default=None, ge=0.0)
-    admission_target_min_s: float | None = Field(default=None, gt=0.0)
-    admission_target_max_s: float | None = Field(default=None, gt=0.0)
-
-    @field_validator("slack_s", "admission_target_min_s", "admission_target_max_s", mode="before")
-    @classmethod
-    def _int_ok(cls, value: object) -> object:
-        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
-
-    def live_fields(self) -> dict[str, float | int]:
-        """The update as the engine applies it (the generation included)."""
-        return {k: v for k, v in self.model_dump().items() if v is not None}
-
-
 class DrainRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 

@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from genpool_core.admission import QueueFullError
+from genpool_core.live import LiveUpdate
 from genpool_core.names import RECENT_STAT_LINES
 from genpool_core.plan import GenPlan
 from genpool_core.request import FinishReason, GenRequest
@@ -66,7 +67,7 @@ class GenEngine:
         self._wake = threading.Event()
         self._inbox: list[EngineRequest] = []
         self._aborts: list[str] = []
-        self._configs: list[tuple[dict[str, Any], Future[dict[str, Any]]]] = []
+        self._configs: list[tuple[LiveUpdate, Future[dict[str, Any]]]] = []
         self._config_futures: list[Future[dict[str, Any]]] = []
         self._requests: dict[str, EngineRequest] = {}
         self._pending: tuple[GenPlan, dict[str, int]] | None = None
@@ -115,7 +116,7 @@ class GenEngine:
             self._aborts.append(request_id)
         self._wake.set()
 
-    def reconfigure(self, update: dict[str, Any]) -> Future[dict[str, Any]]:
+    def reconfigure(self, update: LiveUpdate) -> Future[dict[str, Any]]:
         future: Future[dict[str, Any]] = Future()
         with self._lock:
             self._configs.append((update, future))

@@ -8,6 +8,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from genpool_core.live import LiveUpdate
 from genpool_core.plan import GenPlan
 from genpool_core.request import FinishReason
 from genpool_core.statline import StatLine, format_statline
@@ -113,7 +114,7 @@ class PassInputs:
     prev_end: float | None
     arrivals: list[Arrival]
     aborts: list[str]
-    configs: list[dict[str, Any]]
+    configs: list[LiveUpdate]
     stop: bool = False
 
 

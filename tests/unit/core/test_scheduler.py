@@ -3,9 +3,11 @@
 import math
 
 import pytest
+from pydantic import ValidationError
 
 from genpool_core.admission import QueueFullError
 from genpool_core.knobs import Knobs
+from genpool_core.live import LiveUpdate
 from genpool_core.plan import GenPlan
 from genpool_core.request import FinishReason, GenRequest, RequestStatus
 from genpool_core.scheduler import GenScheduler, UnknownRequestError
@@ -308,19 +310,24 @@ def test_live_knobs_validate_then_apply() -> None:
     with pytest.raises(ValueError, match="paused_cap=3"):
         scheduler.set_knobs(Knobs(resident_headroom=2, paused_cap=3))
     with pytest.raises(ValueError, match="slack_s"):
-        scheduler.reconfigure(config.updated({"paused_cap": 1, "slack_s": math.nan}))
+        scheduler.reconfigure(config.updated(LiveUpdate(generation=0, paused_cap=1,
+                                                        slack_s=math.inf)))  # fmt: skip
     assert scheduler.knobs == Knobs(2, 2)  # nothing applied from the failed call
     assert scheduler.live_config() == config
     with pytest.raises(ValueError, match="bounds"):
         scheduler.reconfigure(
-            config.updated({"admission_target_min_s": 9.0, "admission_target_max_s": 1.0})
+            config.updated(
+                LiveUpdate(generation=0, admission_target_min_s=9.0, admission_target_max_s=1.0)
+            )
         )
-    with pytest.raises(ValueError, match="not live fields: knobs"):
-        config.updated({"knobs": 3})
-    assert config.updated({"generation": 3}).generation == 3  # the generation is live too
-    with pytest.raises(TypeError, match="paused_cap must be an integer"):
-        config.updated({"paused_cap": 1.5})
-    scheduler.reconfigure(config.updated({"resident_headroom": 4, "paused_cap": 3, "slack_s": 1}))
+    with pytest.raises(ValidationError, match="knobs"):
+        LiveUpdate.model_validate({"generation": 0, "knobs": 3})
+    assert config.updated(LiveUpdate(generation=3)).generation == 3  # the generation is live
+    with pytest.raises(ValidationError, match="paused_cap"):
+        LiveUpdate.model_validate({"generation": 0, "paused_cap": 1.5})
+    scheduler.reconfigure(
+        config.updated(LiveUpdate(generation=0, resident_headroom=4, paused_cap=3, slack_s=1))
+    )
     assert scheduler.slots.num_slots == 6 and scheduler.knobs == Knobs(4, 3)
     assert scheduler.queue.slack_s == 1.0
     off = make_scheduler(2)
