@@ -15,7 +15,7 @@ from genpool_core.knobs import KnobBounds
 from genpool_core.preemption import GenCapacity, GenPreemptionSettings
 from genpool_core.tuner import TunerSettings
 from genpool_sim.autoscale_cli import add_autoscale_options
-from genpool_sim.cluster import MODES
+from genpool_sim.cluster import MODES, ClusterConfig
 from genpool_sim.datafiles import AZURE_CONV, data_file
 from genpool_sim.experiment import Workload
 from genpool_sim.phases import Phase, parse_phases
@@ -172,7 +172,7 @@ def _add_load_options(sim: argparse.ArgumentParser) -> None:
 
 
 def _add_pool_options(sim: argparse.ArgumentParser) -> None:
-    _add_positive(sim, "--workers", int, 8, "GEN workers (default: 8)")
+    _add_positive(sim, "--workers", int, 8, help_for(ClusterConfig, "workers"))
     _add_positive(
         sim,
         "--max-batch",
@@ -180,9 +180,7 @@ def _add_pool_options(sim: argparse.ArgumentParser) -> None:
         16,
         help_for(GenCapacity, "max_batch_size", default=16, note="A = B here"),
     )
-    _add_positive(
-        sim, "--ctx-servers", int, 4, "context (prefill) servers ahead of the pool (default: 4)"
-    )
+    _add_positive(sim, "--ctx-servers", int, 4, help_for(ClusterConfig, "ctx_servers"))
     sim.add_argument(
         "--modes",
         type=_modes,
@@ -204,8 +202,9 @@ def _add_pool_options(sim: argparse.ArgumentParser) -> None:
         "--paused-cap-fraction",
         type=_list_of(float),
         default=[0.375],
-        help="P (paused cap) as a fraction of A; a comma-separated list gives the trade-off"
-        " curve (default: 0.375)",
+        help=help_for(
+            ClusterConfig, "paused_cap_fraction", note="a comma-separated list gives the curve"
+        ),
     )
     _add_positive(
         sim,

@@ -15,8 +15,9 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from genpool_core.field_help import DESCRIPTION
 from genpool_core.knobs import DEFAULT_PAUSED_CAP_FRACTION, default_paused_cap
 from genpool_core.names import DEFAULT_STAT_INTERVAL_S, OFF_MODE
 from genpool_core.plan import GenPlan
@@ -36,12 +37,17 @@ _ARRIVAL, _CTX_DONE, _WORKER, _READY, _TICK = 0, 1, 2, 3, 4
 @dataclass(frozen=True)
 class ClusterConfig:
     mode: str = OFF_MODE
-    workers: int = 8
+    workers: int = field(default=8, metadata={DESCRIPTION: "GEN workers (replicas) at the start"})
     max_batch: int = 16
-    ctx_servers: int = 4
+    ctx_servers: int = field(
+        default=4, metadata={DESCRIPTION: "context (prefill) servers ahead of the GEN pool"}
+    )
     target_output_tps: float | None = None
     tpot_budget: float = 0.1
-    paused_cap_fraction: float = DEFAULT_PAUSED_CAP_FRACTION
+    paused_cap_fraction: float = field(
+        default=DEFAULT_PAUSED_CAP_FRACTION,
+        metadata={DESCRIPTION: "P (paused cap) as a fraction of A, at the start"},
+    )
     stat_interval_s: float = float(DEFAULT_STAT_INTERVAL_S)
     step_model: StepModel = DEFAULT_STEP_MODEL
     max_evictions_per_request: int = 1

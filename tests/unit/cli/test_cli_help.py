@@ -21,6 +21,7 @@ from genpool_sim.autoscale import AutoscaleConfig
 from genpool_sim.autoscale_cli import autoscale_config
 from genpool_sim.cli import tune_config
 from genpool_sim.cli_options import build_parser as sim_parser
+from genpool_sim.cluster import ClusterConfig
 from genpool_sim.experiment import Workload
 from genpool_sim.pool_control import TuneConfig
 from genpool_worker.worker_config import WorkerConfig
@@ -28,6 +29,9 @@ from genpool_worker.worker_config import build_parser as worker_parser
 
 # `genpool sim` flags and the field each one sets.
 SIM_FLAGS: dict[str, tuple[type, str]] = {
+    "--workers": (ClusterConfig, "workers"),
+    "--ctx-servers": (ClusterConfig, "ctx_servers"),
+    "--paused-cap-fraction": (ClusterConfig, "paused_cap_fraction"),
     "--concurrency": (Workload, "concurrency"),
     "--rate-phases": (Workload, "rate_phases"),
     "--phases": (Workload, "phases"),
@@ -60,8 +64,8 @@ SIM_FLAGS: dict[str, tuple[type, str]] = {
 # a file, a run count, a switch); --workers, --ctx-servers and --paused-cap-fraction set
 # ClusterConfig fields, which have no descriptions yet.
 SIM_HAND_WRITTEN = frozenset({
-    "-h", "--help", "--trace", "--rate", "--replay", "--time-scale", "--workers",
-    "--ctx-servers", "--modes", "--paused-cap-fraction", "--seeds", "--jobs", "--json",
+    "-h", "--help", "--trace", "--rate", "--replay", "--time-scale", "--modes", "--seeds",
+    "--jobs", "--json",
     "--plot", "--stat-lines", "--tune", "--autoscale", "--policies",
 })  # fmt: skip
 # Flags whose unset value (None) means a default computed elsewhere, shown as such.
