@@ -1,8 +1,10 @@
-"""Writing a GenPool's status safely from two writers (reconcile handler, stats daemon).
+"""Writing a GenPool's status safely from its several writers (the reconcile handler,
+the StatefulSet mirror, the InferencePool child, the pod watch, the stats round).
 
 Each write re-reads the object and sends a merge patch carrying its resourceVersion:
 a concurrent write makes the apiserver answer 409 and ``with_retries`` runs the whole
-read-compute-write again, so no writer silently drops the other's conditions.
+read-compute-write again, so no writer silently drops another's facts
+(``pool_status.reduce_status`` derives the rest from them).
 """
 
 from __future__ import annotations

@@ -13,11 +13,12 @@ of the policy's caches, heaps or remembered hysteresis. What it measures a reque
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from genpool_core.request import GenRequest, VictimKind
+from tests.unit.support import make_active
 
 # docs/design.md's constants, spelled here rather than read from the policy.
 MIN_LAXITY_FRACTION = 0.02  # a laxity victim has L_i >= this * D_i
@@ -115,3 +116,29 @@ def rank_victims(
             credit -= kind is VictimKind.SACRIFICED
             ranked.append(Ranked(request.request_id, kind, now + WINDOW_FRACTION * span, None))
     return ranked
+
+
+# (max_tokens, decoded, unpaused s, first token s ago, pauses, sacrificed, run s[, T_i])
+BatchState = (
+    tuple[int, int, float, float, int, bool, float]
+    | tuple[int, int, float, float, int, bool, float, float | None]
+)
+
+
+def enter_batch(policy: Any, states: Sequence[BatchState], now: float) -> list[GenRequest]:
+    """Residents built from ``states``, entered into ``policy``'s batch in order: the
+    scenarios both SLO ranking tests hand the oracle and the policy."""
+    batch = []
+    for number, state in enumerate(states):
+        max_tokens, decoded, unpaused, ago, pauses, sacrificed, ran = state[:7]
+        request = make_active(f"r{number}", max_tokens=max_tokens,
+                              gen_tokens=min(decoded, max_tokens - 2), now=now,
+                              unpaused=unpaused, first_token_time=now - ago,
+                              resident_since=now - ago - 1.0)  # fmt: skip
+        request.num_pauses, request.is_sacrificed = pauses, sacrificed
+        request.run_started_at = now - ran
+        if len(state) > 7:
+            request.target_output_tps = state[7]
+        batch.append(request)
+        policy.on_batch_enter(request)
+    return batch

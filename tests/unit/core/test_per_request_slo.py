@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from genpool_core.admission import AdaptiveTarget, AdmissionQueue
 from genpool_core.preemption import GenCapacity, TargetOutputTpsPolicy, create_gen_preemption
 from genpool_core.request import GenRequest, VictimKind
-from tests.unit.slo_oracle import Formulas, rank_victims
+from tests.unit.slo_oracle import Formulas, enter_batch, rank_victims
 from tests.unit.support import choose_victim, keyed, make_active
 
 T = 10.0
@@ -188,24 +188,7 @@ def test_mixed_floors_rank_as_a_brute_force_does_across_passes(
     if step_time is not None:
         policy.on_step_time(step_time)
     now = 50.0
-    batch = []
-    for number, (max_tokens, decoded, unpaused, ago, pauses, sacrificed, ran, tps) in enumerate(
-        states
-    ):
-        request = make_active(
-            f"r{number}",
-            max_tokens=max_tokens,
-            gen_tokens=min(decoded, max_tokens - 2),
-            now=now,
-            unpaused=unpaused,
-            first_token_time=now - ago,
-            resident_since=now - ago - 1.0,
-        )
-        request.num_pauses, request.is_sacrificed = pauses, sacrificed
-        request.run_started_at = now - ran
-        request.target_output_tps = tps
-        batch.append(request)
-        policy.on_batch_enter(request)
+    batch = enter_batch(policy, states, now)
     if earlier is not None:
         list(policy.choose_victims(earlier))  # an earlier pass: caches hysteresis states
     expected = rank_victims(Formulas(T, policy.step_time_s), batch, now, credit)

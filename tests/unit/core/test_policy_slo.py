@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from genpool_core.preemption import GenCapacity, TargetOutputTpsPolicy, create_gen_preemption
 from genpool_core.request import FinishReason, VictimKind
 from genpool_core.stats import SloModeStats
-from tests.unit.slo_oracle import rank_victims
+from tests.unit.slo_oracle import enter_batch, rank_victims
 from tests.unit.support import choose_victim, make_active
 
 T = 10.0
@@ -228,21 +228,7 @@ def test_the_inlined_scan_ranks_as_the_policy_methods_do(
     if step_time is not None:
         policy.on_step_time(step_time)
     now = 50.0
-    batch = []
-    for number, (max_tokens, decoded, unpaused, ago, pauses, sacrificed, ran) in enumerate(states):
-        request = make_active(
-            f"r{number}",
-            max_tokens=max_tokens,
-            gen_tokens=min(decoded, max_tokens - 2),
-            now=now,
-            unpaused=unpaused,
-            first_token_time=now - ago,
-            resident_since=now - ago - 1.0,
-        )
-        request.num_pauses, request.is_sacrificed = pauses, sacrificed
-        request.run_started_at = now - ran
-        batch.append(request)
-        policy.on_batch_enter(request)
+    batch = enter_batch(policy, states, now)
     expected = rank_victims(policy, batch, now, policy.credit)  # measured by its own methods
     got = []
     for victim in policy.choose_victims(now):
