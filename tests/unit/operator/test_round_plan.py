@@ -11,13 +11,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bench.fake_workers import STATLINE
 from genpool_core import tuner
 from genpool_core.controller import ControllerState, RoundDecision
 from genpool_core.knobs import Knobs
 from genpool_core.names import DEFAULT_STAT_INTERVAL_S
 from genpool_core.slo_check import NO_MEASURE
-from genpool_core.statline import StatLine, parse_statline
+from genpool_core.statline import StatLine
 from genpool_operator.round_plan import (
     HISTORY_LIMIT,
     PushOutcome,
@@ -32,39 +31,11 @@ from genpool_operator.round_plan import (
     tuning_record,
 )
 from genpool_operator.spec import GenPoolSpec
+from tests.unit.operator.rounds import LINE, PENDING_RAISE, apply_patch, fake_line
 
 SLO_SPEC = {"preemption": {"mode": "TargetOutputTps", "targetOutputTps": 8}}
 FAST_SPEC = {**SLO_SPEC, "tuning": {"intervalSeconds": 10}}  # stale after 20 s
-# The fake line proposes raise-cap-budget-unspent (below-T 0.115 under eps - dead band,
-# the cap turned over, a waiter at risk); a second round in a row confirms it.
-PENDING_RAISE = {
-    "residentHeadroom": 6,
-    "pausedCap": 6,
-    "pendingReason": "raise-cap-budget-unspent",
-    "pendingRounds": 1,
-}
 SYNCED = PushOutcome(2, 2)
-
-
-def _line(t: float) -> StatLine:
-    line = parse_statline(STATLINE.format(t=t))
-    assert line is not None
-    return line
-
-
-LINE = _line(30.0)
-
-
-def apply_patch(status: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    """What the apiserver's merge patch does to these fields: each top-level key is
-    replaced, ``None`` deletes it; through JSON, as the apiserver stores it."""
-    merged = dict(status)
-    for key, value in json.loads(json.dumps(patch)).items():
-        if value is None:
-            merged.pop(key, None)
-        else:
-            merged[key] = value
-    return merged
 
 
 def run(
@@ -92,7 +63,7 @@ def test_stale_after_two_intervals_without_a_new_window() -> None:
     stale, status = run(spec, status, {"p": [LINE]}, now=21.0)
     assert stale.decision.is_stale and stale.decision.tuning is not None
     assert stale.decision.tuning.reason == "stats-stale"
-    moved, _ = run(spec, status, {"p": [LINE, _line(60.0)]}, now=22.0)
+    moved, _ = run(spec, status, {"p": [LINE, fake_line(60.0)]}, now=22.0)
     assert not moved.decision.is_stale and moved.decision.tuning is not None
     assert moved.decision.tuning.reason != "stats-stale"
 
@@ -232,7 +203,7 @@ def test_the_first_sighting_of_a_proposal_only_remembers_it() -> None:
     record = after["tuning"]
     assert record["pendingReason"] == "raise-cap-budget-unspent" and record["pendingRounds"] == 1
     # The next window confirms it: the proposal came back through the status.
-    confirmed, _ = run(spec, after, {"p": [LINE, _line(60.0)]}, now=30.0)
+    confirmed, _ = run(spec, after, {"p": [LINE, fake_line(60.0)]}, now=30.0)
     assert confirmed.decision.tuning is not None and confirmed.decision.tuning.changed
     assert confirmed.knobs == Knobs(8, 8)
 
@@ -331,11 +302,13 @@ def test_push_failure_detail_is_truncated_for_the_event() -> None:
 def test_each_pods_windows_enter_once_through_the_status() -> None:
     spec = GenPoolSpec.from_body(FAST_SPEC)
     # First sighting: only each pod's newest line counts (older ones predate this controller).
-    first, status = run(spec, {}, {"a": [LINE], "b": [_line(10.0), _line(20.0), LINE]}, now=0.0)
+    first, status = run(
+        spec, {}, {"a": [LINE], "b": [fake_line(10.0), fake_line(20.0), LINE]}, now=0.0
+    )
     assert first.decision.stats is not None and first.decision.stats.completed_window == 2 * 180
     assert status["statWindows"]["lastWindowEnd"] == {"a": 30.0, "b": 30.0}
     # Ten seconds on: "a" did not move, "b" cut two windows since.
-    lines = {"a": [LINE], "b": [LINE, _line(40.0), _line(50.0)]}
+    lines = {"a": [LINE], "b": [LINE, fake_line(40.0), fake_line(50.0)]}
     both, status = run(spec, status, lines, now=10.0, num_ready=2)
     stats = both.decision.stats
     assert stats is not None and not both.decision.is_stale
