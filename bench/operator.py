@@ -21,19 +21,22 @@ from typing import Any
 
 import httpx
 
+from genpool_core.live import LiveUpdate
 from genpool_operator.scrape import PodTarget, WorkerClient
 from genpool_operator.statsloop import push_live
 
 POOLS, PODS_PER_POOL = 50, 4
 PORT = 18777
-LIVE = {"resident_headroom": 8, "paused_cap": 6, "slack_s": 0.5}
+LIVE = LiveUpdate(generation=0, resident_headroom=8, paused_cap=6, slack_s=0.5)
 
 
 async def _one_round(client: WorkerClient, pools: list[list[PodTarget]], generation: int) -> None:
     async def pool_round(targets: list[PodTarget]) -> None:
         lines = await client.gather(client.statlines, targets)
         assert all(lines), lines
-        synced, errors = await push_live(client, targets, generation, LIVE)
+        synced, errors = await push_live(
+            client, targets, LIVE.model_copy(update={"generation": generation})
+        )
         assert not errors and synced == len(targets), errors
 
     await asyncio.gather(*(pool_round(targets) for targets in pools))

@@ -86,15 +86,12 @@ def controller_state(spec: GenPoolSpec, status: Mapping[str, Any]) -> Controller
 
 
 def live_config(spec: GenPoolSpec, knobs: Knobs) -> dict[str, Any]:
-    """PUT /config's values (less the generation): the knobs and the spec's live fields,
-    checked as the worker will check them (``LiveUpdate``)."""
-    update = LiveUpdate(
-        generation=0,
-        resident_headroom=knobs.resident_headroom,
-        paused_cap=knobs.paused_cap,
+    """PUT /config's values (less the generation): the knobs and the spec's live fields."""
+    return {
+        "resident_headroom": knobs.resident_headroom,
+        "paused_cap": knobs.paused_cap,
         **spec.live_config(),
-    )
-    return update.values()
+    }
 
 
 def desired_generation(tuning_status: Mapping[str, Any], live: Mapping[str, Any]) -> int:
@@ -108,9 +105,17 @@ class RoundPlan:
     """What one round decided before it touched a pod."""
 
     decision: RoundDecision
-    live: dict[str, Any]  # pushed with PUT /config to every pod not yet in sync
-    generation: int
+    update: LiveUpdate  # pushed with PUT /config to every pod not yet in sync
     slo_met_before: str | None = None  # SLOMet's status before the round
+
+    @property
+    def live(self) -> dict[str, float | int]:
+        """The live values (``status.tuning.liveConfig``)."""
+        return self.update.values()
+
+    @property
+    def generation(self) -> int:
+        return self.update.generation
 
     @property
     def knobs(self) -> Knobs:
@@ -123,7 +128,7 @@ class RoundPlan:
 
 @dataclass(frozen=True, slots=True)
 class PushOutcome:
-    """What pushing ``plan.live`` achieved."""
+    """What pushing ``plan.update`` achieved."""
 
     num_in_sync: int
     num_targets: int
@@ -159,7 +164,7 @@ def plan_round(
     decision = run_round(settings, state, seen, now=now)
     live = live_config(spec, decision.knobs)
     generation = desired_generation(status.get("tuning") or {}, live)
-    return RoundPlan(decision, live, generation, was_slo_met(status))
+    return RoundPlan(decision, LiveUpdate(generation=generation, **live), was_slo_met(status))
 
 
 def tuning_record(

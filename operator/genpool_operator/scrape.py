@@ -127,11 +127,11 @@ async def statlines_from_log(kube: Kube, namespace: str, pod: str) -> list[StatL
     return parse_statlines(text)
 
 
-def in_sync(config: dict[str, Any] | None, generation: int, live: dict[str, Any]) -> bool:
+def in_sync(config: dict[str, Any] | None, update: LiveUpdate) -> bool:
     """A pod is in sync when it reports our generation and every live value we set."""
-    if config is None or config.get(GENERATION_FIELD) != generation:
+    if config is None or config.get(GENERATION_FIELD) != update.generation:
         return False
-    return all(_same(config.get(key), value) for key, value in live.items())
+    return all(_same(config.get(key), value) for key, value in update.values().items())
 
 
 def _same(reported: object, wanted: object) -> bool:

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from genpool_core.live import LiveUpdate
-from genpool_core.names import GENERATION_FIELD, pool_label_selector
+from genpool_core.names import pool_label_selector
 from genpool_core.statline import StatLine
 from genpool_operator import metrics
 from genpool_operator.builders import statefulset_name
 from genpool_operator.kube import Kube, resource_path
 from genpool_operator.round_plan import PushOutcome, RoundPlan, plan_round, status_patch
-from genpool_operator.scaling_plan import desired_replicas, is_autoscaled
+from genpool_operator.scaling_plan import is_autoscaled
 from genpool_operator.scrape import (
     PodTarget,
     WorkerClient,
@@ -69,12 +69,11 @@ async def read_lines(
 
 
 async def push_live(
-    workers: WorkerClient, targets: list[PodTarget], generation: int, live: dict[str, Any]
+    workers: WorkerClient, targets: list[PodTarget], update: LiveUpdate
 ) -> tuple[int, dict[str, str]]:
     """Push to every pod not yet in sync; returns (pods in sync, errors by pod)."""
     configs = await workers.gather(workers.config, targets)
-    stale = [t for t, c in zip(targets, configs, strict=True) if not in_sync(c, generation, live)]
-    update = LiveUpdate.model_validate({GENERATION_FIELD: generation, **live})
+    stale = [t for t, c in zip(targets, configs, strict=True) if not in_sync(c, update)]
     results = await workers.gather(lambda t: workers.put_config(t, update), stale)
     errors = {t.name: err for t, err in zip(stale, results, strict=True) if err is not None}
     return len(targets) - len(errors), errors
@@ -121,7 +120,7 @@ async def run_round(
         # Wall clock: the state is persisted, so it must survive an operator restart.
         now = time.time()
         plan = plan_round(spec, status, lines, now=now, num_ready=len(targets), is_deciding=tune)
-        num_in_sync, errors = await push_live(workers, targets, plan.generation, plan.live)
+        num_in_sync, errors = await push_live(workers, targets, plan.update)
         push = PushOutcome(num_in_sync, len(targets), errors)
         stamp = now_iso()
 
@@ -133,8 +132,8 @@ async def run_round(
 
         await update_status(kube, namespace, name, mutate)
         if plan.decision.scaling is not None and is_autoscaled(spec):
-            replicas = desired_replicas(spec, {"desiredReplicas": plan.decision.desired})
-            await scale_statefulset(kube, namespace, name, replicas)
+            # The scaler's count is within the spec's bounds (it clamps at once).
+            await scale_statefulset(kube, namespace, name, plan.decision.desired)
         metrics.record_round(
             namespace,
             name,

@@ -14,6 +14,7 @@ from typing import Any
 from genpool_core import tuner
 from genpool_core.controller import ControllerState, RoundDecision
 from genpool_core.knobs import Knobs
+from genpool_core.live import LiveUpdate
 from genpool_core.names import DEFAULT_STAT_INTERVAL_S
 from genpool_core.slo_check import NO_MEASURE
 from genpool_core.statline import StatLine
@@ -147,7 +148,7 @@ def _plan(tuning: tuner.Decision | None, *, is_advisory: bool = False) -> RoundP
         tuning=tuning, replicas_before=1, scaling=None, slo=NO_MEASURE, verdict=None,
         is_advisory=is_advisory,
     )  # fmt: skip
-    return RoundPlan(decision, {"paused_cap": 4}, 2)
+    return RoundPlan(decision, LiveUpdate(generation=2, paused_cap=4))
 
 
 def test_tuning_record_appends_bounded_history_on_changes_only() -> None:

@@ -8,6 +8,7 @@ import asyncio
 import httpx
 
 from bench.fake_workers import FakeWorkerFleet
+from genpool_core.live import LiveUpdate
 from genpool_operator.conditions import Condition, merge_conditions, readiness_conditions
 from genpool_operator.scrape import PodTarget, WorkerClient, in_sync, ready_targets
 from genpool_operator.statsloop import push_live, scale_statefulset
@@ -33,11 +34,11 @@ def test_ready_targets_keeps_running_ready_pods_with_ips_only() -> None:
 
 
 def test_in_sync_needs_generation_and_every_value() -> None:
-    live = {"paused_cap": 4, "slack_s": 0.5}
-    assert in_sync({"generation": 2, "paused_cap": 4, "slack_s": 0.5}, 2, live)
-    assert not in_sync({"generation": 1, "paused_cap": 4, "slack_s": 0.5}, 2, live)
-    assert not in_sync({"generation": 2, "paused_cap": 3, "slack_s": 0.5}, 2, live)
-    assert not in_sync(None, 2, live)
+    update = LiveUpdate(generation=2, paused_cap=4, slack_s=0.5)
+    assert in_sync({"generation": 2, "paused_cap": 4, "slack_s": 0.5}, update)
+    assert not in_sync({"generation": 1, "paused_cap": 4, "slack_s": 0.5}, update)
+    assert not in_sync({"generation": 2, "paused_cap": 3, "slack_s": 0.5}, update)
+    assert not in_sync(None, update)
 
 
 def test_conditions_keep_transition_time_until_status_flips() -> None:
@@ -64,18 +65,18 @@ def test_push_reaches_out_of_sync_pods_and_reports_failures() -> None:
         live = {"resident_headroom": 8, "paused_cap": 5}
         async with httpx.AsyncClient() as http:
             client = WorkerClient(http, "s3cret", port=fleet.port)
-            assert await push_live(client, targets, 1, live) == (3, {})
+            assert await push_live(client, targets, LiveUpdate(generation=1, **live)) == (3, {})
             assert [w.puts for w in workers] == [1, 1, 1]
-            assert await push_live(client, targets, 1, live) == (3, {})
+            assert await push_live(client, targets, LiveUpdate(generation=1, **live)) == (3, {})
             assert [w.puts for w in workers] == [1, 1, 1]  # in sync: nothing sent
             recent = await client.gather(client.statlines, targets)
             assert all(lines and lines[-1].paused == 4 for lines in recent), recent
             wrong = WorkerClient(http, "nope", port=fleet.port)
-            synced, errors = await push_live(wrong, targets, 2, live)
+            synced, errors = await push_live(wrong, targets, LiveUpdate(generation=2, **live))
             assert synced == 0 and set(errors) == {"p0", "p1", "p2"}
             assert "HTTP 401" in errors["p0"]
             dead = [PodTarget("gone", "127.0.9.9", "")]
-            synced, errors = await push_live(client, dead, 2, live)
+            synced, errors = await push_live(client, dead, LiveUpdate(generation=2, **live))
             assert synced == 0 and "gone" in errors
         await fleet.stop()
 
