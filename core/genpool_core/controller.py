@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from genpool_core.aggregate import PoolStats, aggregate
 from genpool_core.knobs import KnobBounds, Knobs
 from genpool_core.scaler import ScaleDecision, ScalerSettings, ScalerState, scale
-from genpool_core.slo_check import NO_MEASURE, SloMeasure, SloTarget, SloVerdict, measure_slo
+from genpool_core.slo_check import SloMeasure, SloTarget, SloVerdict, measure_slo
 from genpool_core.slo_check import slo_verdict as judge
 from genpool_core.statline import StatLine
 from genpool_core.tuner import Decision, TunerSettings, TunerState, tune
@@ -146,7 +146,8 @@ def run_round(
     windows = take_windows(state.windows, seen.lines, now=now, interval_s=settings.interval_s)
     stats = aggregate(windows.latest, windows.new)
     fresh = None if windows.is_stale else stats
-    is_due = seen.is_deciding and (windows.is_stale or windows.has_new)
+    is_news = windows.is_stale or windows.has_new  # something to decide or judge on
+    is_due = seen.is_deciding and is_news
     before = knobs_in_force(settings, state)
     tuning = _tuner_turn(settings, state, before, stats, windows, is_due)
     replicas = replicas_in_force(settings, state)
@@ -155,8 +156,8 @@ def run_round(
         scaling = scale(replicas, seen.num_ready, fresh, settings.scaler, state.scaler, now)
     # Judged on new windows only: a round that counted none (a wake-up, or early) has
     # nothing to judge and leaves the last verdict standing; stale stats are Unknown.
-    is_judged = settings.slo is not None and (windows.is_stale or windows.has_new)
-    measure = measure_slo(fresh) if fresh is not None and windows.has_new else NO_MEASURE
+    measure = measure_slo(fresh if windows.has_new else None)
+    verdict = judge(settings.slo, measure) if settings.slo is not None and is_news else None
     knobs_after = tuning.knobs if tuning is not None and not settings.is_advisory else before
     after = ControllerState(
         knobs=knobs_after if settings.is_pausing else None,
@@ -166,8 +167,7 @@ def run_round(
         windows=windows.clock if seen.is_deciding else state.windows,
     )
     return RoundDecision(
-        after, stats, windows.is_stale, before, tuning, replicas, scaling, measure,
-        judge(settings.slo, measure) if is_judged and settings.slo is not None else None,
+        after, stats, windows.is_stale, before, tuning, replicas, scaling, measure, verdict,
         settings.is_advisory, state.replicas, windows.has_new,
     )  # fmt: skip
 

@@ -204,18 +204,26 @@ def _slo_misses(stats: PoolStats, settings: ScalerSettings) -> bool:
     return target is not None and attainment is not None and attainment < target
 
 
+def _recent(
+    recommendations: tuple[tuple[float, int], ...], now: float, window_s: float,
+    settings: ScalerSettings,
+) -> tuple[tuple[float, int], ...]:  # fmt: skip
+    """The recommendations of the last ``window_s``: whole intervals, half an interval's
+    tolerance for rounds that land late or early."""
+    edge = settings.whole_intervals(window_s) + settings.interval_s / 2
+    return tuple((t, n) for t, n in recommendations if 0 <= now - t <= edge)
+
+
 def _stabilised_up(
     replicas: int, target: int, reason: str, stats: PoolStats, settings: ScalerSettings,
-    state_before: ScalerState, earlier: tuple[tuple[float, int], ...], now: float,
+    loaded_at: float | None, earlier: tuple[tuple[float, int], ...], now: float,
 ) -> tuple[int, str]:  # fmt: skip
     """The up target after the up window and the single-burst rule (see the module doc)."""
-    if reason in LOAD_UPS and not _slo_misses(stats, settings):
-        loaded_at = state_before.loaded_at
-        if loaded_at is None or now - loaded_at > 1.5 * settings.interval_s:
-            return replicas, "hold-single-burst"
+    is_second = loaded_at is not None and now - loaded_at <= 1.5 * settings.interval_s
+    if reason in LOAD_UPS and not is_second and not _slo_misses(stats, settings):
+        return replicas, "hold-single-burst"
     if settings.up_window_s > 0:
-        recent = [(t, n) for t, n in earlier if now - t <= settings.whole_intervals(
-            settings.up_window_s) + settings.interval_s / 2]  # fmt: skip
+        recent = _recent(earlier, now, settings.up_window_s, settings)
         if not recent or not settings.is_covered(recent[0][0], now, settings.up_window_s):
             return replicas, "hold-up-window"
         lowest = min(n for _, n in recent)
@@ -234,16 +242,16 @@ def scale(
     now: float,
 ) -> ScaleDecision:
     """One round. ``replicas`` is the desired count in force, ``num_ready`` how many serve."""
-    keep = settings.whole_intervals(max(settings.down_window_s, settings.up_window_s))
-    horizon = keep + settings.interval_s / 2
-    window = tuple((t, n) for t, n in state.recommendations if 0 <= now - t <= horizon)
+    window = _recent(
+        state.recommendations, now, max(settings.down_window_s, settings.up_window_s), settings
+    )
     bounded = min(max(replicas, settings.min_replicas), settings.max_replicas)
     if bounded != replicas:  # the bounds are the user's spec: obey at once
         return ScaleDecision(bounded, CLAMP, ScalerState(window, state.loaded_at))
     if stats is None:  # no stats: neither up nor down, and the windows restart
         return ScaleDecision(replicas, "stats-missing", ScalerState())
     target, reason = recommend(replicas, stats, settings)
-    before = state
+    loaded_at = state.loaded_at
     is_loaded = target > replicas and reason in LOAD_UPS
     state = ScalerState((*window, (now, target)), now if is_loaded else None)
     if target > replicas:
@@ -252,16 +260,14 @@ def scale(
         if num_ready < replicas and reason not in LOAD_UPS:
             return ScaleDecision(replicas, "hold-starting", state)
         target, reason = _stabilised_up(
-            replicas, target, reason, stats, settings, before, window, now
+            replicas, target, reason, stats, settings, loaded_at, window, now
         )
         up = min(target, replicas + settings.max_step, settings.max_replicas)
         if up == replicas and target > replicas:
             reason = "hold-at-max"
         return ScaleDecision(up, reason, state)
     if target < replicas:
-        down_window = [(t, n) for t, n in state.recommendations
-                       if now - t <= settings.whole_intervals(settings.down_window_s)
-                       + settings.interval_s / 2]  # fmt: skip
+        down_window = _recent(state.recommendations, now, settings.down_window_s, settings)
         if not settings.is_covered(down_window[0][0], now, settings.down_window_s):
             return ScaleDecision(replicas, "hold-down-window", state)
         highest = max(n for _, n in down_window)
