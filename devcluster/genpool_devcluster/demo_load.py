@@ -53,6 +53,7 @@ CLASSES: tuple[RequestClass, ...] = (
     RequestClass("batch", 0.7, ttft_s=None, output_tps=None),
 )
 CLASS_BY_NAME = {c.name: c for c in CLASSES}
+SAMPLE_PERIOD_S = 1.0  # how often the pools are sampled (ready pods, paused residents)
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,8 @@ async def _sample(picker: PodPicker, started: float, stop: asyncio.Event) -> lis
             paused = await _paused(http, picker)
             now = round(time.monotonic() - started, 2)
             samples.append(PoolSample(now, len(picker.targets), picker.num_pods, paused))
-            await asyncio.sleep(1.0)
+            with contextlib.suppress(TimeoutError):  # the sampling period; stop ends it early
+                await asyncio.wait_for(stop.wait(), timeout=SAMPLE_PERIOD_S)
     return samples
 
 

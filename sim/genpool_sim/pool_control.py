@@ -24,7 +24,7 @@ from genpool_core.controller import (
     run_round,
 )
 from genpool_core.field_help import DESCRIPTION
-from genpool_core.knobs import KnobBounds, Knobs
+from genpool_core.knobs import KnobBounds
 from genpool_core.scaler import ScalerSettings
 from genpool_core.statline import StatLine, format_statline, make_statline, parse_statline
 from genpool_core.stats import SchedulerStats
@@ -157,9 +157,8 @@ class SimPool:
 
     def _configure(self, worker: GenWorker) -> None:
         assert self.settings is not None
-        knobs: Knobs = knobs_in_force(self.settings, self.state)
         if self.settings.is_pausing:
-            worker.scheduler.set_knobs(knobs)
+            worker.scheduler.set_knobs(knobs_in_force(self.settings, self.state))
 
     def _apply(self, cluster: Cluster, desired: int) -> None:
         current = sum(1 for w in cluster.workers if w.retired_at is None and not w.is_draining)

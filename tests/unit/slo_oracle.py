@@ -17,6 +17,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from hypothesis import strategies as st
+
 from genpool_core.request import GenRequest, VictimKind
 from tests.unit.support import make_active
 
@@ -117,6 +119,19 @@ def rank_victims(
             ranked.append(Ranked(request.request_id, kind, now + WINDOW_FRACTION * span, None))
     return ranked
 
+
+_STATE_PARTS = (
+    st.integers(2, 400),  # max_tokens
+    st.integers(0, 300),  # tokens decoded here
+    st.sampled_from([0.0, 0.4, 3.0, 17.0]),  # unpaused time
+    st.sampled_from([0.0, 2.0, 9.0]),  # first token this long before now
+    st.integers(0, 9),  # pauses
+    st.booleans(),  # sacrificed
+    st.sampled_from([0.0, 0.3, 5.0]),  # run started this long before now
+)
+# A resident's state for enter_batch; with_floor adds T_i (None: the pool's T).
+batch_state = st.tuples(*_STATE_PARTS)
+batch_state_with_floor = st.tuples(*_STATE_PARTS, st.sampled_from([None, None, 2.0, 50.0, 400.0]))
 
 # (max_tokens, decoded, unpaused s, first token s ago, pauses, sacrificed, run s[, T_i])
 BatchState = (

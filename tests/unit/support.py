@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from genpool_core.plan import GenPlan
 from genpool_core.preemption import GenCapacity, PolicyBase, Victim
@@ -110,3 +111,10 @@ def choose_victim(policy: PolicyBase, batch: Sequence[GenRequest], now: float) -
     finally:
         for request in batch:
             policy.on_batch_leave(request)
+
+
+def write_small_trace(path: Path) -> Path:
+    """A 300-request CSV trace (arrivals every 0.5 s) for the simulator's CLI tests."""
+    rows = "\n".join(f"{i * 0.5},{200 + i % 50},{30 + i % 40}" for i in range(300))
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + rows + "\n")
+    return path

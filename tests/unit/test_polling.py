@@ -65,7 +65,7 @@ def test_the_async_poll_awaits_its_check_and_lets_the_loop_run_meanwhile() -> No
         done = asyncio.Event()
 
         async def later() -> None:
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # other work on the loop, the thing the poll must let run
             done.set()
 
         task = asyncio.create_task(later())  # runs only if the poll yields to the loop

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from genpool_core.admission import AdaptiveTarget, AdmissionQueue
 from genpool_core.preemption import GenCapacity, TargetOutputTpsPolicy, create_gen_preemption
 from genpool_core.request import GenRequest, VictimKind
-from tests.unit.slo_oracle import Formulas, enter_batch, rank_victims
+from tests.unit.slo_oracle import Formulas, batch_state_with_floor, enter_batch, rank_victims
 from tests.unit.support import choose_victim, keyed, make_active
 
 T = 10.0
@@ -156,20 +156,8 @@ def test_a_fresh_request_without_a_step_time_runs_at_its_own_floor() -> None:
     assert policy.laxity(fresh, 1.0) == pytest.approx(2.0 - (1.0 + 98 / 50.0))
 
 
-mixed_state = st.tuples(
-    st.integers(2, 400),  # max_tokens
-    st.integers(0, 300),  # tokens decoded here
-    st.sampled_from([0.0, 0.4, 3.0, 17.0]),  # unpaused time
-    st.sampled_from([0.0, 2.0, 9.0]),  # first token this long before now
-    st.integers(0, 9),  # pauses
-    st.booleans(),  # sacrificed
-    st.sampled_from([0.0, 0.3, 5.0]),  # run started this long before now
-    st.sampled_from([None, None, 2.0, 50.0, 400.0]),  # T_i (None: the pool's T)
-)
-
-
 @given(
-    states=st.lists(mixed_state, max_size=20),
+    states=st.lists(batch_state_with_floor, max_size=20),
     credit=st.sampled_from([0.0, 2.5]),
     step_time=st.sampled_from([None, 0.03]),
     earlier=st.sampled_from([None, 49.0, 49.9]),

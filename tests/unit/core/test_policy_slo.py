@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from genpool_core.preemption import GenCapacity, TargetOutputTpsPolicy, create_gen_preemption
 from genpool_core.request import FinishReason, VictimKind
 from genpool_core.stats import SloModeStats
-from tests.unit.slo_oracle import enter_batch, rank_victims
+from tests.unit.slo_oracle import batch_state, enter_batch, rank_victims
 from tests.unit.support import choose_victim, make_active
 
 T = 10.0
@@ -201,19 +201,8 @@ def test_enabled_line_lists_knobs_and_constants() -> None:
         assert field in line.split(), field
 
 
-slo_state = st.tuples(
-    st.integers(2, 400),  # max_tokens
-    st.integers(0, 300),  # tokens decoded here
-    st.sampled_from([0.0, 0.4, 3.0, 17.0]),  # unpaused time
-    st.sampled_from([0.0, 2.0, 9.0]),  # first token this long before now
-    st.integers(0, 9),  # pauses
-    st.booleans(),  # sacrificed
-    st.sampled_from([0.0, 0.3, 5.0]),  # run started this long before now
-)
-
-
 @given(
-    states=st.lists(slo_state, max_size=20),
+    states=st.lists(batch_state, max_size=20),
     credit=st.sampled_from([0.0, 2.5]),
     step_time=st.sampled_from([None, 0.03]),
 )

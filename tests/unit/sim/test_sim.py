@@ -15,7 +15,7 @@ from genpool_sim.cluster import MODES, Cluster, ClusterConfig
 from genpool_sim.experiment import Workload, run_seed, simulate
 from genpool_sim.records import SimRequest
 from genpool_sim.workload import TraceRequest
-from tests.unit.support import check_invariants
+from tests.unit.support import check_invariants, write_small_trace
 
 FLAT = StepModel(
     t0_s=0.125, per_request_s=0.0, per_context_token_s=0.0,
@@ -145,9 +145,7 @@ def test_cli_rejects_bad_traces_with_the_line_and_no_traceback(
 
 
 def test_cli_runs_a_small_scenario(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    trace = tmp_path / "t.csv"
-    rows = "\n".join(f"{i * 0.5},{200 + i % 50},{30 + i % 40}" for i in range(300))
-    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + rows + "\n")
+    trace = write_small_trace(tmp_path / "t.csv")
     out = tmp_path / "r.json"
     code = main(["sim", "--trace", str(trace), "--concurrency", "30", "--workers", "2",
                  "--max-batch", "8", "--duration", "40", "--warmup", "5", "--seeds", "2",

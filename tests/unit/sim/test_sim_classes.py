@@ -15,6 +15,7 @@ from genpool_sim.records import SimRequest
 from genpool_sim.report import class_summary, format_class_table, summarize
 from genpool_sim.slo_classes import ClassPicker, SloClass, class_metrics, parse_classes
 from genpool_sim.workload import TraceRequest
+from tests.unit.support import write_small_trace
 
 LENGTHS = [TraceRequest(0.0, 300 + 37 * i % 900, 20 + 53 * i % 300) for i in range(200)]
 TWO = "interactive:0.3:tpot_ms=50,batch:0.7:tpot_ms=400:ttft_ms=2000"
@@ -147,9 +148,7 @@ def test_run_seed_adds_the_per_request_run_and_per_class_metrics() -> None:
 
 
 def test_cli_writes_per_class_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    trace = tmp_path / "t.csv"
-    rows = "\n".join(f"{i * 0.5},{200 + i % 50},{30 + i % 40}" for i in range(300))
-    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + rows + "\n")
+    trace = write_small_trace(tmp_path / "t.csv")
     out = tmp_path / "r.json"
     code = main(["sim", "--trace", str(trace), "--concurrency", "30", "--workers", "2",
                  "--max-batch", "8", "--duration", "40", "--warmup", "5", "--seeds", "2",
