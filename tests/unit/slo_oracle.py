@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, Protocol
 
 from hypothesis import strategies as st
 
+from genpool_core.preemption import GenCapacity, TargetOutputTpsPolicy, create_gen_preemption
 from genpool_core.request import GenRequest, VictimKind
 from tests.unit.support import make_active
 
@@ -157,3 +158,26 @@ def enter_batch(policy: Any, states: Sequence[BatchState], now: float) -> list[G
         batch.append(request)
         policy.on_batch_enter(request)
     return batch
+
+
+T = 10.0  # the pool's floor in the SLO ranking tests, tok/s
+
+
+def slo_policy(cap: int = 4) -> TargetOutputTpsPolicy:
+    """An SLO-mode policy at ``T`` on a batch of 8, P = H = ``cap``."""
+    policy = create_gen_preemption(
+        {"target_output_tps": T, "paused_cap": cap, "resident_headroom": cap}, GenCapacity(8)
+    )
+    assert isinstance(policy, TargetOutputTpsPolicy)
+    return policy
+
+
+def ranking_scenario(
+    states: Sequence[BatchState], credit: float, step_time: float | None, now: float = 50.0
+) -> tuple[TargetOutputTpsPolicy, list[GenRequest]]:
+    """A policy with this credit and step time, and ``states`` entered into its batch."""
+    policy = slo_policy()
+    policy.credit = credit
+    if step_time is not None:
+        policy.on_step_time(step_time)
+    return policy, enter_batch(policy, states, now)

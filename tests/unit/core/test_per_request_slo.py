@@ -15,20 +15,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from genpool_core.admission import AdaptiveTarget, AdmissionQueue
-from genpool_core.preemption import GenCapacity, TargetOutputTpsPolicy, create_gen_preemption
 from genpool_core.request import GenRequest, VictimKind
-from tests.unit.slo_oracle import Formulas, batch_state_with_floor, enter_batch, rank_victims
+from tests.unit.slo_oracle import (
+    Formulas,
+    T,
+    batch_state_with_floor,
+    rank_victims,
+    ranking_scenario,
+    slo_policy,
+)
 from tests.unit.support import choose_victim, keyed, make_active
-
-T = 10.0
-
-
-def slo_policy() -> TargetOutputTpsPolicy:
-    policy = create_gen_preemption(
-        {"target_output_tps": T, "paused_cap": 4, "resident_headroom": 4}, GenCapacity(8)
-    )
-    assert isinstance(policy, TargetOutputTpsPolicy)
-    return policy
 
 
 def with_slo(
@@ -171,12 +167,8 @@ def test_mixed_floors_rank_as_a_brute_force_does_across_passes(
 ) -> None:
     """The incremental scan (per-run constants cached at batch entry, hysteresis
     remembered across passes, a heap of laxity victims) against a from-scratch ranking."""
-    policy = slo_policy()
-    policy.credit = credit
-    if step_time is not None:
-        policy.on_step_time(step_time)
     now = 50.0
-    batch = enter_batch(policy, states, now)
+    policy, batch = ranking_scenario(states, credit, step_time, now)
     if earlier is not None:
         list(policy.choose_victims(earlier))  # an earlier pass: caches hysteresis states
     expected = rank_victims(Formulas(T, policy.step_time_s), batch, now, credit)

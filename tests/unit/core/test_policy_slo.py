@@ -7,18 +7,14 @@ from hypothesis import strategies as st
 from genpool_core.preemption import GenCapacity, TargetOutputTpsPolicy, create_gen_preemption
 from genpool_core.request import FinishReason, VictimKind
 from genpool_core.stats import SloModeStats
-from tests.unit.slo_oracle import batch_state, enter_batch, rank_victims
+from tests.unit.slo_oracle import (
+    T,
+    batch_state,
+    rank_victims,
+    ranking_scenario,
+    slo_policy,
+)
 from tests.unit.support import choose_victim, make_active
-
-T = 10.0
-
-
-def slo_policy(cap: int = 4) -> TargetOutputTpsPolicy:
-    policy = create_gen_preemption(
-        {"target_output_tps": T, "paused_cap": cap, "resident_headroom": cap}, GenCapacity(8)
-    )
-    assert isinstance(policy, TargetOutputTpsPolicy)
-    return policy
 
 
 def test_laxity_formula() -> None:
@@ -212,12 +208,8 @@ def test_the_inlined_scan_ranks_as_the_policy_methods_do(
     credit: float,
     step_time: float | None,
 ) -> None:
-    policy = slo_policy()
-    policy.credit = credit
-    if step_time is not None:
-        policy.on_step_time(step_time)
     now = 50.0
-    batch = enter_batch(policy, states, now)
+    policy, batch = ranking_scenario(states, credit, step_time, now)
     expected = rank_victims(policy, batch, now, policy.credit)  # measured by its own methods
     got = []
     for victim in policy.choose_victims(now):
