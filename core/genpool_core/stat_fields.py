@@ -119,8 +119,13 @@ def _sum(
 _S, _W = Over.SNAPSHOTS, Over.WINDOWS
 _KNOBS, _OUTCOMES, _QUEUE = StatusGroup.KNOBS, StatusGroup.OUTCOMES, StatusGroup.QUEUE
 
+# A window is known by its end ``t`` as printed: two windows are told apart only if their
+# ends are farther apart than this, so no stat interval may be shorter.
+T_DIGITS = 1
+MIN_STAT_INTERVAL_S = 10.0**-T_DIGITS
+
 FIELDS: tuple[StatField, ...] = (
-    StatField("t", ("t",), Kind.FLOAT, 1, required=True),
+    StatField("t", ("t",), Kind.FLOAT, T_DIGITS, required=True),
     StatField("mode", ("mode",), Kind.TEXT, required=True,
               pools=(Pool("mode", Rule.SAME, _S),)),
     StatField("T", ("target_output_tps",), Kind.FLOAT, 2, Shown.SLO),

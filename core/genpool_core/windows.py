@@ -9,6 +9,9 @@ unchanged pod adds nothing, a pod that moved twice adds both windows. Snapshot v
 (paused, waiters, the knobs in force) come from each pod's newest line whether it moved
 or not.
 
+A window is known by its end ``t`` as the line prints it (to
+``stat_fields.MIN_STAT_INTERVAL_S``; the worker refuses a shorter stat interval).
+
 Pure; :class:`WindowClock` is state, kept by the caller (the operator in the GenPool's
 status, the simulator in memory).
 """

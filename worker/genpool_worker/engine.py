@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -76,9 +75,8 @@ class GenEngine:
         self._inflight = 0
         self._tokens_total = 0
         self._passes = 0
-        self._last_stat: StatLine | None = None
         # The periodic lines a controller has not necessarily read: it counts each once.
-        self._recent_stats: deque[StatLine] = deque(maxlen=RECENT_STAT_LINES)
+        self._recent_stats: tuple[StatLine, ...] = ()
         self.is_draining = False
         self.error: BaseException | None = None
         self._running = False
@@ -203,8 +201,8 @@ class GenEngine:
         for request_id, reason in zip(plan.finished_ids, plan.finish_reasons, strict=True):
             self._finish(request_id, reason)
         if plan.stat is not None:
-            self._last_stat = plan.stat
-            self._recent_stats.append(plan.stat)
+            # A new tuple only when a line is cut: the snapshot after every pass shares it.
+            self._recent_stats = (*self._recent_stats, plan.stat)[-RECENT_STAT_LINES:]
             if self.coordinator.rank == 0:
                 STAT_LOGGER.info(plan.stat_line)
         return plan
@@ -293,8 +291,9 @@ class GenEngine:
 
     def _make_snapshot(self, now: float) -> EngineSnapshot:
         stats = self.scheduler.make_stats(now)
-        stat = self._last_stat or make_statline(stats, None)
+        recent = self._recent_stats
+        stat = recent[-1] if recent else make_statline(stats, None)
         return EngineSnapshot(
             stats, stat, self.config(), self._inflight, self._tokens_total, self._passes,
-            tuple(self._recent_stats),
+            self._recent_stats,
         )  # fmt: skip

@@ -26,6 +26,7 @@ from genpool_core.names import (
 )
 from genpool_core.preemption import GenCapacity, GenPreemptionSettings
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
+from genpool_core.stat_fields import MIN_STAT_INTERVAL_S
 
 DESCRIPTION = "One GEN worker process: model, engine and HTTP API."
 CONFIG_ENV = "GENPOOL_WORKER_CONFIG"
@@ -122,8 +123,10 @@ class WorkerConfig(BaseModel):
     paused_cap: int | None = Field(default=None, ge=0, description=_preemption("paused_cap"))
     stat_interval_s: float = Field(
         default=float(DEFAULT_STAT_INTERVAL_S),
-        gt=0,
-        description="period of the gen_preemption stat line on the pass clock, seconds",
+        ge=MIN_STAT_INTERVAL_S,
+        description="period of the gen_preemption stat line on the pass clock, seconds"
+        f" (at least {MIN_STAT_INTERVAL_S:g}: each window is known by its end, printed to"
+        " that)",
     )
     stamp_arrival: bool = Field(
         default=True,

@@ -1,0 +1,29 @@
+"""The worker's config refuses a stat interval its stat line cannot tell apart."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from genpool_core.stat_fields import MIN_STAT_INTERVAL_S
+from genpool_core.statline import StatLine, format_statline, parse_statline
+from genpool_worker.worker_config import WorkerConfig
+
+
+def test_a_stat_interval_below_the_lines_time_resolution_is_refused() -> None:
+    with pytest.raises(ValidationError, match="stat_interval_s"):
+        WorkerConfig(stat_interval_s=MIN_STAT_INTERVAL_S / 2)
+    assert WorkerConfig(stat_interval_s=MIN_STAT_INTERVAL_S).stat_interval_s == MIN_STAT_INTERVAL_S
+
+
+def test_windows_that_far_apart_keep_distinct_ends_once_printed() -> None:
+    def printed_t(t: float) -> float:
+        line = StatLine(t=t, mode="off", residents=0, active=0, paused=0, cap=0, headroom=0,
+                        waiters=0)  # fmt: skip
+        parsed = parse_statline(format_statline(line))
+        assert parsed is not None
+        return parsed.t
+
+    ends = [1000.0 + k * MIN_STAT_INTERVAL_S + 0.04 for k in range(50)]
+    assert len({printed_t(t) for t in ends}) == len(ends)
+    assert printed_t(1000.02) == printed_t(1000.04)  # closer than that: one window's end
