@@ -8,6 +8,7 @@ module removes it before the test that needs it absent and after its last test.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -89,9 +90,13 @@ def test_without_the_crd_a_condition_says_so_until_it_is_installed(
     assert (condition["status"], condition["reason"]) == ("False", "CRDNotInstalled")
     assert CRD_NAME in condition["message"]
     assert "install the Gateway API Inference Extension" in condition["message"]
-    # The rest of the pool is unaffected.
-    status = get_pool(kube_api, namespace, "routed")["status"]
-    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    # The rest of the pool is unaffected. The reconcile records Degraded after it has applied
+    # every child, InferencePool included, so it may land a write later.
+    def degraded_condition() -> dict[str, Any] | None:
+        conditions = get_pool(kube_api, namespace, "routed").get("status", {}).get("conditions")
+        return next((c for c in conditions or [] if c["type"] == "Degraded"), None)
+
+    degraded = wait_for(degraded_condition, timeout=60, what="the Degraded condition")
     assert degraded["status"] == "False"
     client.AppsV1Api(kube_api).read_namespaced_stateful_set("routed-worker", namespace)
 
