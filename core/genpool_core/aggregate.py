@@ -67,6 +67,9 @@ class PoolStats:
     steps_window: int = 0
     batch_mean: float | None = None
     ttft_hist: tuple[int, ...] = ()
+    # mean KV use of the reporting workers with a KV budget, and its paused share
+    kv_used: float | None = None
+    kv_paused: float | None = None
     # pod windows behind the window sums (a pod may add none or two); None: one per worker
     windows_counted: int | None = None
 

@@ -45,6 +45,8 @@ DEFAULT_SLACK_S = 0.5
 DEFAULT_MAX_PAUSES_PER_REQUEST = 2
 DEFAULT_ADMISSION_TARGET_MIN_S = 0.25
 DEFAULT_ADMISSION_TARGET_MAX_S = 30.0
+DEFAULT_KV_BLOCK_SIZE = 16  # tokens per KV-cache block (vLLM's default too)
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # CUDA: the GPU share a worker may use by default
 DEFAULT_STAT_INTERVAL_S = 30  # the operator's tuning.intervalSeconds, the worker's stat period
 
 RECENT_STAT_LINES = 16  # periodic stat lines a worker serves on GET /statlines

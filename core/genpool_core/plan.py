@@ -20,7 +20,9 @@ class GenPlan:
     """What one pass decided. Per-slot consumers must keep ``paused_in_place`` slots.
 
     ``prefill_ids`` are the batch members with no output token yet (this worker does
-    their prefill; its token is their token for the pass). ``finish_reasons`` is
+    their prefill; its token is their token for the pass). ``admitted_blocks`` is each
+    admitted request's KV block table (aligned with ``admitted_ids``; empty without a KV
+    budget): the runner writes their KV there until they finish. ``finish_reasons`` is
     aligned with ``finished_ids``. ``stat`` is the pass's stat line, when one is due.
     """
 
@@ -31,6 +33,7 @@ class GenPlan:
     paused_in_place_ids: tuple[str, ...]
     paused_in_place_slots: tuple[int, ...]
     admitted_ids: tuple[str, ...]
+    admitted_blocks: tuple[tuple[int, ...], ...]
     resumed_ids: tuple[str, ...]
     paused_ids: tuple[str, ...]
     finished_ids: tuple[str, ...]

@@ -74,6 +74,7 @@ class GenRequest:
 
     status: RequestStatus = RequestStatus.WAITING
     slot: int | None = None
+    blocks: tuple[int, ...] = ()  # KV blocks reserved at admission (genpool_core.kv_blocks)
     resident_since: float | None = None
     tokens_at_admission: int = 0
     first_gen_token_time: float | None = None

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from genpool_core.admission import AdaptiveTarget, AdmissionQueue
 from genpool_core.knobs import Knobs
+from genpool_core.kv_blocks import KVAccount, KVBudget
 from genpool_core.live import LiveConfig
 from genpool_core.names import DEFAULT_STAT_INTERVAL_S
 from genpool_core.plan import GenPlan
@@ -40,6 +41,7 @@ class SchedulerConfig:
     stat_interval_s: float = float(DEFAULT_STAT_INTERVAL_S)
     guard_factor: float = 2.0
     target_quantile: float = 0.9
+    kv_budget: KVBudget | None = None  # None: no KV memory limit, only B and H bound residents
 
 
 class GenScheduler(SchedulerViews):
@@ -57,6 +59,7 @@ class GenScheduler(SchedulerViews):
         settings = policy.settings
         self.max_batch_size = cap.max_batch_size
         self.slots = SlotPool(cap.max_batch_size, cap.resident_headroom, cap.max_resident_headroom)
+        self.kv = KVAccount(self.config.kv_budget)
         target = AdaptiveTarget(
             settings.admission_target_min_s,
             settings.admission_target_max_s,
@@ -93,6 +96,7 @@ class GenScheduler(SchedulerViews):
             raise ValueError(f"arrival_time={request.arrival_time} is after now={now}")
         if request.request_id in self._residents:
             raise ValueError(f"request {request.request_id!r} is already resident")
+        self.kv.check_fits_ever(request)
         self.queue.push(request)
         self._counts.arrivals += 1
 
@@ -194,6 +198,7 @@ class GenScheduler(SchedulerViews):
             paused_in_place_ids=tuple([r.request_id for r in paused_now]),
             paused_in_place_slots=tuple([r.slot for r in paused_now if r.slot is not None]),
             admitted_ids=admitted_ids,
+            admitted_blocks=tuple(active[i].blocks for i in admitted_ids),
             resumed_ids=tuple(resumed),
             paused_ids=tuple(paused),
             finished_ids=tuple(request_id for request_id, _ in finished),
@@ -213,6 +218,7 @@ class GenScheduler(SchedulerViews):
                 self._leave_batch(request)
             assert request.slot is not None
             self.slots.free(request.slot)
+            self.kv.release(request)
             request.status = RequestStatus.FINISHED
             request.finish_reason = reason
             if reason is FinishReason.ABORT:
@@ -279,8 +285,14 @@ class GenScheduler(SchedulerViews):
         return out, into
 
     def _admit(self, now: float) -> list[str]:
+        """FIFO by the queue's order: a head whose blocks do not fit waits, and so does
+        everyone behind it (no small request overtakes it and starves it)."""
         admitted: list[str] = []
-        while self.queue and len(self._active) < self.max_batch_size and self.slots.can_allocate():
+        while (
+            len(self._active) < self.max_batch_size
+            and self.slots.can_allocate()
+            and self.kv.can_fit(self.queue.peek())
+        ):
             admitted.append(self._admit_head(now))
         return admitted
 
@@ -288,6 +300,7 @@ class GenScheduler(SchedulerViews):
         is_after_warmup = self.queue.target.is_initialised
         request = self.queue.pop(now)
         request.slot = self.slots.allocate()
+        self.kv.reserve(request)
         request.resident_since = now
         request.tokens_at_admission = request.num_output_tokens
         request.is_slo_counted = request.is_keyed and (is_after_warmup or request.has_own_slo)
@@ -308,10 +321,12 @@ class GenScheduler(SchedulerViews):
         paused: list[str] = []
         admitted: list[str] = []
         victims = self._victims(now)
+        # A pause frees no KV block: it helps only a waiter whose blocks fit as it is.
         while (
             len(paused) < budget
             and self.queue.is_head_at_risk(now)
             and len(self._active) >= self.max_batch_size
+            and self.kv.can_fit(self.queue.peek())
         ):
             victim = next(victims, None)
             if victim is None:

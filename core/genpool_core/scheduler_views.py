@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from genpool_core.admission import AdmissionQueue
 from genpool_core.knobs import Knobs
+from genpool_core.kv_blocks import KVAccount
 from genpool_core.preemption import PauseLane, PreemptionPolicy
 from genpool_core.request import GenRequest
 from genpool_core.slots import SlotPool
@@ -25,6 +26,7 @@ class SchedulerViews:
     pausing: PauseLane
     queue: AdmissionQueue
     slots: SlotPool
+    kv: KVAccount
     max_batch_size: int
     _knobs: Knobs
     _active: dict[str, GenRequest]
@@ -92,4 +94,7 @@ class SchedulerViews:
             batch_sum=counts.batch_sum,
             ttft_counts=tuple(counts.ttft_counts),
             mode_stats=self.policy.mode_stats(now, self.pausing),
+            kv_blocks=self.kv.num_blocks,
+            kv_blocks_used=self.kv.num_used,
+            kv_blocks_paused=sum(len(r.blocks) for r in self.pausing),
         )

@@ -37,6 +37,7 @@ class Shown(Enum):
     # with their own floor T_i)
     SLO_OR_SET = "slo_or_set"
     ARRIVALS = "arrivals"  # once the worker has seen a request (arrivals total > 0)
+    SET = "set"  # when it has a value (KV use: a worker with a KV budget)
 
 
 class Over(Enum):
@@ -140,6 +141,13 @@ FIELDS: tuple[StatField, ...] = (
               pools=(_sum("paused_cap", _S, "cap"),)),
     StatField("headroom", ("headroom",), Kind.INT, required=True,
               pools=(_sum("resident_headroom", _S, "headroom"),)),
+    # KV blocks held / the worker's blocks, and the paused residents' share of them
+    StatField("kv", ("kv_used",), Kind.FLOAT, 3, Shown.SET,
+              pools=(Pool("kv_used", Rule.MEAN_PRESENT, _S,
+                          status=Status("kvUsage", _KNOBS, 3)),)),
+    StatField("kv_paused", ("kv_paused",), Kind.FLOAT, 3, Shown.SET,
+              pools=(Pool("kv_paused", Rule.MEAN_PRESENT, _S,
+                          status=Status("kvPausedShare", _KNOBS, 3)),)),
     StatField("waiters", ("waiters",), Kind.INT, required=True,
               pools=(_sum("waiters", _S, "waiters", _QUEUE),)),
     StatField("at_risk", ("at_risk",), Kind.INT,

@@ -55,6 +55,8 @@ class StatLine:
     steps_window: int = 0
     batch_mean: float | None = None  # mean decode batch over the window's steps
     ttft_hist: tuple[int, ...] = ()  # window counts per ttft_histogram bucket
+    kv_used: float | None = None  # KV blocks held / the worker's blocks; None: no budget
+    kv_paused: float | None = None  # the paused residents' blocks / the worker's blocks
 
     @property
     def ttft_p90(self) -> float | None:
@@ -110,6 +112,8 @@ def make_statline(cur: SchedulerStats, prev: SchedulerStats | None) -> StatLine:
         steps_window=cur.steps - base.steps,
         batch_mean=_ratio(cur.batch_sum - base.batch_sum, cur.steps - base.steps),
         ttft_hist=ttft_histogram.window_counts(cur.ttft_counts, base.ttft_counts),
+        kv_used=_ratio(cur.kv_blocks_used, cur.kv_blocks),
+        kv_paused=_ratio(cur.kv_blocks_paused, cur.kv_blocks),
     )
 
 
@@ -138,6 +142,8 @@ def _is_shown(row: StatField, line: StatLine) -> bool:
             return line.mode == SLO_MODE or getattr(line, row.attrs[-1]) is not None
         case Shown.ARRIVALS:  # a worker that never saw a request has nothing to say here
             return line.arrivals_total > 0
+        case Shown.SET:
+            return getattr(line, row.attrs[-1]) is not None
 
 
 def _text(row: StatField, line: StatLine) -> str:

@@ -69,6 +69,17 @@ def check_invariants(scheduler: GenScheduler) -> None:
     assert cap <= headroom
     assert scheduler.num_residents == scheduler.num_active + scheduler.num_paused
     assert scheduler.slots.num_used == scheduler.num_residents
+    check_blocks(scheduler)
+
+
+def check_blocks(scheduler: GenScheduler) -> None:
+    """docs/design.md#kv-blocks: every resident holds exactly its reservation, no block is
+    held twice, the pool counts what residents hold."""
+    held = [b for i in scheduler.active_ids() for b in scheduler.get_request(i).blocks]
+    held += [b for r in scheduler.pausing for b in r.blocks]
+    assert len(held) == len(set(held)) == scheduler.kv.num_used
+    for request in [*map(scheduler.get_request, scheduler.active_ids()), *scheduler.pausing]:
+        assert len(request.blocks) == scheduler.kv.num_needed(request)
 
 
 def make_active(

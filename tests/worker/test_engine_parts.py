@@ -46,7 +46,7 @@ class RecordingModel:
 
 
 def plan(batch: tuple[str, ...], slots: tuple[int, ...], prefill: tuple[str, ...]) -> GenPlan:
-    return GenPlan(0.0, batch, slots, prefill, (), (), (), (), (), (), (), None)
+    return GenPlan(0.0, batch, slots, prefill, (), (), (), (), (), (), (), (), None)
 
 
 def test_runner_prefills_the_plans_prefill_ids_and_decodes_the_rest() -> None:

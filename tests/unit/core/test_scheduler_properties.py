@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from genpool_core.admission import QueueFullError
 from genpool_core.knobs import Knobs
+from genpool_core.kv_blocks import KVBudget
 from genpool_core.request import GenRequest, RequestStatus
 from genpool_core.scheduler import GenScheduler
 from tests.unit.support import check_invariants, make_scheduler
@@ -33,11 +34,21 @@ event = st.one_of(
 )
 
 
-def run(mode: Mapping[str, object], events: list[tuple[str, int, int]], b: int) -> list[str]:
+def run(
+    mode: Mapping[str, object],
+    events: list[tuple[str, int, int]],
+    b: int,
+    kv_blocks: int | None = None,
+) -> list[str]:
+    """``kv_blocks``: a KV budget of that many 16-token blocks (at least 9: the largest
+    request, 8 + 124 tokens, must fit), else none."""
     settings_: dict[str, object] = dict(mode)
     if mode:
         settings_ |= {"paused_cap": 3, "resident_headroom": 4, "max_resident_headroom": 8}
-    scheduler = make_scheduler(b, settings_, target_x=0.3, max_queue_length=40)
+    budget = None if kv_blocks is None else KVBudget(kv_blocks, 16)
+    scheduler = make_scheduler(
+        b, settings_, target_x=0.3, max_queue_length=40, kv_budget=budget
+    )
     now, counter, digests = 0.0, 0, []
     known: list[GenRequest] = []
     for kind, x, y in events:
@@ -105,6 +116,7 @@ def check_conservation(scheduler: GenScheduler, known: list[GenRequest]) -> None
             assert request.num_output_tokens == request.max_tokens
         assert request.num_output_tokens <= request.max_tokens
     assert scheduler.slots.num_used == 0 and scheduler.num_paused == 0
+    assert scheduler.kv.num_used == 0
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -112,12 +124,13 @@ def check_conservation(scheduler: GenScheduler, known: list[GenRequest]) -> None
     mode=st.sampled_from(MODES),
     events=st.lists(event, min_size=20, max_size=300),
     b=st.integers(1, 6),
+    kv_blocks=st.one_of(st.none(), st.integers(9, 40)),
 )
 def test_invariants_conservation_and_determinism(
-    mode: dict[str, object], events: list[tuple[str, int, int]], b: int
+    mode: dict[str, object], events: list[tuple[str, int, int]], b: int, kv_blocks: int | None
 ) -> None:
-    first = run(mode, events, b)
-    assert first == run(mode, events, b)
+    first = run(mode, events, b, kv_blocks)
+    assert first == run(mode, events, b, kv_blocks)
 
 
 def test_the_random_runs_do_pause_and_resume(monkeypatch: pytest.MonkeyPatch) -> None:
