@@ -9,9 +9,16 @@ read back through our ``config.json`` reader). Measured, each in its own try/exc
   (top-1 agreement per step: a random model has near-ties, so one flipped argmax
   must not derail the rest) and free-running (tokens equal to transformers').
 - decode tokens/s at batch 1, 16, 64, 128 (prompt 128, 64 steps): ours (Triton
-  slot attention, CUDA graphs) and transformers ``generate`` with the static cache,
+  paged attention, CUDA graphs) and transformers ``generate`` with the static cache,
   eager (``disable_compile``) and, time permitting, compiled (its default on CUDA).
   transformers' decode time = time(1 + 64 new tokens) - time(1 new token).
+- paged vs the pre-paging kernel (``bench/gpu_check_paged.py``): ours at batch 1, 64,
+  128 with the static-slot kernel swapped in (``static_b*``, timing only), and the two
+  kernels alone per batch x context 200 / 2048 / 8192 (``attention_sweep``, with the
+  paged kernel's other split settings and its error against the static one).
+- residents at Azure lengths (``gpu_check_residents``, arithmetic): how many requests one
+  H200's KV memory holds paged (block-rounded prompt + output) vs static (a whole
+  ``max_seq_len`` slot each).
 - batch 1 against the HBM bound: bytes a decode step must read (every weight but
   the embedding table, of which one row is read, plus the KV rows attended) divided
   by the bandwidth (``--bandwidth-tbs``, default 4.8 TB/s: the H200's HBM3e by
@@ -53,11 +60,14 @@ from bench.gpu_check_models import (  # noqa: E402
     LLAMA31_8B,
     SEED,
     TINY,
+    block_tables,
     build_models,
     correctness,
     hf_generate_static,
 )
+from bench.gpu_check_paged import attention_sweep, swapped_to_static  # noqa: E402
 from bench.gpu_check_report import format_summary, summarize  # noqa: E402
+from bench.gpu_check_residents import azure_residents  # noqa: E402
 from genpool_worker.model import LlamaModel  # noqa: E402
 
 
@@ -98,14 +108,14 @@ def measure(
 def ours_decode(ours: LlamaModel, batch: int, prompt_len: int, steps: int) -> dict[str, Any]:
     g = torch.Generator().manual_seed(SEED + batch)
     prompts = torch.randint(10, ours.vocab_size, (batch, prompt_len), generator=g).tolist()
-    slots = list(range(batch))
-    tokens = [int(ours.prefill(s, p).argmax()) for s, p in zip(slots, prompts, strict=True)]
+    tables = block_tables(ours, batch, prompt_len + steps)
+    tokens = [int(ours.prefill(t, p).argmax()) for t, p in zip(tables, prompts, strict=True)]
     positions = [prompt_len] * batch
-    ours.decode(slots, tokens, positions)  # warm-up (graph capture if not yet)
+    ours.decode(tables, tokens, positions)  # warm-up (graph capture if not yet)
     _sync(ours.device)
     start = time.perf_counter()
     for i in range(steps):
-        tokens = ours.decode(slots, tokens, [p + i for p in positions]).argmax(-1).tolist()
+        tokens = ours.decode(tables, tokens, [p + i for p in positions]).argmax(-1).tolist()
     _sync(ours.device)
     seconds = time.perf_counter() - start
     return {"decode_s": seconds, "tok_s": batch * steps / seconds, "step_ms": 1e3 * seconds / steps}
@@ -190,6 +200,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     for b in batches:
         measure(result, f"ours_b{b}", budget, 15, partial(ours_decode, ours, b, prompt_len, steps))
+    measure_paged(result, budget, ours, shape, batches, prompt_len, steps)
     measure_hf(result, budget, hf, batches, prompt_len, steps, compiled=False)
     summarize(result, ours, prompt_len + steps // 2)
     if device.type == "cuda" and not args.skip_compiled:
@@ -197,6 +208,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         measure_hf(result, budget, hf, [1, 64], prompt_len, steps, compiled=True)
         summarize(result, ours, prompt_len + steps // 2)
     return result
+
+
+def measure_paged(
+    result: dict[str, Any],
+    budget: Budget,
+    ours: LlamaModel,
+    shape: dict[str, Any],
+    batches: list[int],
+    prompt_len: int,
+    steps: int,
+) -> None:
+    """The paged kernel against the pre-paging one (CUDA only), and residents at Azure
+    lengths (arithmetic, everywhere)."""
+    measure(result, "residents_azure", budget, 1, azure_residents)
+    if not ours.uses_cuda_graphs:
+        result["static_baseline"] = {"skipped": "needs the CUDA path (Triton, graphs)"}
+        return
+    compared = batches if result["quick"] else [1, 64, 128]  # ~15 s each
+    result["static_batches"] = compared
+
+    def static_decode(b: int) -> dict[str, Any]:
+        with swapped_to_static(ours, max(batches)):
+            return ours_decode(ours, b, prompt_len, steps)
+
+    for b in compared:
+        measure(result, f"static_b{b}", budget, 15, partial(static_decode, b))
+    contexts = [48, 300] if result["quick"] else [prompt_len + steps + 8, 2048, 8192]
+    sweep = partial(attention_sweep, shape, ours.device, compared, contexts, budget.left)
+    measure(result, "attention_sweep", budget, 30, sweep)
 
 
 def _timed(fn: Callable[[], None]) -> dict[str, float]:

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 from bench.decode_support import hf_generate
+from genpool_core.kv_blocks import BlockPool, KVBudget
+from genpool_core.names import DEFAULT_KV_BLOCK_SIZE
 from genpool_worker.model import LlamaModel
 from genpool_worker.model.hf_config import read_hf_config
 from genpool_worker.model.hf_weights import gguf_name
@@ -56,8 +58,10 @@ NUM_PROMPTS = 4  # correctness: 4 x 64 teacher-forced positions
 
 
 def build_models(
-    shape: dict[str, Any], device: torch.device, dtype: torch.dtype, num_slots: int, max_len: int
+    shape: dict[str, Any], device: torch.device, dtype: torch.dtype, max_batch: int, max_len: int
 ) -> tuple[Any, LlamaModel]:
+    """transformers' model and ours, with KV blocks for ``max_batch`` requests of
+    ``max_len`` tokens (decode graphs captured up to ``max_batch`` rows)."""
     import transformers
 
     config = transformers.LlamaConfig(**shape, architectures=["LlamaForCausalLM"])
@@ -84,14 +88,23 @@ def build_models(
     ours = LlamaModel(
         ours_config,
         weights,
-        num_slots=num_slots,
         max_seq_len=max_len,
+        num_blocks=max_batch * -(-max_len // DEFAULT_KV_BLOCK_SIZE),
+        block_size=DEFAULT_KV_BLOCK_SIZE,
+        max_decode_batch=max_batch,
         device=device,
         dtype=dtype,
         name="llama-3.1-8b-shape-random",
         consume_weights=True,
     )
     return hf, ours
+
+
+def block_tables(ours: LlamaModel, rows: int, tokens: int) -> list[list[int]]:
+    """``rows`` requests' blocks for ``tokens`` tokens each, as the scheduler hands them
+    out (lowest free ids first: each request's blocks consecutive)."""
+    pool = BlockPool(KVBudget(ours.num_blocks, ours.block_size))
+    return [list(pool.allocate(pool.budget.blocks_for(tokens))) for _ in range(rows)]
 
 
 def hf_generate_static(hf: Any, prompts: torch.Tensor, new: int, compiled: bool) -> Any:
@@ -117,17 +130,17 @@ def correctness(hf: Any, ours: LlamaModel, steps: int, prompt_len: int) -> dict[
         reference = copy.deepcopy(hf).float()
         ref_logits = reference(sequences).logits[:, prompt_len - 1 :].float()
         del reference
-    slots = list(range(NUM_PROMPTS))
+    tables = block_tables(ours, NUM_PROMPTS, prompt_len + steps)
     ids = prompts.tolist()
-    forced_steps = [torch.stack([ours.prefill(s, ids[s]) for s in slots])]
+    forced_steps = [torch.stack([ours.prefill(t, i) for t, i in zip(tables, ids, strict=True)])]
     for i in range(steps - 1):  # teacher-forced, batched: feed transformers' token i
         forced_steps.append(
-            ours.decode(slots, hf_tokens[:, i].tolist(), [prompt_len + i] * NUM_PROMPTS)
+            ours.decode(tables, hf_tokens[:, i].tolist(), [prompt_len + i] * NUM_PROMPTS)
         )
     forced = torch.stack(forced_steps, dim=1).float()
-    free = [int(ours.prefill(0, ids[0]).argmax())]
+    free = [int(ours.prefill(tables[0], ids[0]).argmax())]
     for i in range(steps - 1):
-        free.append(int(ours.decode([0], [free[-1]], [prompt_len + i])[0].argmax()))
+        free.append(int(ours.decode(tables[:1], [free[-1]], [prompt_len + i])[0].argmax()))
     first = hf_tokens[0].tolist()
     prefix = next((i for i, (a, b) in enumerate(zip(free, first, strict=True)) if a != b), steps)
     ref_top1 = ref_logits.argmax(-1)

@@ -1,4 +1,5 @@
-"""gpu_check's report: the decode table, batch 1 against the HBM bound, the summary."""
+"""gpu_check's report: the decode table, batch 1 against the HBM bound, paged against the
+pre-paging kernel, residents at Azure lengths, the summary."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def summarize(result: dict[str, Any], ours: LlamaModel, mean_context: int) -> No
                     row[f"ratio_vs_{ref}"] = row["ours_tok_s"] / row[f"{ref}_tok_s"]
         rows.append(row)
     result["decode_table"] = rows
+    result["paged_vs_static"] = paged_table(result)
     read = step_bytes(ours, mean_context)
     bound = args_bandwidth(result) / (read["weight_bytes"] + read["kv_bytes"])
     b1 = result.get("ours_b1")
@@ -49,6 +51,22 @@ def summarize(result: dict[str, Any], ours: LlamaModel, mean_context: int) -> No
         "ours_tok_s": b1["tok_s"] if isinstance(b1, dict) and "tok_s" in b1 else None,
         "fraction": b1["tok_s"] / bound if isinstance(b1, dict) and "tok_s" in b1 else None,
     }
+
+
+def paged_table(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Our decode tok/s with the paged kernel and with the pre-paging one, per batch."""
+    rows = []
+    for b in result.get("static_batches", []):
+        paged, static = result.get(f"ours_b{b}"), result.get(f"static_b{b}")
+        row: dict[str, Any] = {"batch": b}
+        if isinstance(paged, dict) and "tok_s" in paged:
+            row["paged_tok_s"] = paged["tok_s"]
+        if isinstance(static, dict) and "tok_s" in static:
+            row["static_tok_s"] = static["tok_s"]
+        if "paged_tok_s" in row and "static_tok_s" in row:
+            row["ratio"] = row["paged_tok_s"] / row["static_tok_s"]
+        rows.append(row)
+    return rows
 
 
 def args_bandwidth(result: dict[str, Any]) -> float:
@@ -93,11 +111,43 @@ def format_summary(result: dict[str, Any]) -> str:
             f"step): bound {bw['bound_tok_s']:.1f} tok/s, ours {_f(bw['ours_tok_s'])}, fraction "
             f"{_f(bw['fraction'], 3)}"
         )
+    lines.extend(paged_lines(result))
     errors = [
         k for k, v in result.items() if isinstance(v, dict) and ("error" in v or "skipped" in v)
     ]
     lines.append(f"errors/skips: {errors or 'none'}; total {result.get('total_s', 0):.0f} s")
     return "\n".join(lines)
+
+
+def paged_lines(result: dict[str, Any]) -> list[str]:
+    """Paged vs static decode, the kernels alone, and residents at Azure lengths."""
+    lines = []
+    for row in result.get("paged_vs_static", []):
+        lines.append(
+            f"batch {row['batch']:>3}: paged {_f(row.get('paged_tok_s'))} tok/s, pre-paging "
+            f"kernel {_f(row.get('static_tok_s'))} tok/s, ratio {_f(row.get('ratio'), 3)}"
+        )
+    sweep = result.get("attention_sweep", {})
+    for point in sweep.get("points", []) if isinstance(sweep, dict) else []:
+        others = ", ".join(
+            f"{k.removesuffix('_us')} {v:.1f}"
+            for k, v in point.items()
+            if k.startswith("paged_") and k.endswith("_us")
+        )
+        lines.append(
+            f"attention b{point['batch']} ctx {point['context']}: static "
+            f"{point['static_us']:.1f} us, paged {point['paged_us']:.1f} us ({others}); "
+            f"max |diff| {point['max_abs_diff_vs_static']:.3g}"
+        )
+    residents = result.get("residents_azure", {})
+    for row in residents.get("rows", []) if isinstance(residents, dict) else []:
+        lines.append(
+            f"residents in {residents['kv_gb']:.0f} GB, block {row['block_size']}, max_seq_len "
+            f"{row['max_seq_len']} (serves {row['served_share']:.1%}): static "
+            f"{row['static_residents']}, paged {row['paged_residents_mean']} (mean) / "
+            f"{row['paged_residents_in_order']} (trace order), x{_f(row['ratio_mean'], 2)}"
+        )
+    return lines
 
 
 def _f(value: float | None, digits: int = 1) -> str:

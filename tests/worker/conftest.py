@@ -14,6 +14,7 @@ import pytest
 import uvicorn
 
 from genpool_worker.engine import GenEngine
+from genpool_worker.engine_io import EngineObserver
 from genpool_worker.metrics import WorkerMetrics
 from genpool_worker.server import create_app
 from genpool_worker.worker_cli import WorkerConfig, build_runner, build_scheduler
@@ -33,14 +34,19 @@ class RunningWorker:
 
 
 @contextmanager
-def run_worker(admin_token: str | None = None, **overrides: object) -> Iterator[RunningWorker]:
+def run_worker(
+    admin_token: str | None = None, observer: EngineObserver | None = None, **overrides: object
+) -> Iterator[RunningWorker]:
+    """``observer``: sees every plan in the engine thread (``EngineObserver``)."""
     config = WorkerConfig.model_validate(
         {"model": "synthetic:test", "synthetic_time_scale": 0.2, **overrides}
     )
-    scheduler = build_scheduler(config)
-    runner, tokenizer = build_runner(config, scheduler.slots.pool_size)
+    pool_size = build_scheduler(config).slots.pool_size
+    runner, tokenizer, scheduler = build_runner(config, pool_size)
     metrics = WorkerMetrics(runner.info.name, runner.info.is_synthetic)
-    engine = GenEngine(runner, tokenizer, scheduler, on_step=metrics.observe_step)
+    engine = GenEngine(
+        runner, tokenizer, scheduler, on_step=metrics.observe_step, observer=observer
+    )
     app = create_app(engine, tokenizer, metrics, admin_token=admin_token,
                      stamp_arrival=config.stamp_arrival)  # fmt: skip
     sock = socket.socket()

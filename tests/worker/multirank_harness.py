@@ -66,8 +66,8 @@ def run_rank(
     )
     if world_size > 1:
         init_process_group(rank, world_size, port)
-    scheduler = build_scheduler(config)
-    runner, tokenizer = build_runner(config, scheduler.slots.pool_size, tp_rank=rank)
+    pool_size = build_scheduler(config).slots.pool_size
+    runner, tokenizer, scheduler = build_runner(config, pool_size, tp_rank=rank)
     coordinator = DistCoordinator(rank) if world_size > 1 else None
     recorder = PlanRecorder()
     engine = GenEngine(runner, tokenizer, scheduler, coordinator=coordinator, observer=recorder)

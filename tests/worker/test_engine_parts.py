@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -31,22 +32,35 @@ class RecordingModel:
     is_synthetic = True
     eos_token_id = 0
     max_seq_len = 64
+    num_blocks = 16
+    block_size = 4
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
 
-    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
-        self.calls.append(("prefill", (slot, list(token_ids))))
+    def prefill(self, blocks: Sequence[int], token_ids: list[int]) -> torch.Tensor:
+        self.calls.append(("prefill", (tuple(blocks), list(token_ids))))
         return torch.nn.functional.one_hot(torch.tensor((token_ids[-1] + 1) % VOCAB), VOCAB)
 
-    def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
-        self.calls.append(("decode", (list(slots), list(token_ids), list(positions))))
+    def decode(
+        self, block_tables: Sequence[Sequence[int]], token_ids: list[int], positions: list[int]
+    ) -> torch.Tensor:
+        tables = [tuple(t) for t in block_tables]
+        self.calls.append(("decode", (tables, list(token_ids), list(positions))))
         nxt = torch.tensor([(t + 1) % VOCAB for t in token_ids])
         return torch.nn.functional.one_hot(nxt, VOCAB).float()
 
 
-def plan(batch: tuple[str, ...], slots: tuple[int, ...], prefill: tuple[str, ...]) -> GenPlan:
-    return GenPlan(0.0, batch, slots, prefill, (), (), (), (), (), (), (), (), None)
+def plan(
+    batch: tuple[str, ...],
+    slots: tuple[int, ...],
+    prefill: tuple[str, ...],
+    blocks: dict[str, tuple[int, ...]] | None = None,
+) -> GenPlan:
+    """A plan whose admissions are ``blocks``' keys, with those block tables."""
+    admitted = blocks or {}
+    return GenPlan(0.0, batch, slots, prefill, (), (), tuple(admitted),
+                   tuple(admitted.values()), (), (), (), (), None)  # fmt: skip
 
 
 def test_runner_prefills_the_plans_prefill_ids_and_decodes_the_rest() -> None:
@@ -54,23 +68,23 @@ def test_runner_prefills_the_plans_prefill_ids_and_decodes_the_rest() -> None:
     runner = TorchModelRunner(model)
     runner.add_request(Arrival("a", [3, 4], 8))
     runner.add_request(Arrival("b", [5], 8))
-    assert runner.execute(plan(("a",), (0,), ("a",))) == {"a": 5}
-    assert runner.execute(plan(("a", "b"), (0, 1), ("b",))) == {"b": 6, "a": 6}
+    assert runner.execute(plan(("a",), (0,), ("a",), {"a": (2, 0)})) == {"a": 5}
+    assert runner.execute(plan(("a", "b"), (0, 1), ("b",), {"b": (1, 3)})) == {"b": 6, "a": 6}
     assert model.calls == [
-        ("prefill", (0, [3, 4])),
-        ("prefill", (1, [5])),
-        ("decode", ([0], [5], [2])),  # a's first output token sits at position 2
+        ("prefill", ((2, 0), [3, 4])),
+        ("prefill", ((1, 3), [5])),
+        ("decode", ([(2, 0)], [5], [2])),  # a's first output token sits at position 2
     ]
     runner.remove_request("a")
     assert runner.execute(plan(("b",), (1,), ())) == {"b": 7}
-    assert model.calls[-1] == ("decode", ([1], [6], [1]))
+    assert model.calls[-1] == ("decode", ([(1, 3)], [6], [1]))
 
 
 def test_seeded_sampling_is_reproducible_per_request() -> None:
     def draw(seed: int | None) -> list[int]:
         runner = TorchModelRunner(RecordingModel())
         runner.add_request(Arrival("r", [1], 8, temperature=2.0, seed=seed))
-        tokens = [runner.execute(plan(("r",), (0,), ("r",)))["r"]]
+        tokens = [runner.execute(plan(("r",), (0,), ("r",), {"r": (0,)}))["r"]]
         tokens += [runner.execute(plan(("r",), (0,), ()))["r"] for _ in range(5)]
         return tokens
 

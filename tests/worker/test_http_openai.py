@@ -4,8 +4,8 @@ model-server gauges, against a real worker on loopback (synthetic model)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
+import re
 from collections.abc import Callable
 
 import httpx
@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from genpool_core.stats import SchedulerStats
 from genpool_worker.metrics import (
+    CACHE_CONFIG_INFO,
     KV_CACHE_USAGE_PERC,
     KV_CACHE_USAGE_PERC_OLD,
     NUM_REQUESTS_RUNNING,
@@ -183,7 +184,11 @@ def testmodel_server_gauges_count_queued_and_resident_requests(worker_factory: F
     running = gauge(metrics, NUM_REQUESTS_RUNNING)
     waiting = gauge(metrics, NUM_REQUESTS_WAITING)
     assert running + waiting == 3 and 1 <= running <= 2
-    assert gauge(metrics, KV_CACHE_USAGE_PERC) == running / 2  # B + H = 2 slots
+    # Each resident holds the blocks of 1 prompt + 150 output tokens (16-token blocks); the
+    # default cache holds B + H = 2 requests of max_seq_len 2048.
+    info = re.search(r'cache_config_info\{block_size="(\d+)",num_gpu_blocks="(\d+)"\}', metrics)
+    assert info is not None and info.groups() == ("16", str(2 * 2048 // 16))
+    assert gauge(metrics, KV_CACHE_USAGE_PERC) == running * 10 / 256
     assert gauge(metrics, KV_CACHE_USAGE_PERC_OLD) == gauge(metrics, KV_CACHE_USAGE_PERC)
     assert f'{NUM_REQUESTS_RUNNING}{{model_name="synthetic:test"}}' in metrics
     with worker.client() as client:
@@ -194,18 +199,18 @@ def testmodel_server_gauges_count_queued_and_resident_requests(worker_factory: F
 
 def test_paused_residents_count_as_running_and_hold_kv() -> None:
     metrics = WorkerMetrics("m", is_synthetic=True)
-    metrics.max_batch_size = 2
+    metrics.kv_block_size = 16
     stats = SchedulerStats(t=0.0, mode="target_output_tps", target_output_tps=5.0,
                            residents=3, active=2, paused=1, paused_cap=2,
                            resident_headroom=2, waiters=4, at_risk=0,
-                           admission_target_s=None)  # fmt: skip
-    values = {m.name: m.samples[0].value for m in metrics.model_server_gauges(stats)}
+                           admission_target_s=None, kv_blocks=40, kv_blocks_used=30,
+                           kv_blocks_paused=10)  # fmt: skip
+    families = {m.name: m.samples[0] for m in metrics.model_server_gauges(stats)}
+    values = {name: sample.value for name, sample in families.items()}
     assert values[NUM_REQUESTS_RUNNING] == 3 and values[NUM_REQUESTS_WAITING] == 4
+    # Blocks held (the paused request's included) over the worker's blocks.
     assert values[KV_CACHE_USAGE_PERC] == 0.75 == values[KV_CACHE_USAGE_PERC_OLD]
-    # A live headroom cut leaves more residents than slots in force until they finish.
-    over = dataclasses.replace(stats, residents=6, resident_headroom=0)
-    values = {m.name: m.samples[0].value for m in metrics.model_server_gauges(over)}
-    assert values[KV_CACHE_USAGE_PERC] == 1.0
+    assert families[CACHE_CONFIG_INFO].labels == {"block_size": "16", "num_gpu_blocks": "40"}
 
 
 def test_a_chat_client_that_disconnects_frees_its_slot(worker_factory: Factory) -> None:

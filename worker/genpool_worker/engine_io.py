@@ -35,6 +35,8 @@ class ModelInfo:
     max_seq_len: int
     eos_token_id: int | None
     vocab_size: int | None = None
+    num_kv_blocks: int = 0  # the KV cache's blocks (0: a runner without a paged cache)
+    kv_block_size: int = 0  # tokens per block
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
 NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
 KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc"
 KV_CACHE_USAGE_PERC_OLD = "vllm:gpu_cache_usage_perc"
+CACHE_CONFIG_INFO = "vllm:cache_config_info"  # GIE reads block_size and num_gpu_blocks
 MODEL_NAME_LABEL = "model_name"  # vLLM's label on these series
 
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
@@ -35,7 +36,7 @@ class WorkerMetrics(Collector):
         self.registry = CollectorRegistry()
         self.labels = {"model": model_name, "synthetic": "true" if is_synthetic else "false"}
         self.engine: GenEngine | None = None
-        self.max_batch_size = 0  # B, fixed for the worker's life: the KV gauge's capacity
+        self.kv_block_size = 0  # tokens per KV block, fixed for the worker's life
         self.requests_total = {"ok": 0, "rejected": 0, "invalid": 0}
         self.step_seconds = Histogram(
             "genpool_step_seconds",
@@ -65,7 +66,7 @@ class WorkerMetrics(Collector):
     def attach(self, engine: GenEngine) -> None:
         """Serve gauges from ``engine``'s snapshots from now on."""
         self.engine = engine
-        self.max_batch_size = engine.scheduler.slots.max_batch_size
+        self.kv_block_size = engine.model_info.kv_block_size
 
     def observe_request(self, ttft_s: float | None, tpot_s: float | None) -> None:
         if ttft_s is not None:
@@ -112,6 +113,11 @@ class WorkerMetrics(Collector):
         yield gauge("genpool_paused_cap", "Paused cap P", s.paused_cap)
         yield gauge("genpool_resident_headroom", "Resident headroom H", s.resident_headroom)
         yield gauge("genpool_at_risk", "Keyed waiters at risk", s.at_risk)
+        yield gauge("genpool_kv_blocks", "KV-cache blocks of this worker", s.kv_blocks)
+        yield gauge("genpool_kv_blocks_used", "KV-cache blocks held by residents",
+                    s.kv_blocks_used)  # fmt: skip
+        yield gauge("genpool_kv_blocks_paused", "KV-cache blocks held by paused requests",
+                    s.kv_blocks_paused)  # fmt: skip
         yield counter("genpool_completed", "Completed requests", s.completed)
         yield counter("genpool_pauses", "Pauses", s.pauses)
         victims = CounterMetricFamily("genpool_victims", "Pauses by victim kind",
@@ -133,20 +139,25 @@ class WorkerMetrics(Collector):
 
     def model_server_gauges(self, s: SchedulerStats) -> Iterator[Metric]:
         """Queued = waiting for admission. Running = residents: a paused resident keeps
-        its KV slot, so it is running to a router. KV usage = resident slots held over
-        the slots in force (B + H), as a fraction in [0, 1]."""
+        its KV blocks, so it is running to a router. KV usage = KV blocks held (by
+        residents, paused ones included) over the worker's blocks, in [0, 1]."""
         labels = {MODEL_NAME_LABEL: self.labels["model"]}
-        capacity = self.max_batch_size + s.resident_headroom
-        usage = min(1.0, s.residents / capacity) if capacity > 0 else 0.0
+        usage = s.kv_blocks_used / s.kv_blocks if s.kv_blocks > 0 else 0.0
         for name, doc, value in (
             (NUM_REQUESTS_WAITING, "Requests waiting for admission", s.waiters),
             (NUM_REQUESTS_RUNNING, "Resident requests (in the batch or paused)", s.residents),
-            (KV_CACHE_USAGE_PERC, "Fraction of KV slots held by residents", usage),
+            (KV_CACHE_USAGE_PERC, "Fraction of KV-cache blocks held by residents", usage),
             (KV_CACHE_USAGE_PERC_OLD, f"{KV_CACHE_USAGE_PERC} under vLLM's older name", usage),
         ):
             family = GaugeMetricFamily(name, doc, labels=list(labels))
             family.add_metric(list(labels.values()), float(value))
             yield family
+        # vLLM's info metric: a constant 1 whose labels carry the cache geometry.
+        info = GaugeMetricFamily(
+            CACHE_CONFIG_INFO, "KV-cache configuration", labels=["block_size", "num_gpu_blocks"]
+        )
+        info.add_metric([str(self.kv_block_size), str(s.kv_blocks)], 1.0)
+        yield info
 
 
 class RequestTimer:

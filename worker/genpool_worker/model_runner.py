@@ -8,6 +8,7 @@ sampling parameters and the seeded generator), so the loop never touches a tenso
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -30,10 +31,16 @@ class DecodeModel(Protocol):
     @property
     def max_seq_len(self) -> int: ...
 
-    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor: ...
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    def prefill(self, blocks: Sequence[int], token_ids: list[int]) -> torch.Tensor: ...
 
     def decode(
-        self, slots: list[int], token_ids: list[int], positions: list[int]
+        self, block_tables: Sequence[Sequence[int]], token_ids: list[int], positions: list[int]
     ) -> torch.Tensor: ...
 
 
@@ -42,6 +49,7 @@ class _RunState:
     prompt_ids: list[int]
     temperature: float
     generator: torch.Generator | None
+    blocks: tuple[int, ...] = ()  # the KV block table, from the plan that admitted it
     num_output_tokens: int = 0
     last_token: int | None = field(default=None)
 
@@ -64,6 +72,8 @@ class TorchModelRunner:
             max_seq_len=model.max_seq_len,
             eos_token_id=model.eos_token_id,
             vocab_size=vocab_size if isinstance(vocab_size, int) else None,
+            num_kv_blocks=model.num_blocks,
+            kv_block_size=model.block_size,
         )
         self._states: dict[str, _RunState] = {}
 
@@ -76,22 +86,26 @@ class TorchModelRunner:
         self._states.pop(request_id, None)
 
     def execute(self, plan: GenPlan) -> dict[str, int]:
-        """Prefill ``plan.prefill_ids`` (their token this pass), decode the rest."""
+        """Prefill ``plan.prefill_ids`` (their token this pass), decode the rest; each
+        request's KV goes to the block table its admission's plan gave it."""
+        for request_id, blocks in zip(plan.admitted_ids, plan.admitted_blocks, strict=True):
+            self._states[request_id].blocks = blocks
         logits: dict[str, torch.Tensor] = {}
         prefill = set(plan.prefill_ids)
-        slots, last, positions, ids = [], [], [], []
-        for request_id, slot in zip(plan.batch_ids, plan.batch_slots, strict=True):
+        tables: list[tuple[int, ...]] = []
+        last, positions, ids = [], [], []
+        for request_id in plan.batch_ids:
             state = self._states[request_id]
             if request_id in prefill:
-                logits[request_id] = self.model.prefill(slot, state.prompt_ids)
+                logits[request_id] = self.model.prefill(state.blocks, state.prompt_ids)
                 continue
             assert state.last_token is not None, f"{request_id} decodes before its prefill"
             ids.append(request_id)
-            slots.append(slot)
+            tables.append(state.blocks)
             last.append(state.last_token)
             positions.append(len(state.prompt_ids) + state.num_output_tokens - 1)
         if ids:
-            batch_logits = self.model.decode(slots, last, positions)
+            batch_logits = self.model.decode(tables, last, positions)
             logits.update(zip(ids, batch_logits, strict=True))
         tokens = {rid: self._sample(self._states[rid], row) for rid, row in logits.items()}
         for request_id, token in tokens.items():

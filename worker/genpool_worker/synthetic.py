@@ -8,6 +8,7 @@ reproducible; everything it serves is labelled synthetic (logs, /stats, metrics)
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -15,6 +16,10 @@ from genpool_core.stepmodel import DEFAULT_STEP_MODEL, StepModel
 
 SYNTHETIC_VOCAB = 256
 SYNTHETIC_EOS = 0
+# KV bytes per token a synthetic model's --kv-cache-memory is counted in: Llama-3.1-8B's
+# in bfloat16 (32 layers x 8 KV heads x 128 dims x K and V x 2 bytes), what its step
+# times model.
+SYNTHETIC_KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
 
 
 class SyntheticTokenizer:
@@ -37,19 +42,20 @@ class SyntheticModel:
         self,
         name: str,
         *,
-        num_slots: int,
+        num_blocks: int,
+        block_size: int,
         max_seq_len: int,
         step_model: StepModel = DEFAULT_STEP_MODEL,
         time_scale: float = 1.0,
     ) -> None:
         self.name = f"synthetic:{name}"
-        self.num_slots = num_slots
+        self.num_blocks = num_blocks
+        self.block_size = block_size
         self.max_seq_len = max_seq_len
         self.vocab_size = SYNTHETIC_VOCAB
         self.eos_token_id = SYNTHETIC_EOS
         self._step_model = step_model
         self._time_scale = time_scale
-        self._lengths = [0] * (num_slots + 1)
 
     def _logits_for(self, previous: list[int]) -> torch.Tensor:
         # Printable lowercase letters and spaces, never EOS: requests end by length.
@@ -58,16 +64,14 @@ class SyntheticModel:
         logits[torch.arange(len(previous)), nxt] = 0.0
         return logits
 
-    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
-        self._lengths[slot] = len(token_ids)
+    def prefill(self, blocks: Sequence[int], token_ids: list[int]) -> torch.Tensor:
         time.sleep(self._time_scale * self._step_model.prefill_time(len(token_ids)))
         return self._logits_for([token_ids[-1]])[0]
 
-    def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
-        context = 0
-        for slot, position in zip(slots, positions, strict=True):
-            self._lengths[slot] = position + 1
-            context += position + 1
-        step = self._step_model.decode_step_time(len(slots), context)
+    def decode(
+        self, block_tables: Sequence[Sequence[int]], token_ids: list[int], positions: list[int]
+    ) -> torch.Tensor:
+        context = sum(position + 1 for position in positions)
+        step = self._step_model.decode_step_time(len(block_tables), context)
         time.sleep(self._time_scale * step)
         return self._logits_for(token_ids)

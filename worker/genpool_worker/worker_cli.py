@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from genpool_core.kv_blocks import KVBudget
 from genpool_core.preemption import GenPreemptionConfigError
 from genpool_core.scheduler import GenScheduler
 from genpool_worker.engine import GenEngine
@@ -49,15 +50,28 @@ def torch_threads(tensor_parallel_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // tensor_parallel_size)
 
 
+def default_num_blocks(config: WorkerConfig, num_slots: int) -> int | None:
+    """Blocks when no budget is given: off CUDA, room for ``num_slots`` requests of
+    ``max_seq_len`` (the memory the static slot cache took); on CUDA None (the GPU share)."""
+    if config.kv_cache_memory is not None or config.gpu_memory_utilization is not None:
+        return None
+    if config.device.startswith("cuda"):
+        return None
+    return num_slots * -(-config.max_seq_len // config.kv_block_size)
+
+
 def build_model(
     config: WorkerConfig, num_slots: int, tp_rank: int = 0
 ) -> tuple[DecodeModel, Tokenizer]:
+    """The model and its KV cache; ``num_slots`` (B + max headroom) sizes the default cache."""
+    num_blocks = default_num_blocks(config, num_slots)
     if config.model.startswith("synthetic:"):
         from genpool_worker.synthetic import SyntheticModel, SyntheticTokenizer
 
         model = SyntheticModel(
             config.model.split(":", 1)[1] or "default",
-            num_slots=num_slots,
+            num_blocks=num_blocks or synthetic_num_blocks(config),
+            block_size=config.kv_block_size,
             max_seq_len=config.max_seq_len,
             time_scale=config.synthetic_time_scale,
         )
@@ -72,8 +86,12 @@ def build_model(
     path = find_smollm2_gguf() if config.model == "smollm2-135m" else config.model
     llama = LlamaModel.load(  # a GGUF file or a Hugging Face checkpoint directory
         path,
-        num_slots=num_slots,
         max_seq_len=config.max_seq_len,
+        num_blocks=num_blocks,
+        block_size=config.kv_block_size,
+        kv_cache_memory=config.kv_cache_memory,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        max_decode_batch=config.max_batch_size,
         device=config.device,
         tp_rank=tp_rank,
         tp_size=config.tensor_parallel_size,
@@ -81,14 +99,39 @@ def build_model(
     return llama, load_tokenizer(path)
 
 
+def synthetic_num_blocks(config: WorkerConfig) -> int:
+    """A synthetic model's blocks from ``--kv-cache-memory`` at a nominal KV size per
+    token (it has no weights); too small for one ``max_seq_len`` request is refused."""
+    from genpool_worker.synthetic import SYNTHETIC_KV_BYTES_PER_TOKEN
+
+    memory = config.kv_cache_memory or 0
+    block_bytes = SYNTHETIC_KV_BYTES_PER_TOKEN * config.kv_block_size
+    count, need = memory // block_bytes, -(-config.max_seq_len // config.kv_block_size)
+    if count < need:
+        raise ValueError(
+            f"--kv-cache-memory={memory} bytes holds {count} KV blocks of "
+            f"{config.kv_block_size} tokens ({block_bytes} bytes each, synthetic); one request "
+            f"of --max-seq-len={config.max_seq_len} needs {need}"
+        )
+    return count
+
+
 def build_runner(
     config: WorkerConfig, num_slots: int, tp_rank: int = 0
-) -> tuple[TorchModelRunner, Tokenizer]:
-    """The model (this rank's shard) behind its runner, and the tokenizer."""
+) -> tuple[TorchModelRunner, Tokenizer, GenScheduler]:
+    """The model (this rank's shard) behind its runner, the tokenizer, and the scheduler
+    with the KV budget the model's cache holds."""
     from genpool_worker.model_runner import TorchModelRunner
 
     model, tokenizer = build_model(config, num_slots, tp_rank)
-    return TorchModelRunner(model), tokenizer
+    runner = TorchModelRunner(model)
+    info = runner.info
+    log.info(
+        "KV cache: %d blocks of %d tokens (%d tokens)",
+        info.num_kv_blocks, info.kv_block_size, info.num_kv_blocks * info.kv_block_size,
+    )  # fmt: skip
+    budget = KVBudget(info.num_kv_blocks, info.kv_block_size)
+    return runner, tokenizer, build_scheduler(config, budget)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -132,7 +175,7 @@ def _traceback_tail() -> str:
 def _run(config: WorkerConfig, scheduler: GenScheduler) -> int:
     log.info(scheduler.policy.enabled_line())
     followers, coordinator = _start_followers(config)
-    runner, tokenizer = build_runner(config, scheduler.slots.pool_size)
+    runner, tokenizer, scheduler = build_runner(config, scheduler.slots.pool_size)
     info = runner.info
     if info.is_synthetic:
         log.info("model %s is SYNTHETIC: no weights, simulated step times", info.name)
@@ -216,8 +259,8 @@ def follower_main(
         init_process_group(
             rank, world_size, port, backend="nccl" if parsed.device == "cuda" else "gloo"
         )
-        scheduler = build_scheduler(parsed)
-        runner, tokenizer = build_runner(parsed, scheduler.slots.pool_size, tp_rank=rank)
+        pool_size = build_scheduler(parsed).slots.pool_size
+        runner, tokenizer, scheduler = build_runner(parsed, pool_size, tp_rank=rank)
     except Exception as exc:  # the pod's one termination log names the rank that failed
         report_fatal(f"tensor-parallel rank {rank}: {type(exc).__name__}: {exc}", _traceback_tail())
         raise

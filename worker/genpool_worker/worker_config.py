@@ -14,10 +14,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from genpool_core.field_help import describe, help_for
+from genpool_core.kv_blocks import KVBudget
 from genpool_core.model_catalogue import known_shape
 from genpool_core.names import (
     DEFAULT_ADMISSION_TARGET_MAX_S,
     DEFAULT_ADMISSION_TARGET_MIN_S,
+    DEFAULT_KV_BLOCK_SIZE,
     DEFAULT_MAX_PAUSES_PER_REQUEST,
     DEFAULT_SLACK_S,
     DEFAULT_STAT_INTERVAL_S,
@@ -84,6 +86,27 @@ class WorkerConfig(BaseModel):
         le=1 << 20,
         description="most prompt plus output tokens of one request (a KV slot's length), tokens",
     )
+    kv_block_size: int = Field(
+        default=DEFAULT_KV_BLOCK_SIZE,
+        ge=1,
+        le=1024,
+        description="tokens per KV-cache block (the unit of KV memory a request holds), tokens",
+    )
+    kv_cache_memory: int | None = Field(
+        default=None,
+        ge=1,
+        description="KV-cache budget, bytes (any device); default: on CUDA the"
+        " --gpu-memory-utilization share, else room for B + max headroom requests of"
+        " --max-seq-len",
+    )
+    gpu_memory_utilization: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="CUDA: share of the GPU's memory this worker may use (weights, activations"
+        " and KV cache; the KV cache gets what the measured weights and activation peak leave),"
+        " fraction; default 0.9 on CUDA when --kv-cache-memory is not set",
+    )
     max_queue_length: int = Field(
         default=1024,
         ge=1,
@@ -148,6 +171,10 @@ class WorkerConfig(BaseModel):
     @model_validator(mode="after")
     def _mode_parameter(self) -> WorkerConfig:
         check_tensor_parallel_size(self.model, self.tensor_parallel_size)
+        if self.kv_cache_memory is not None and self.gpu_memory_utilization is not None:
+            raise ValueError("set --kv-cache-memory or --gpu-memory-utilization, not both")
+        if self.gpu_memory_utilization is not None and not self.device.startswith("cuda"):
+            raise ValueError("--gpu-memory-utilization needs --device cuda")
         if self.mode is PreemptionMode.TARGET_OUTPUT_TPS and self.target_output_tps is None:
             raise ValueError("--preemption-mode target_output_tps needs --target-output-tps")
         if self.mode is PreemptionMode.TPOT_BUDGET and self.tpot_budget is None:
@@ -213,12 +240,16 @@ def parse_config(
     return WorkerConfig.model_validate({**base, **given})
 
 
-def build_scheduler(config: WorkerConfig) -> GenScheduler:
+def build_scheduler(config: WorkerConfig, kv_budget: KVBudget | None = None) -> GenScheduler:
+    """The scheduler; ``kv_budget`` None only to check the config before the model loads
+    (the worker's scheduler has the blocks its KV cache holds)."""
     capacity = GenCapacity(config.max_batch_size, config.max_num_active_requests)
     return GenScheduler.from_settings(
         config.preemption_settings(),
         capacity,
         SchedulerConfig(
-            max_queue_length=config.max_queue_length, stat_interval_s=config.stat_interval_s
+            max_queue_length=config.max_queue_length,
+            stat_interval_s=config.stat_interval_s,
+            kv_budget=kv_budget,
         ),
     )

@@ -106,7 +106,8 @@ def test_status_shape_is_camel_case_and_json_safe() -> None:
     assert pool is not None
     status = pool.to_status()
     assert set(status) == {
-        "paused", "cap", "headroom", "kvUsage", "kvPausedShare", "belowTargetWindow", "belowTargetTotal", "credit",
+        "paused", "cap", "headroom", "kvUsage", "kvPausedShare", "belowTargetWindow",
+        "belowTargetTotal", "credit",
         "victims", "victimsText", "meanLaxitySeconds", "laxityResumes", "pausedBelowTarget",
         "waiters", "atRisk", "admissionTargetSeconds",
     }  # fmt: skip

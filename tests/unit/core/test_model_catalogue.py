@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from genpool_core.model_catalogue import known_shape, tensor_parallel_problem
+from genpool_core.model_catalogue import KNOWN_MODELS, known_shape, tensor_parallel_problem
 
 
 @pytest.mark.parametrize("size", [2, 4, 8])
@@ -39,3 +39,16 @@ def test_a_checkpoint_directory_is_known_by_its_last_component() -> None:
 def test_unknown_models_pass_for_the_worker_to_check(model: str) -> None:
     assert known_shape(model) is None
     assert tensor_parallel_problem(model, 7) is None
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN_MODELS))
+def test_each_parameter_count_is_its_shapes(name: str) -> None:
+    # A Llama decoder: embedding, per layer q/k/v/o, a gated MLP and two norms, the final
+    # norm, and an LM head of its own unless tied to the embedding.
+    shape = KNOWN_MODELS[name]
+    hidden, kv_width = shape.hidden_size, shape.num_kv_heads * shape.head_dim
+    assert shape.num_heads * shape.head_dim == hidden
+    layer = 2 * hidden * hidden + 2 * hidden * kv_width + 3 * hidden * shape.ffn_size + 2 * hidden
+    matrix = shape.vocab_size * hidden
+    head = 0 if shape.tied_embeddings else matrix
+    assert shape.num_params == matrix + shape.num_layers * layer + hidden + head

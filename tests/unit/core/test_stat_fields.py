@@ -80,7 +80,8 @@ def test_status_keys_come_from_the_rows_in_the_documented_order() -> None:
     pool = aggregate([parse_statline(_full_text(SLO_MODE))])
     assert pool is not None
     assert list(pool.to_status()) == [
-        "paused", "cap", "headroom", "kvUsage", "kvPausedShare", "belowTargetWindow", "belowTargetTotal", "credit",
+        "paused", "cap", "headroom", "kvUsage", "kvPausedShare", "belowTargetWindow",
+        "belowTargetTotal", "credit",
         "victims", "victimsText", "meanLaxitySeconds", "laxityResumes", "pausedBelowTarget",
         "waiters", "atRisk", "admissionTargetSeconds",
     ]  # fmt: skip

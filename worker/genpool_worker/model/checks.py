@@ -1,10 +1,12 @@
 """Input checks of the model's forward calls: clear ValueErrors instead of index errors.
 
-A bad slot or position would otherwise write into another request's KV rows (or the
-dummy slot) silently; the engine relies on these raising before any tensor is touched.
+A bad block or position would otherwise write into another request's KV rows (or the
+dummy block) silently; the engine relies on these raising before any tensor is touched.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 
 def check_tokens(token_ids: list[int], vocab_size: int) -> None:
@@ -13,42 +15,62 @@ def check_tokens(token_ids: list[int], vocab_size: int) -> None:
         raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
 
 
+def check_blocks(blocks: Sequence[int], num_blocks: int) -> None:
+    if not blocks:
+        raise ValueError("a request needs at least one KV block")
+    for block in blocks:
+        if not 0 <= block < num_blocks:
+            raise ValueError(
+                f"KV block {block} outside [0, {num_blocks}) (block {num_blocks} is the dummy)"
+            )
+    if len(set(blocks)) != len(blocks):
+        raise ValueError(f"a KV block appears twice in one block table: {list(blocks)}")
+
+
 def check_prefill(
-    slot: int, token_ids: list[int], num_slots: int, max_seq_len: int, vocab_size: int
+    blocks: Sequence[int],
+    token_ids: list[int],
+    geometry: tuple[int, int, int],
+    vocab_size: int,
 ) -> None:
-    if not 0 <= slot < num_slots:
-        raise ValueError(
-            f"prefill slot must be in [0, {num_slots}) (slot {num_slots} is the dummy slot), "
-            f"got {slot}"
-        )
+    """``geometry``: (num_blocks, block_size, max_seq_len)."""
+    num_blocks, block_size, max_seq_len = geometry
+    check_blocks(blocks, num_blocks)
     if not 1 <= len(token_ids) <= max_seq_len:
         raise ValueError(f"prefill needs 1..{max_seq_len} tokens, got {len(token_ids)}")
+    if len(token_ids) > len(blocks) * block_size:
+        raise ValueError(
+            f"{len(token_ids)} tokens do not fit {len(blocks)} KV blocks of {block_size}"
+        )
     check_tokens(token_ids, vocab_size)
 
 
 def check_decode(
-    slots: list[int],
+    block_tables: Sequence[Sequence[int]],
     token_ids: list[int],
     positions: list[int],
-    num_slots: int,
-    max_seq_len: int,
+    geometry: tuple[int, int, int],
     vocab_size: int,
 ) -> None:
-    """The dummy slot (``num_slots``) may appear, repeatedly, as batch padding."""
-    if not slots:
-        raise ValueError("decode needs at least one slot")
-    if not len(slots) == len(token_ids) == len(positions):
+    """A row whose table is the dummy block alone is batch padding (at position 0)."""
+    num_blocks, block_size, max_seq_len = geometry
+    if not block_tables:
+        raise ValueError("decode needs at least one row")
+    if not len(block_tables) == len(token_ids) == len(positions):
         raise ValueError(
-            f"slots, token_ids and positions must have equal lengths, got "
-            f"{len(slots)}, {len(token_ids)}, {len(positions)}"
+            f"block tables, token_ids and positions must have equal lengths, got "
+            f"{len(block_tables)}, {len(token_ids)}, {len(positions)}"
         )
-    for slot in slots:
-        if not 0 <= slot <= num_slots:
-            raise ValueError(f"slot {slot} outside [0, {num_slots}]")
-    real = [s for s in slots if s != num_slots]
-    if len(set(real)) != len(real):
-        raise ValueError(f"a slot appears twice in one decode batch: {slots}")
-    for position in positions:
+    real: list[int] = []
+    for table, position in zip(block_tables, positions, strict=True):
         if not 0 <= position < max_seq_len:
             raise ValueError(f"position {position} outside [0, {max_seq_len})")
+        if list(table) == [num_blocks]:
+            continue
+        check_blocks(table, num_blocks)
+        if position // block_size >= len(table):
+            raise ValueError(f"position {position} is past the row's {len(table)} KV blocks")
+        real.extend(table)
+    if len(set(real)) != len(real):
+        raise ValueError("a KV block is in two rows of one decode batch")
     check_tokens(token_ids, vocab_size)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .paged_attention import cache_geometry
 from .triton_compat import tl, triton
 
 SILU_BLOCK = 1024
@@ -48,20 +49,21 @@ if triton is not None:
         q_ptr,
         k_cache_ptr,
         v_cache_ptr,
-        slots_ptr,
+        slot_mapping_ptr,
         pos_ptr,
-        stride_cs,
+        stride_cb,
+        stride_co,
         stride_ch,
-        stride_cl,
         NUM_HEADS: tl.constexpr,
         NUM_KV: tl.constexpr,
         HEAD_DIM: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr,
     ):
         row = tl.program_id(0)
         head = tl.program_id(1)  # 0..heads-1: Q, then K heads, then V heads
         dims = tl.arange(0, HEAD_DIM)
         pos = tl.load(pos_ptr + row)
-        slot = tl.load(slots_ptr + row).to(tl.int64)
+        token = tl.load(slot_mapping_ptr + row).to(tl.int64)  # flat token row of the cache
         src = qkv_ptr + (row * (NUM_HEADS + 2 * NUM_KV) + head) * HEAD_DIM
         x = tl.load(src + dims)
         if head < NUM_HEADS + NUM_KV:
@@ -73,7 +75,8 @@ if triton is not None:
             a = (x.to(tl.float32) * cos.to(tl.float32)).to(x.dtype)
             b = (partner.to(tl.float32) * sin.to(tl.float32)).to(x.dtype)
             x = (a.to(tl.float32) + b.to(tl.float32)).to(x.dtype)
-        row_offs = slot * stride_cs + pos * stride_cl + dims
+        # Through the strides (paged_attention.cache_geometry), not a dense formula.
+        row_offs = (token // BLOCK_SIZE) * stride_cb + (token % BLOCK_SIZE) * stride_co + dims
         if head < NUM_HEADS:
             tl.store(q_ptr + (row * NUM_HEADS + head) * HEAD_DIM + dims, x)
         elif head < NUM_HEADS + NUM_KV:
@@ -88,14 +91,18 @@ def rope_and_cache(
     signed_sin: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    slots: torch.Tensor,
+    slot_mapping: torch.Tensor,
     positions: torch.Tensor,
     num_heads: int,
 ) -> torch.Tensor:
     """RoPE on Q and K of ``qkv [rows, heads + 2 * kv_heads, d]`` at ``positions``; K and V
-    written to their slot's cache row; returns Q ``[rows, heads, d]``. One kernel where
-    the torch path takes six (rotate, scale, add, two cache scatters)."""
+    written to flat token row ``slot_mapping[row]`` (int64: ``block * block_size + offset``)
+    of the paged caches ``[kv_heads, num_blocks + 1, block_size, d]``; returns Q
+    ``[rows, heads, d]``. One kernel where the torch path takes six (rotate, scale, add,
+    two cache scatters)."""
     assert triton is not None
+    assert k_cache.stride() == v_cache.stride()
+    block_size, _, stride_block, stride_offset, stride_head = cache_geometry(k_cache)
     rows, total, d = qkv.shape
     num_kv = (total - num_heads) // 2
     q = torch.empty((rows, num_heads, d), device=qkv.device, dtype=qkv.dtype)
@@ -106,14 +113,15 @@ def rope_and_cache(
         q,
         k_cache,
         v_cache,
-        slots,
+        slot_mapping,
         positions,
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
+        stride_block,
+        stride_offset,
+        stride_head,
         NUM_HEADS=num_heads,
         NUM_KV=num_kv,
         HEAD_DIM=d,
+        BLOCK_SIZE=block_size,
     )
     return q
 

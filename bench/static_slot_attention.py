@@ -1,24 +1,25 @@
-"""Decode attention over the slot KV cache on CUDA: one Triton kernel pair, no gather.
+"""The pre-paging decode attention kernel, kept only as gpu_check's baseline.
+
+This is ``worker/genpool_worker/model/slot_attention.py`` as it was before the paged
+KV cache replaced the static slot cache (``[num_slots + 1, kv_heads, max_seq_len,
+head_dim]`` per layer): ``bench/gpu_check_paged.py`` times it against
+``paged_attention`` at the same shapes, so the paging change is measured rather than
+assumed free. Nothing in the worker imports it. Its original notes follow.
 
 The torch path reads ``[B, kv_heads, max(positions) + 1, head_dim]`` of K and V,
 gathered (a copy) when the slots are scattered, for every row of the batch. Here
 each (row, KV head, split) program reads its own slot's rows ``0..length-1`` in
-place: the bytes read are the batch's true context, whatever the slot order or the
-longest request. The grid is sized by ``max_seq_len`` and programs past a row's
-length return at once, so the launch has static shapes and can be captured in a
-CUDA graph.
-
-Flash-decoding: the keys of a row are cut into ``SPLIT`` long pieces processed in
-parallel (a batch-1 step would otherwise run on kv_heads programs only); a second
-kernel merges the pieces by their log-sum-exp. The query heads that share a KV
-head (GQA) are one tile, so each K/V row is read once per group.
+place. The grid is sized by ``max_seq_len`` and programs past a row's length return
+at once, so the launch has static shapes and can be captured in a CUDA graph.
+Flash-decoding: ``SPLIT``-key pieces in parallel, merged by their log-sum-exp; the
+query heads sharing a KV head (GQA) are one tile.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .triton_compat import tl, triton
+from genpool_worker.model.triton_compat import tl, triton
 
 SPLIT = 128  # keys per split program
 BLOCK_N = 32  # keys per inner iteration
