@@ -46,9 +46,7 @@ def run(
     if mode:
         settings_ |= {"paused_cap": 3, "resident_headroom": 4, "max_resident_headroom": 8}
     budget = None if kv_blocks is None else KVBudget(kv_blocks, 16)
-    scheduler = make_scheduler(
-        b, settings_, target_x=0.3, max_queue_length=40, kv_budget=budget
-    )
+    scheduler = make_scheduler(b, settings_, target_x=0.3, max_queue_length=40, kv_budget=budget)
     now, counter, digests = 0.0, 0, []
     known: list[GenRequest] = []
     for kind, x, y in events:

@@ -24,9 +24,7 @@ from genpool_core.names import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_KV_BLOCK_
 from .config import LlamaConfig
 
 
-def bytes_per_block(
-    config: LlamaConfig, block_size: int, kv_heads: int, dtype: torch.dtype
-) -> int:
+def bytes_per_block(config: LlamaConfig, block_size: int, kv_heads: int, dtype: torch.dtype) -> int:
     """K and V of one block over every layer, for this rank's ``kv_heads``."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     return 2 * config.num_layers * block_size * kv_heads * config.head_dim * itemsize
