@@ -16,6 +16,11 @@ row, then the knobs freeze for ``cooldown_intervals`` rounds):
 4. below-T above eps while the cap binds but every victim is a laxity victim -> raise;
 5. headroom above the cap for ``shrink_rounds`` rounds -> give headroom back.
 
+Headroom is memory too (docs/design.md#kv-blocks): a pause frees no KV block, so a raise
+(rules 3 and 4) is held, with reason ``hold-kv-bound``, while the pool's KV use is at
+``kv_full`` (no waiter's blocks fit: more paused slots would admit no one) or the paused
+requests already hold ``max_paused_kv_share`` of the KV cache.
+
 "Implicated" (rules 2 and 4, ``guarded=True``) is our refinement of docs/design.md#tuner: laxity
 victims are resumed before their laxity runs out, so when (nearly) all victims are
 laxity victims the misses come from queueing, and the simulator shows that a lower
@@ -119,6 +124,20 @@ class TunerSettings:
             " included); rounds with stale stats do not count; 0: none"
         },
     )
+    kv_full: float = field(
+        default=0.95,
+        metadata={
+            DESCRIPTION: "the workers' mean KV-cache use at which a raise of the cap is held:"
+            " a pause frees no block, so more paused slots admit no one, unitless, in (0, 1]"
+        },
+    )
+    max_paused_kv_share: float = field(
+        default=0.5,
+        metadata={
+            DESCRIPTION: "the share of the KV cache paused requests may hold before a raise of"
+            " the cap is held, unitless, in (0, 1]"
+        },
+    )
     guarded: bool = field(
         default=True,
         metadata={
@@ -136,6 +155,8 @@ class TunerSettings:
             raise ValueError("need min_step >= 1 and 0 <= step_fraction <= 1")
         if min(self.confirm_rounds, self.shrink_rounds) < 1 or self.cooldown_intervals < 0:
             raise ValueError("need confirm/shrink rounds >= 1 and cooldown >= 0")
+        if not (0 < self.kv_full <= 1 and 0 < self.max_paused_kv_share <= 1):
+            raise ValueError("need 0 < kv_full <= 1 and 0 < max_paused_kv_share <= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +234,14 @@ def _cap_binds_with_waiters_at_risk(stats: PoolStats, settings: TunerSettings) -
     return full and at_risk
 
 
+def _is_kv_bound(stats: PoolStats, settings: TunerSettings) -> bool:
+    """KV memory, not the cap, limits what another pause could admit (no KV budget
+    reported: never)."""
+    is_full = stats.kv_used is not None and stats.kv_used >= settings.kv_full
+    is_pinned = stats.kv_paused is not None and stats.kv_paused >= settings.max_paused_kv_share
+    return is_full or is_pinned
+
+
 def _proposal(knobs: Knobs, stats: PoolStats, settings: TunerSettings) -> str:
     """The rule that fires on this round's stats, or ``""`` (see the module doc)."""
     eps = settings.eps
@@ -232,6 +261,9 @@ def _proposal(knobs: Knobs, stats: PoolStats, settings: TunerSettings) -> str:
         return "lower-cap-below-target"
     if credit_negative and not unspent and implicated:
         return "lower-cap-negative-credit"
+    would_raise = binds and (unspent or (missing and settings.guarded))
+    if would_raise and _is_kv_bound(stats, settings):
+        return "hold-kv-bound"
     if binds and unspent:
         return "raise-cap-budget-unspent"
     if binds and missing and settings.guarded:
@@ -276,7 +308,7 @@ def tune(
     reason = _proposal(knobs, stats, settings)
     target = _apply(reason, knobs, bounds, settings)
     if not reason or target == knobs:  # nothing to do, or already at the bound
-        return Decision(knobs, "hold", False, fresh)
+        return Decision(knobs, reason if reason.startswith("hold") else "hold", False, fresh)
     rounds = state.pending_rounds + 1 if reason == state.pending_reason else 1
     needed = settings.shrink_rounds if reason.startswith("shrink") else settings.confirm_rounds
     if rounds < needed:

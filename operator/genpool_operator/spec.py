@@ -17,6 +17,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from genpool_core.knobs import KnobBounds, Knobs
 from genpool_core.names import PreemptionMode
+from genpool_operator.kv_budget import KVBudgetError, KVBudgetInputs, kv_cache_fields
 from genpool_operator.spec_sections import (
     Autoscaling,
     Drain,
@@ -34,6 +35,7 @@ from genpool_operator.spec_sections import (
 
 # Where a GenPool's modelVolume is mounted (read-only) in the worker container.
 MODEL_MOUNT_PATH = "/models"
+GPU_SHARE_NEEDS_GPU = "engine.gpuMemoryUtilization is not allowed when accelerator is none"
 
 
 class GenPoolSpecError(ValueError):
@@ -91,6 +93,12 @@ class GenPoolSpec(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _gpu_share_needs_gpu(self) -> GenPoolSpec:
+        if self.engine.gpu_memory_utilization is not None and self.accelerator != "nvidia":
+            raise ValueError(GPU_SHARE_NEEDS_GPU)
+        return self
+
     @classmethod
     def from_body(cls, spec: dict[str, Any] | None) -> GenPoolSpec:
         """Validate a GenPool's ``spec`` (camelCase, as stored); GenPoolSpecError if invalid."""
@@ -140,9 +148,23 @@ class GenPoolSpec(Section):
             "admission_target_max_s": target.max,
         }
 
+    def kv_budget_inputs(self) -> KVBudgetInputs:
+        return KVBudgetInputs(
+            model=self.model,
+            on_gpu=self.accelerator == "nvidia",
+            tensor_parallel_size=self.tensor_parallel_size,
+            max_seq_len=self.engine.max_seq_len,
+            block_size=self.engine.kv_block_size,
+            kv_cache_memory=self.engine.kv_cache_memory_bytes,
+            gpu_memory_utilization=self.engine.gpu_memory_utilization,
+            memory_limit=self.resources.limits.get("memory"),
+        )
+
     def worker_config(self) -> dict[str, Any]:
         """The worker's ``worker.json`` (WorkerConfig fields); start knobs and live fields
-        included so a new pod is right before the operator's first PUT /config."""
+        included so a new pod is right before the operator's first PUT /config.
+        GenPoolSpecError when the KV budget cannot be derived (``checked_spec`` refuses
+        such a spec before anything is rendered)."""
         engine, preemption = self.engine, self.preemption
         knobs = self.start_knobs()
         config: dict[str, Any] = {
@@ -152,6 +174,8 @@ class GenPoolSpec(Section):
             "max_batch_size": engine.max_batch_size,
             "max_num_active_requests": self.capacity_a(),
             "max_seq_len": engine.max_seq_len,
+            "kv_block_size": engine.kv_block_size,
+            **self.kv_budget(),
             "max_queue_length": engine.max_queue_length,
             "stamp_arrival": engine.stamp_arrival,
             "preemption_mode": preemption.kind.value,
@@ -171,6 +195,13 @@ class GenPoolSpec(Section):
         elif preemption.kind is PreemptionMode.TARGET_OUTPUT_TPS:
             config["target_output_tps"] = preemption.target_output_tps
         return config
+
+    def kv_budget(self) -> dict[str, int | float]:
+        """The KV budget field of ``worker.json`` (``genpool_operator.kv_budget``'s rule)."""
+        try:
+            return kv_cache_fields(self.kv_budget_inputs())
+        except KVBudgetError as exc:
+            raise GenPoolSpecError(str(exc)) from None
 
 
 def describe_errors(exc: ValidationError) -> str:

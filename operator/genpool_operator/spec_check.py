@@ -1,6 +1,7 @@
 """The spec as the operator accepts it (pure): the CRD's rules (``spec.py``) plus what
 the apiserver cannot know, a known model's tensor-parallel limits
-(``genpool_core.model_catalogue``)."""
+(``genpool_core.model_catalogue``) and whether the KV budget derived from a CPU memory
+limit holds one request of maxSeqLen (``genpool_operator.kv_budget``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ def checked_spec(raw: dict[str, Any] | None) -> GenPoolSpec:
     problem = tensor_parallel_problem(spec.model, spec.tensor_parallel_size)
     if problem is not None:
         raise GenPoolSpecError(problem)
+    spec.kv_budget()  # GenPoolSpecError naming resources.limits.memory and maxSeqLen
     return spec
 
 

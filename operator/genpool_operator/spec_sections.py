@@ -6,7 +6,6 @@ assembles them into ``GenPoolSpec``. Rule messages are word for word the CRD's
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -15,20 +14,19 @@ from pydantic.alias_generators import to_camel
 from genpool_core.names import (
     DEFAULT_ADMISSION_TARGET_MAX_S,
     DEFAULT_ADMISSION_TARGET_MIN_S,
+    DEFAULT_KV_BLOCK_SIZE,
     DEFAULT_MAX_PAUSES_PER_REQUEST,
     DEFAULT_SLACK_S,
     DEFAULT_STAT_INTERVAL_S,
     PreemptionMode,
 )
+from genpool_operator.quantity import POSITIVE_QUANTITY, is_quantity, quantity_value
 
 Mode = Literal["Off", "TpotBudget", "TargetOutputTps"]
 RESERVED_ENV_NAMES = frozenset({"POD_IP", "POD_NAME", "POD_NAMESPACE", "HOME"})
 RESERVED_ENV_PREFIX = "GENPOOL_"
-# core/v1 resource.Quantity, as the CRD's pattern spells it.
-QUANTITY = re.compile(
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-)
+KV_CACHE_MEMORY_POSITIVE = "engine.kvCacheMemory must be at least 1 byte"
+ONE_KV_BUDGET = "engine.gpuMemoryUtilization is not allowed when engine.kvCacheMemory is set"
 
 
 class Section(BaseModel):
@@ -46,7 +44,7 @@ class ResourceRequirements(Section):
     @classmethod
     def _quantities(cls, value: dict[str, int | str]) -> dict[str, int | str]:
         for name, quantity in value.items():
-            if isinstance(quantity, str) and not QUANTITY.match(quantity):
+            if isinstance(quantity, str) and not is_quantity(quantity):
                 raise ValueError(f"{name}: {quantity!r} is not a resource quantity")
         return value
 
@@ -58,6 +56,34 @@ class Engine(Section):
     max_queue_length: int = Field(default=1024, ge=1, le=1048576)
     # Key unstamped requests on receipt at the worker (docs/design.md#keyed-by-default).
     stamp_arrival: bool = True
+    # The KV cache: its block size, and its budget (at most one; neither: derived,
+    # genpool_operator.kv_budget).
+    kv_block_size: int = Field(default=DEFAULT_KV_BLOCK_SIZE, ge=1, le=1024)
+    kv_cache_memory: int | str | None = None
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+
+    @field_validator("kv_cache_memory")
+    @classmethod
+    def _positive_bytes(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, str) and not POSITIVE_QUANTITY.fullmatch(value):
+            raise ValueError(
+                f"{value[:64]!r} is not a positive quantity of bytes "
+                "(e.g. 8Gi, 512Mi or 8589934592)"
+            )
+        if isinstance(value, int) and value < 1:
+            raise ValueError(KV_CACHE_MEMORY_POSITIVE)
+        return value
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> Engine:
+        if self.kv_cache_memory is not None and self.gpu_memory_utilization is not None:
+            raise ValueError(ONE_KV_BUDGET)
+        return self
+
+    @property
+    def kv_cache_memory_bytes(self) -> int | None:
+        """``kvCacheMemory`` in bytes (a quantity rounds up to a whole byte), or None."""
+        return None if self.kv_cache_memory is None else quantity_value(self.kv_cache_memory)
 
 
 class AdmissionTarget(Section):

@@ -90,6 +90,7 @@ def test_without_the_crd_a_condition_says_so_until_it_is_installed(
     assert (condition["status"], condition["reason"]) == ("False", "CRDNotInstalled")
     assert CRD_NAME in condition["message"]
     assert "install the Gateway API Inference Extension" in condition["message"]
+
     # The rest of the pool is unaffected. The reconcile records Degraded after it has applied
     # every child, InferencePool included, so it may land a write later.
     def degraded_condition() -> dict[str, Any] | None:

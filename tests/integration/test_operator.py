@@ -90,6 +90,10 @@ VALID_MODEL_VOLUMES: dict[str, dict[str, Any]] = {
         "model": "llama/Llama-3.1-8B-Instruct",
         "modelVolume": {"persistentVolumeClaim": {"claimName": "ckpt"}, "subPath": "hub/meta"},
     },
+    # the KV budget's forms (its CEL rule takes an int or a string)
+    "kv-quantity": {"model": "smollm2-135m", "engine": {"kvCacheMemory": "1.5Gi"}},
+    "kv-bytes": {"model": "smollm2-135m", "engine": {"kvCacheMemory": 8589934592}},
+    "gpu-share": {"model": "smollm2-135m", "engine": {"gpuMemoryUtilization": 0.8}},
     **{
         path.stem: yaml.safe_load(path.read_text())["spec"]
         for path in sorted(EXAMPLES.glob("genpool-*.yaml"))

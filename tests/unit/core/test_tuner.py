@@ -256,3 +256,20 @@ def test_never_leaves_the_bounds_and_never_p_above_h(
         if (stale or stats is None) and index > 0:  # after the first round knobs are clamped
             assert not decision.changed
         knobs, state = new, decision.state
+
+
+@pytest.mark.parametrize("kv", [{"kv_used": 0.97}, {"kv_used": 0.6, "kv_paused": 0.55}])
+def test_a_raise_is_held_while_kv_memory_binds(kv: dict[str, float]) -> None:
+    """A pause frees no KV block: with the cache full, or paused requests already holding
+    half of it, more paused slots would admit no one (docs/design.md#kv-blocks)."""
+    raising = next(s for s in rounds("unspent") if _proposes_raise(s))
+    pending = TunerState(0, "raise-cap-budget-unspent", 1)
+    held = tune(Knobs(6, 6), WIDE, replace(raising, **kv), pending, GUARDED, stale=False)
+    assert (held.knobs, held.reason, held.changed) == (Knobs(6, 6), "hold-kv-bound", False)
+    roomy = replace(raising, kv_used=0.5, kv_paused=0.2)
+    assert tune(Knobs(6, 6), WIDE, roomy, pending, GUARDED, stale=False).changed
+
+
+def _proposes_raise(stats: PoolStats) -> bool:
+    pending = TunerState(0, "raise-cap-budget-unspent", 1)
+    return tune(Knobs(6, 6), WIDE, stats, pending, GUARDED, stale=False).changed

@@ -50,6 +50,12 @@ POOLS: dict[str, dict[str, Any]] = {
         "resources": {"requests": {"cpu": 1, "memory": "1Gi"}},
         "drain": {"timeoutSeconds": 30},
     },
+    "cpu-limit": {  # the KV budget derived from the memory limit (kv_budget's rule 4)
+        "model": "smollm2-135m",
+        "accelerator": "none",
+        "resources": {"requests": {"cpu": "2", "memory": "3Gi"}, "limits": {"memory": "3Gi"}},
+        "engine": {"kvBlockSize": 32},
+    },
     "pod-template": {
         "accelerator": "none",
         "preemption": {"mode": "TpotBudget", "tpotBudget": 0.2},
@@ -272,6 +278,9 @@ TEMPLATE_CHANGES = [
     ("preemption", {"targetOutputTps": 30}),
     ("tuning", {"intervalSeconds": 10}),
     ("tuning", {"residentHeadroom": {"max": 30}}),
+    ("engine", {"kvBlockSize": 32}),
+    ("engine", {"gpuMemoryUtilization": 0.8}),
+    ("engine", {"kvCacheMemory": "20Gi"}),
 ]
 LIVE_CHANGES = [
     ("", {"replicas": 7}),
@@ -287,6 +296,14 @@ def test_template_fields_change_the_config_hash(section: str, fields: dict[str, 
     base = POOLS["gpu-tp2"]
     before = config_hash(GenPoolSpec.from_body(base))
     assert config_hash(GenPoolSpec.from_body(with_change(base, section, **fields))) != before
+
+
+def test_a_cpu_memory_limit_changes_the_kv_budget_and_the_config_hash() -> None:
+    base = POOLS["cpu-limit"]
+    bigger = with_change(base, "resources", limits={"memory": "4Gi"})
+    budgets = [GenPoolSpec.from_body(s).worker_config()["kv_cache_memory"] for s in (base, bigger)]
+    assert budgets[1] - budgets[0] == 1 << 30
+    assert config_hash(GenPoolSpec.from_body(bigger)) != config_hash(GenPoolSpec.from_body(base))
 
 
 @pytest.mark.parametrize(("section", "fields"), LIVE_CHANGES)

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import annotated_types
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from genpool_operator.spec import GenPoolSpec
+from genpool_operator.quantity import POSITIVE_QUANTITY, QUANTITY
+from genpool_operator.spec import GPU_SHARE_NEEDS_GPU, GenPoolSpec, GenPoolSpecError
+from genpool_operator.spec_sections import KV_CACHE_MEMORY_POSITIVE, ONE_KV_BUDGET
 
 CRD_PATH = Path(__file__).parents[3] / "crds" / "genpool.dev_genpools.yaml"
 
@@ -189,3 +195,68 @@ def test_scale_and_status_subresources(crd: dict[str, Any]) -> None:
             for part in path[1:]:
                 node = node["properties"][part]
             assert node["type"] == column["type"] or column["type"] == "date", column
+
+
+def engine_schema(crd: dict[str, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = spec_schema(crd)["properties"]["engine"]
+    return schema
+
+
+def test_the_crd_spells_the_quantity_patterns_as_the_model_does(crd: dict[str, Any]) -> None:
+    limits = spec_schema(crd)["properties"]["resources"]["properties"]["limits"]
+    assert limits["additionalProperties"]["pattern"] == QUANTITY.pattern
+    assert engine_schema(crd)["properties"]["kvCacheMemory"]["pattern"] == POSITIVE_QUANTITY.pattern
+
+
+def rule_messages(schema: dict[str, Any]) -> list[str]:
+    return [" ".join(rule["message"].split()) for rule in schema["x-kubernetes-validations"]]
+
+
+def test_the_kv_budget_rules_have_the_models_messages(crd: dict[str, Any]) -> None:
+    assert rule_messages(engine_schema(crd)) == [ONE_KV_BUDGET]
+    kv_cache_memory = engine_schema(crd)["properties"]["kvCacheMemory"]
+    assert rule_messages(kv_cache_memory) == [KV_CACHE_MEMORY_POSITIVE]
+    assert GPU_SHARE_NEEDS_GPU in rule_messages(spec_schema(crd))
+
+
+@cache
+def spec_validator() -> jsonschema.Draft4Validator:
+    """The CRD's structural checks (types, bounds, patterns; not CEL). Draft 4 is the
+    dialect of ``exclusiveMinimum: true``; Go's ``$`` (end of text) is Python's ``\\Z``,
+    which the callers keep to by sending no trailing newline."""
+    return jsonschema.Draft4Validator(spec_schema(yaml.safe_load(CRD_PATH.read_text())))
+
+
+def schema_accepts(spec: dict[str, Any]) -> bool:
+    return bool(spec_validator().is_valid(spec))
+
+
+def model_accepts(spec: dict[str, Any]) -> bool:
+    try:
+        GenPoolSpec.from_body(spec)
+    except GenPoolSpecError:
+        return False
+    return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(
+    st.text(max_size=70),
+    st.from_regex(QUANTITY, fullmatch=True),
+    st.from_regex(POSITIVE_QUANTITY, fullmatch=True),
+).filter(lambda text: not text.endswith("\n")))  # fmt: skip
+def test_the_crd_and_the_model_take_the_same_kv_cache_memory_strings(text: str) -> None:
+    # A string is the pattern's alone (the CEL rule passes every string).
+    spec = {"engine": {"kvCacheMemory": text}}
+    assert schema_accepts(spec) == model_accepts(spec), text
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [{"gpuMemoryUtilization": share} for share in (0, 1e-9, 0.5, 1, 1.0000001, -1, "0.5")]
+    + [{"kvBlockSize": size} for size in (0, 1, 16, 1024, 1025, 16.0, "16")]
+    + [{"kvCacheMemory": value} for value in (1, 8589934592, 1.5, True, [1])],
+)
+def test_the_crd_and_the_model_take_the_same_budget_values(engine: dict[str, Any]) -> None:
+    spec = {"engine": engine}
+    assert schema_accepts(spec) == model_accepts(spec), engine

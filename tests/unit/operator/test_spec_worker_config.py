@@ -11,6 +11,7 @@ from genpool_operator.spec import GenPoolSpec
 from genpool_worker.worker_config import WorkerConfig, build_scheduler
 
 TPS = {"mode": "TargetOutputTps", "targetOutputTps": 8}
+CPU = {"accelerator": "none"}
 
 
 @pytest.mark.parametrize(
@@ -21,9 +22,25 @@ TPS = {"mode": "TargetOutputTps", "targetOutputTps": 8}
         {"preemption": {"mode": "TpotBudget", "tpotBudget": 0.1}},
         {"preemption": TPS, "engine": {"maxBatchSize": 8, "maxNumActiveRequests": 24},
          "tuning": {"residentHeadroom": {"min": 2, "max": 12}, "pausedCap": {"max": 10}}},
+        # each way the KV budget reaches worker.json (genpool_operator.kv_budget)
+        CPU,
+        {**CPU, "resources": {"limits": {"memory": "3Gi"}}, "engine": {"kvBlockSize": 32}},
+        {**CPU, "tensorParallelSize": 3, "resources": {"limits": {"memory": "8Gi"}}},
+        {**CPU, "engine": {"kvCacheMemory": "512Mi"}},
+        {"engine": {"kvCacheMemory": 8589934592}},
+        {"engine": {"gpuMemoryUtilization": 0.75}},
     ],
 )  # fmt: skip
 def test_the_worker_accepts_worker_config(fields: dict[str, Any]) -> None:
     worker_json = GenPoolSpec.from_body(fields).worker_config()
-    config = WorkerConfig.model_validate({**worker_json, "device": "cpu"})
+    config = WorkerConfig.model_validate(worker_json)
     build_scheduler(config)  # raises on a capacity or preemption rule the worker enforces
+
+
+def test_the_worker_reads_the_kv_budget_the_operator_writes() -> None:
+    spec = GenPoolSpec.from_body({**CPU, "engine": {"kvCacheMemory": "1Gi", "kvBlockSize": 8}})
+    config = WorkerConfig.model_validate(spec.worker_config())
+    assert (config.kv_cache_memory, config.kv_block_size) == (1 << 30, 8)
+    assert config.gpu_memory_utilization is None
+    gpu = WorkerConfig.model_validate(GenPoolSpec.from_body({}).worker_config())
+    assert gpu.device == "cuda" and gpu.gpu_memory_utilization == 0.9
