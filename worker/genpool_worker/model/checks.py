@@ -8,6 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .config import LlamaConfig
+
+
+def check_sizes(config: LlamaConfig, max_seq_len: int) -> None:
+    if not 1 <= max_seq_len <= config.context_length:
+        raise ValueError(
+            f"max_seq_len must be in [1, {config.context_length}] (the model's context "
+            f"length), got {max_seq_len}"
+        )
+
 
 def check_tokens(token_ids: list[int], vocab_size: int) -> None:
     if token_ids and not (min(token_ids) >= 0 and max(token_ids) < vocab_size):

@@ -7,77 +7,16 @@ ready for the CPU path's matmuls (no second copy). Block ``num_blocks`` is the d
 (padding) block, never a request's. Which blocks a request holds is the scheduler's
 decision (``genpool_core.kv_blocks``), carried by the plan; this module only stores.
 
-The number of blocks comes from memory (``KVSizing``): an exact count, a byte budget
-(``--kv-cache-memory``), or on CUDA a share of the GPU (``--gpu-memory-utilization``:
-what the measured weights and activation peak leave of it).
+How many blocks there are comes from memory: ``kv_sizing``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import torch
 
-from genpool_core.names import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_KV_BLOCK_SIZE
-
 from .config import LlamaConfig
-
-
-def bytes_per_block(config: LlamaConfig, block_size: int, kv_heads: int, dtype: torch.dtype) -> int:
-    """K and V of one block over every layer, for this rank's ``kv_heads``."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_layers * block_size * kv_heads * config.head_dim * itemsize
-
-
-@dataclass(frozen=True, slots=True)
-class KVSizing:
-    """Where the block count comes from: at most one of the three; none: on CUDA the
-    default GPU share, elsewhere an error (the worker passes its default count)."""
-
-    block_size: int = DEFAULT_KV_BLOCK_SIZE
-    num_blocks: int | None = None
-    kv_cache_memory: int | None = None
-    gpu_memory_utilization: float | None = None
-
-    def __post_init__(self) -> None:
-        given = [self.num_blocks, self.kv_cache_memory, self.gpu_memory_utilization]
-        if sum(value is not None for value in given) > 1:
-            raise ValueError("give num_blocks, kv_cache_memory or gpu_memory_utilization, one")
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-
-    def resolve(
-        self,
-        block_bytes: int,
-        max_seq_len: int,
-        device: torch.device,
-        measure_free: Callable[[float], int],
-    ) -> int:
-        """The block count; ``measure_free(share)``: CUDA bytes left for the KV cache in
-        ``share`` of the GPU (called only for a GPU share). Refuses a budget that cannot
-        hold one request of ``max_seq_len``, naming the flag."""
-        need = -(-max_seq_len // self.block_size)
-        if self.num_blocks is not None:
-            count, source = self.num_blocks, f"num_blocks={self.num_blocks}"
-        elif self.kv_cache_memory is not None:
-            count = self.kv_cache_memory // block_bytes
-            source = f"--kv-cache-memory={self.kv_cache_memory} bytes"
-        elif device.type == "cuda":
-            share = self.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
-            free = measure_free(share)
-            count = max(0, free) // block_bytes
-            source = f"--gpu-memory-utilization={share:g} ({max(0, free)} bytes left for KV)"
-        else:
-            raise ValueError("the KV cache needs num_blocks or --kv-cache-memory off CUDA")
-        if count < need:
-            raise ValueError(
-                f"{source} holds {count} KV blocks of {self.block_size} tokens "
-                f"({block_bytes} bytes each); one request of --max-seq-len={max_seq_len} "
-                f"needs {need} ({need * block_bytes} bytes): raise the budget or lower "
-                "--max-seq-len"
-            )
-        return count
 
 
 class KVCache:
@@ -111,3 +50,23 @@ class KVCache:
         """Flat rows of a request's positions ``0..num_tokens-1`` (its blocks in order)."""
         bs = self.block_size
         return [blocks[p // bs] * bs + p % bs for p in range(num_tokens)]
+
+    def context_rows(self, block_tables: Sequence[Sequence[int]], length: int) -> torch.Tensor:
+        """``[B * length]`` flat rows of positions ``0..length-1`` of each row's table (past
+        a row's table: the dummy block, which the caller masks out)."""
+        bs = self.block_size
+        width = -(-length // bs)
+        padded = [list(t[:width]) + [self.dummy_block] * (width - len(t)) for t in block_tables]
+        device = self.k[0].device
+        table = torch.tensor(padded, device=device)
+        rows = (table[:, :, None] * bs + torch.arange(bs, device=device)).reshape(-1, width * bs)
+        return rows[:, :length].reshape(-1)
+
+    def consecutive_run(self, block_tables: Sequence[Sequence[int]], length: int) -> int | None:
+        """The first block when each row's context is one block and the rows' blocks are
+        consecutive (the static layout: blocks of ``max_seq_len`` handed out in order), so
+        K and V can be read in place; else None (gathered)."""
+        if length > self.block_size:
+            return None
+        first = block_tables[0][0]
+        return first if all(t[0] == first + i for i, t in enumerate(block_tables)) else None

@@ -22,12 +22,13 @@ import torch.nn.functional as F
 from genpool_core.names import DEFAULT_KV_BLOCK_SIZE
 
 from . import fused_ops, paged_attention
-from .checks import check_decode, check_prefill
+from .checks import check_decode, check_prefill, check_sizes
 from .config import LlamaConfig
 from .decode_graphs import GraphedDecode
 from .gguf_weights import find_smollm2_gguf, load_gguf
 from .hf_weights import load_hf_checkpoint
-from .kv_cache import KVCache, KVSizing, bytes_per_block
+from .kv_cache import KVCache
+from .kv_sizing import KVSizing, bytes_per_block, cuda_free_for_kv, smallest_on_every_rank
 from .layers import LayerWeights, Shard
 from .linear import Linear, onednn_available
 from .ops import apply_rope, rms_norm, rope_tables
@@ -72,7 +73,7 @@ class LlamaModel:
         ``max_decode_batch``: the most rows a decode call gets (CUDA graphs are captured
         up to it); None = one per block."""
         sizing = KVSizing(block_size, num_blocks, kv_cache_memory, gpu_memory_utilization)
-        _check_sizes(config, max_seq_len)
+        check_sizes(config, max_seq_len)
         tp = Shard(tp_rank, tp_size)
         tp.check(config)
         self.tp_rank, self.tp_size = tp_rank, tp_size
@@ -127,33 +128,22 @@ class LlamaModel:
         )
 
     def _size_kv_cache(self, sizing: KVSizing) -> int:
-        """The block count; under tensor parallelism every rank takes the smallest (their
-        schedulers must hand out the same blocks)."""
+        """The block count (docs/design.md#kv-blocks), the same on every rank."""
         block_bytes = bytes_per_block(self.config, self.block_size, self._kv_heads, self.dtype)
         count = sizing.resolve(block_bytes, self.max_seq_len, self.device, self._free_for_kv)
-        if self.tp_size > 1:
-            shared = torch.tensor([count], dtype=torch.int64, device=self.device)
-            dist.all_reduce(shared, op=dist.ReduceOp.MIN)
-            count = int(shared.item())
-        return count
+        return smallest_on_every_rank(count, self.device, self.tp_size)
 
     def _free_for_kv(self, share: float) -> int:
-        """CUDA bytes the KV cache may take within ``share`` of the GPU: what the weights
-        (and everything else already resident) and the activation peak of a
-        ``max_seq_len`` prefill, measured on a throwaway one-request cache, leave."""
-        torch.cuda.synchronize(self.device)
-        free, total = torch.cuda.mem_get_info(self.device)
-        self.kv_cache = self._new_cache(-(-self.max_seq_len // self.block_size))
-        torch.cuda.reset_peak_memory_stats(self.device)
-        before = torch.cuda.memory_allocated(self.device)
-        blocks = list(range(self.kv_cache.num_blocks))
-        self.num_blocks = len(blocks)
-        self.prefill(blocks, [0] * self.max_seq_len)
-        torch.cuda.synchronize(self.device)
-        activation_peak = torch.cuda.max_memory_allocated(self.device) - before
-        del self.kv_cache
-        torch.cuda.empty_cache()
-        return int(share * total) - (total - free) - activation_peak
+        """CUDA bytes for the KV cache in ``share`` of the GPU, after a ``max_seq_len``
+        prefill on a throwaway one-request cache has shown the activation peak."""
+        blocks = list(range(-(-self.max_seq_len // self.block_size)))
+
+        def profile() -> None:
+            self.num_blocks, self.kv_cache = len(blocks), self._new_cache(len(blocks))
+            self.prefill(blocks, [0] * self.max_seq_len)
+            del self.kv_cache
+
+        return cuda_free_for_kv(self.device, share, profile)
 
     def _graphed_decode(self, cuda_graphs: bool | None, max_batch: int) -> GraphedDecode | None:
         """CUDA: paged Triton attention, steps replayed from CUDA graphs; else None."""
@@ -244,9 +234,10 @@ class LlamaModel:
         nh, nkv, d = self._heads, self._kv_heads, self.config.head_dim
         b, length = len(block_tables), max(positions) + 1
         pos = torch.tensor(positions, device=self.device)
-        context = self._context_rows(block_tables, length)  # [B * length] flat token rows
+        cache = self.kv_cache
+        context = cache.context_rows(block_tables, length)  # [B * length] flat token rows
         written = context.view(b, length)[torch.arange(b), pos]
-        run = self._consecutive_single_blocks(block_tables, length)
+        run = cache.consecutive_run(block_tables, length)
         # Rows past a request's own position hold stale KV (a previous holder's, or the
         # padding block's): masked out, per row (additive).
         visible = torch.arange(length, device=self.device) <= pos[:, None]
@@ -277,29 +268,6 @@ class LlamaModel:
             x = self._residual(layer.o, attn.transpose(0, 1).reshape(b, nh * d), x)
             x = self._mlp(x, layer)
         return self._logits(x)
-
-    def _consecutive_single_blocks(
-        self, block_tables: Sequence[Sequence[int]], length: int
-    ) -> int | None:
-        """The first block when every row's context is one block and the rows' blocks are
-        consecutive (the static layout: blocks of ``max_seq_len`` handed out in order), so
-        K and V are a view; else None (gathered)."""
-        if length > self.block_size:
-            return None
-        first = block_tables[0][0]
-        is_run = all(t[0] == first + i for i, t in enumerate(block_tables))
-        return first if is_run else None
-
-    def _context_rows(self, block_tables: Sequence[Sequence[int]], length: int) -> torch.Tensor:
-        """``[B * length]`` flat cache rows of positions ``0..length-1`` of each row (past a
-        row's table: the dummy block, masked out anyway)."""
-        bs = self.block_size
-        width = -(-length // bs)
-        padded = [list(t[:width]) + [self.dummy_block] * (width - len(t)) for t in block_tables]
-        table = torch.tensor(padded, device=self.device)
-        offsets = torch.arange(bs, device=self.device)
-        rows = (table[:, :, None] * bs + offsets).reshape(len(block_tables), width * bs)
-        return rows[:, :length].reshape(-1)
 
     def capture_decode_graphs(self) -> None:
         """Capture every decode batch bucket's CUDA graph now (else on first use)."""
@@ -372,14 +340,6 @@ class LlamaModel:
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self._lm_head(self._norm(x, self._out_norm)).float()
-
-
-def _check_sizes(config: LlamaConfig, max_seq_len: int) -> None:
-    if not 1 <= max_seq_len <= config.context_length:
-        raise ValueError(
-            f"max_seq_len must be in [1, {config.context_length}] (the model's context "
-            f"length), got {max_seq_len}"
-        )
 
 
 def _rank_device(device: torch.device, tp_rank: int) -> torch.device:
