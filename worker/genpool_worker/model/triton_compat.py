@@ -1,7 +1,7 @@
 """Triton, when installed: ``triton`` and ``tl`` are None without it.
 
 Triton ships with CUDA builds of torch; without it the model's torch paths are used
-(``slot_attention.is_usable`` is False and the fused ops are never called).
+(``paged_attention.is_usable`` is False and the fused ops are never called).
 """
 
 from __future__ import annotations
