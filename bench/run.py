@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, str] = {
     "sim": "bench.sim",
     "worker": "bench.worker",
     "operator": "bench.operator",
+    "kv_residents": "bench.kv_residents",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

@@ -14,8 +14,9 @@ agrees on every block table; the plan carries each admission's table.
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterable
+import bisect
+import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from genpool_core.request import GenRequest
@@ -55,11 +56,18 @@ def reserved_tokens(prompt_len: int, max_tokens: int) -> int:
 
 
 class BlockPool:
-    """Free block ids, lowest first; ``num_blocks`` is the dummy (padding) block."""
+    """Free block ids, lowest first; ``num_blocks`` is the dummy (padding) block.
+
+    Free space is kept as sorted extents ``[start, end)``: a request's blocks are taken
+    and given back a run at a time, so a pass with 1024 residents of ~100 blocks each
+    does not loop over every block in Python.
+    """
 
     def __init__(self, budget: KVBudget) -> None:
         self.budget = budget
-        self._free: list[int] = list(range(budget.num_blocks))  # sorted: a valid heap
+        self._starts: list[int] = [0]  # free extents, sorted and disjoint, never touching
+        self._ends: list[int] = [budget.num_blocks]
+        self._num_free = budget.num_blocks
 
     @property
     def num_blocks(self) -> int:
@@ -76,30 +84,84 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self._num_free
 
     @property
     def num_used(self) -> int:
-        return self.budget.num_blocks - len(self._free)
+        return self.budget.num_blocks - self._num_free
 
     def can_allocate(self, num_blocks: int) -> bool:
-        return 0 <= num_blocks <= len(self._free)
+        return 0 <= num_blocks <= self._num_free
 
     def allocate(self, num_blocks: int) -> tuple[int, ...]:
         """The ``num_blocks`` lowest free ids, ascending (deterministic across ranks)."""
+        return tuple(itertools.chain.from_iterable(self.allocate_runs(num_blocks)))
+
+    def allocate_runs(self, num_blocks: int) -> tuple[range, ...]:
+        """``allocate``'s ids as ascending runs of consecutive ids (what ``free_runs`` takes)."""
         if not self.can_allocate(num_blocks):
-            raise RuntimeError(f"{num_blocks} KV blocks asked, {len(self._free)} free")
-        return tuple(heapq.heappop(self._free) for _ in range(num_blocks))
+            raise RuntimeError(f"{num_blocks} KV blocks asked, {self._num_free} free")
+        taken: list[range] = []
+        left = num_blocks
+        while left > 0:
+            start, end = self._starts[0], self._ends[0]
+            count = min(left, end - start)
+            taken.append(range(start, start + count))
+            if start + count == end:
+                del self._starts[0], self._ends[0]
+            else:
+                self._starts[0] = start + count
+            left -= count
+        self._num_free -= num_blocks
+        return tuple(taken)
 
     def free(self, blocks: Iterable[int]) -> None:
-        given = tuple(blocks)
-        held = set(self._free)
-        for block in given:
-            if not 0 <= block < self.budget.num_blocks or block in held:
-                raise ValueError(f"KV block {block} is not allocated")
-            held.add(block)
-        for block in given:
-            heapq.heappush(self._free, block)
+        """Give ``blocks`` back; any of them not allocated refuses the whole call."""
+        self.free_runs([range(start, end) for start, end in _runs(sorted(blocks))])
+
+    def free_runs(self, runs: Sequence[range]) -> None:
+        """Give back ascending, disjoint runs (``allocate_runs``'); all checked first."""
+        for run in runs:
+            start, end = run.start, run.stop
+            if not 0 <= start < end <= self.budget.num_blocks or self._overlaps(start, end):
+                raise ValueError(f"KV block range [{start}, {end}) is not allocated")
+        for before, after in itertools.pairwise(runs):
+            if before.stop > after.start:
+                raise ValueError(f"KV block {after.start} is given back twice: not allocated")
+        for run in runs:
+            self._insert(run.start, run.stop)
+            self._num_free += len(run)
+
+    def _overlaps(self, start: int, end: int) -> bool:
+        i = bisect.bisect_right(self._starts, start)
+        return (i > 0 and self._ends[i - 1] > start) or (
+            i < len(self._starts) and self._starts[i] < end
+        )
+
+    def _insert(self, start: int, end: int) -> None:
+        """Add the free extent ``[start, end)``, merged with the neighbours it touches."""
+        i = bisect.bisect_right(self._starts, start)
+        if i > 0 and self._ends[i - 1] == start:  # joins the extent before
+            i -= 1
+            start = self._starts[i]
+            del self._starts[i], self._ends[i]
+        if i < len(self._starts) and self._starts[i] == end:  # joins the extent after
+            end = self._ends[i]
+            del self._starts[i], self._ends[i]
+        self._starts.insert(i, start)
+        self._ends.insert(i, end)
+
+
+def _runs(ordered: list[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` runs of consecutive ids (a repeated id starts a new run, which the
+    caller refuses as overlapping)."""
+    runs: list[tuple[int, int]] = []
+    for block in ordered:
+        if runs and runs[-1][1] == block:
+            runs[-1] = (runs[-1][0], block + 1)
+        else:
+            runs.append((block, block + 1))
+    return runs
 
 
 class KVAccount:
@@ -111,6 +173,7 @@ class KVAccount:
 
     def __init__(self, budget: KVBudget | None) -> None:
         self.pool = None if budget is None else BlockPool(budget)
+        self._runs: dict[str, tuple[range, ...]] = {}  # each holder's blocks, as runs
 
     def num_needed(self, request: GenRequest) -> int:
         if self.pool is None:
@@ -133,11 +196,13 @@ class KVAccount:
 
     def reserve(self, request: GenRequest) -> None:
         if self.pool is not None:
-            request.blocks = self.pool.allocate(self.num_needed(request))
+            runs = self.pool.allocate_runs(self.num_needed(request))
+            self._runs[request.request_id] = runs
+            request.blocks = tuple(itertools.chain.from_iterable(runs))
 
     def release(self, request: GenRequest) -> None:
         if self.pool is not None:
-            self.pool.free(request.blocks)
+            self.pool.free_runs(self._runs.pop(request.request_id))
         request.blocks = ()
 
     @property

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from genpool_core.knobs import KnobBounds
+from genpool_core.kv_blocks import reserved_tokens
 from genpool_core.tuner import TunerSettings
 from genpool_sim.autoscale_cli import AutoscaleUsageError, run_autoscale
 from genpool_sim.cli_options import DEFAULT_TRACE, build_parser
@@ -96,8 +97,7 @@ def run_sim(ns: argparse.Namespace) -> int:
     scenarios = _scenarios(ns, trace, rate_phases)
     if ns.classes is not None:
         scenarios = [(name, replace(w, classes=ns.classes)) for name, w in scenarios]
-    base = ClusterConfig(workers=ns.workers, max_batch=ns.max_batch, ctx_servers=ns.ctx_servers,
-                         tpot_budget=ns.tpot_budget)  # fmt: skip
+    base = _base_config(ns, trace)
     if ns.autoscale:
         if len(scenarios) != 1:
             raise UsageError("--autoscale runs one load: give one --concurrency value")
@@ -105,6 +105,34 @@ def run_sim(ns: argparse.Namespace) -> int:
         fraction = ns.paused_cap_fraction[0]
         return run_autoscale(ns, name, workload, replace(base, paused_cap_fraction=fraction), tune)
     return report(ns, _run_seeds(ns, scenarios, base, tune))
+
+
+def _base_config(ns: argparse.Namespace, trace: list[TraceRequest]) -> ClusterConfig:
+    if ns.kv_block_size is not None and ns.kv_blocks is None:
+        raise UsageError("--kv-block-size sizes the blocks of --kv-blocks: give both")
+    base = ClusterConfig(workers=ns.workers, max_batch=ns.max_batch, ctx_servers=ns.ctx_servers,
+                         tpot_budget=ns.tpot_budget, kv_blocks=ns.kv_blocks)  # fmt: skip
+    if ns.kv_block_size is not None:
+        base = replace(base, kv_block_size=ns.kv_block_size)
+    check_kv_budget(base, trace)
+    return base
+
+
+def check_kv_budget(config: ClusterConfig, trace: list[TraceRequest]) -> None:
+    """Every request the trace can send must fit a worker's KV blocks, or it would wait
+    at its queue's head for ever (the core refuses it mid-run; here it is a usage error)."""
+    budget = config.kv_budget
+    if budget is None:
+        return
+    longest = max(trace, key=lambda r: reserved_tokens(r.prompt_tokens, r.output_tokens))
+    tokens = reserved_tokens(longest.prompt_tokens, longest.output_tokens)
+    if budget.blocks_for(tokens) > budget.num_blocks:
+        raise UsageError(
+            f"--kv-blocks {budget.num_blocks} x {budget.block_size} tokens hold"
+            f" {budget.num_tokens} tokens; the trace's longest request ({longest.prompt_tokens}"
+            f" prompt + {longest.output_tokens} output tokens) needs {budget.blocks_for(tokens)}"
+            " blocks: give at least that"
+        )
 
 
 def _set_duration(ns: argparse.Namespace) -> list[RatePhase] | None:

@@ -213,6 +213,20 @@ def _add_pool_options(sim: argparse.ArgumentParser) -> None:
         0.1,
         help_for(GenPreemptionSettings, "tpot_budget", default=0.1),
     )
+    sim.add_argument(
+        "--kv-blocks",
+        type=_positive(int),
+        default=None,
+        help=help_for(
+            ClusterConfig, "kv_blocks", note="adds the kv_* metrics to the table and JSON"
+        ),
+    )
+    sim.add_argument(
+        "--kv-block-size",
+        type=_positive(int),
+        default=None,
+        help=help_for(ClusterConfig, "kv_block_size", note="with --kv-blocks"),
+    )
 
 
 def _add_output_options(sim: argparse.ArgumentParser) -> None:

@@ -7,7 +7,9 @@ is a pure function of its inputs and seed. Workers come and go: a new one serves
 after its start-up delay, a drained one stops admitting, hands its waiters back to
 the router and retires when its residents have finished. Each GEN worker drives
 the core's :class:`GenScheduler` unchanged: ``step(now)``, step time from the
-step model, ``postprocess``. The ``recompute`` baseline evicts instead of pausing.
+step model, ``postprocess``; with ``kv_blocks`` each worker's scheduler reserves KV
+blocks (the core's ``KVAccount``) and a :class:`KVGauge` measures them. The
+``recompute`` baseline (``genpool_sim.recompute``) evicts instead of pausing.
 """
 
 from __future__ import annotations
@@ -15,67 +17,21 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from genpool_core.field_help import DESCRIPTION
-from genpool_core.knobs import DEFAULT_PAUSED_CAP_FRACTION, default_paused_cap
-from genpool_core.names import DEFAULT_STAT_INTERVAL_S, OFF_MODE
 from genpool_core.plan import GenPlan
 from genpool_core.preemption import GenCapacity
 from genpool_core.request import FinishReason, GenRequest
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
-from genpool_core.stepmodel import DEFAULT_STEP_MODEL, StepModel
+from genpool_sim.cluster_config import ClusterConfig as ClusterConfig
+from genpool_sim.kv_memory import KVGauge
 from genpool_sim.modes import MODES as MODES
 from genpool_sim.modes import RECOMPUTE_MODE as RECOMPUTE_MODE
 from genpool_sim.modes import SimMode
+from genpool_sim.recompute import evict_for_at_risk, requeue_evicted
 from genpool_sim.records import SimRequest
 from genpool_sim.replica import GenWorker, Tick
 
 _ARRIVAL, _CTX_DONE, _WORKER, _READY, _TICK = 0, 1, 2, 3, 4
-
-
-@dataclass(frozen=True)
-class ClusterConfig:
-    mode: str = OFF_MODE
-    workers: int = field(default=8, metadata={DESCRIPTION: "GEN workers (replicas) at the start"})
-    max_batch: int = 16
-    ctx_servers: int = field(
-        default=4, metadata={DESCRIPTION: "context (prefill) servers ahead of the GEN pool"}
-    )
-    target_output_tps: float | None = None
-    tpot_budget: float = 0.1
-    paused_cap_fraction: float = field(
-        default=DEFAULT_PAUSED_CAP_FRACTION,
-        metadata={DESCRIPTION: "P (paused cap) as a fraction of A, at the start"},
-    )
-    stat_interval_s: float = float(DEFAULT_STAT_INTERVAL_S)
-    step_model: StepModel = DEFAULT_STEP_MODEL
-    max_evictions_per_request: int = 1
-    max_resident_headroom: int | None = None  # the ceiling a tuner may raise H to
-
-    @property
-    def kind(self) -> SimMode:
-        """``mode``, parsed once (``ValueError`` naming the choices if unknown)."""
-        try:
-            return SimMode(self.mode)
-        except ValueError:
-            raise ValueError(
-                f"unknown mode {self.mode!r}; choose from {', '.join(MODES)}"
-            ) from None
-
-    def settings(self) -> dict[str, object]:
-        kind = self.kind
-        if kind is SimMode.TARGET_OUTPUT_TPS:
-            knobs: dict[str, object] = {"target_output_tps": self.target_output_tps}
-        elif kind is SimMode.TPOT_BUDGET:
-            knobs = {"tpot_budget": self.tpot_budget}
-        else:
-            return {}
-        cap = default_paused_cap(self.max_batch, self.paused_cap_fraction)
-        knobs |= {"paused_cap": cap, "resident_headroom": cap}
-        if self.max_resident_headroom is not None:
-            knobs["max_resident_headroom"] = max(self.max_resident_headroom, cap)
-        return knobs
 
 
 class Cluster:
@@ -93,11 +49,15 @@ class Cluster:
         self._ctx_queue: deque[SimRequest] = deque()
         self._ctx_free = config.ctx_servers
         self.now = 0.0
+        # KV use, measured only when the workers have a budget (over the gauge's window)
+        self.kv_gauge = None if config.kv_blocks is None else KVGauge()
 
     def _new_scheduler(self) -> GenScheduler:
         config = self.config
         sched_config = SchedulerConfig(
-            max_queue_length=1_000_000, stat_interval_s=config.stat_interval_s
+            max_queue_length=1_000_000,
+            stat_interval_s=config.stat_interval_s,
+            kv_budget=config.kv_budget,
         )
         capacity = GenCapacity(config.max_batch)
         return GenScheduler.from_settings(config.settings(), capacity, sched_config)
@@ -246,7 +206,8 @@ class Cluster:
                 self.tokens_by_time.append((now, len(worker.plan.batch_ids)))
             worker.plan = None
         if self.config.kind is SimMode.RECOMPUTE:
-            self._evict_for_at_risk(worker)
+            limit = self.config.max_evictions_per_request
+            evict_for_at_risk(worker, self.requests, now, limit)
         plan = scheduler.step(now)
         self._record(worker, plan)
         if plan.stat_line is not None:
@@ -257,7 +218,10 @@ class Cluster:
             self._retire_if_empty(worker)
             return
         worker.plan = plan
-        self.schedule(now + self._step_time(worker, plan), _WORKER, worker)
+        step_s = self._step_time(worker, plan)
+        if self.kv_gauge is not None:
+            self.kv_gauge.observe(scheduler, now, step_s)
+        self.schedule(now + step_s, _WORKER, worker)
 
     def _step_time(self, worker: GenWorker, plan: GenPlan) -> float:
         model = self.config.step_model
@@ -279,9 +243,8 @@ class Cluster:
             request = self.requests[request_id]
             assert request.gen is not None
             if request.gen.finish_reason is FinishReason.ABORT:
-                self._requeue_evicted(worker, request_id)
+                requeue_evicted(worker, request, now)
                 continue
-            assert request.gen is not None
             request.first_gen_token = request.gen.first_gen_token_time
             request.last_token = request.gen.last_token_time
             self._finish(request)
@@ -291,45 +254,3 @@ class Cluster:
                 request.admitted = now
         for request_id in plan.paused_ids:
             self.requests[request_id].num_pauses += 1
-
-    # -- recompute baseline -------------------------------------------------------
-
-    def _evict_for_at_risk(self, worker: GenWorker) -> None:
-        """vLLM-style: drop the newest resident's KV so an at-risk waiter gets in."""
-        scheduler, now = worker.scheduler, self.now
-        if not scheduler.queue.is_head_at_risk(now) or scheduler.slots.can_allocate():
-            return
-        budget = min(scheduler.queue.num_at_risk(now), 4)
-        newest_first = reversed(scheduler.active_ids())
-        for request_id in newest_first:
-            if budget == 0:
-                break
-            request = self.requests[request_id]
-            gen = request.gen
-            assert gen is not None
-            if (
-                request.num_evictions >= self.config.max_evictions_per_request
-                or gen.num_remaining_tokens == 0  # finished in the step that just ended
-            ):
-                continue
-            request.num_evictions += 1
-            scheduler.abort(request_id)
-            budget -= 1
-
-    def _requeue_evicted(self, worker: GenWorker, request_id: str) -> None:
-        request = self.requests[request_id]
-        old = request.gen
-        assert old is not None
-        request.gen = GenRequest(
-            request_id=request_id,
-            prompt_len=old.prompt_len,
-            max_tokens=old.max_tokens,
-            arrival_time=self.now,  # back of the line: no immediate re-eviction thrash
-            first_token_time=old.first_token_time,
-            num_output_tokens=old.num_output_tokens,
-            slo_ttft_s=old.slo_ttft_s,
-            target_output_tps=old.target_output_tps,
-        )
-        request.gen.first_gen_token_time = old.first_gen_token_time
-        worker.recompute_tokens[request_id] = old.prompt_len + old.num_output_tokens
-        worker.scheduler.add_request(request.gen, self.now)

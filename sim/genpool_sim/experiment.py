@@ -129,6 +129,8 @@ def simulate(
     """One run; with classes, requests carry their class's SLO only if ``carries_slo``."""
     rng = random.Random(seed)
     cluster = Cluster(config)
+    if cluster.kv_gauge is not None:  # KV use over the measured window
+        cluster.kv_gauge.start, cluster.kv_gauge.end = workload.warmup_s, workload.duration_s
     ids = itertools.count()
     picker = ClassPicker(workload.classes, seed) if workload.classes else None
 
@@ -226,6 +228,9 @@ def measure(
     metrics["output_tokens_per_s"] = (gen_tokens + first_tokens) / (end - start)
     metrics["pauses_per_request"] = sum(r.num_pauses for r in gen) / max(1, len(gen))
     metrics["evictions_per_request"] = sum(r.num_evictions for r in gen) / max(1, len(gen))
+    gauge, num_blocks = cluster.kv_gauge, cluster.config.kv_blocks
+    if gauge is not None and num_blocks is not None:
+        metrics |= gauge.metrics(num_blocks, cluster.replica_seconds(gauge.start, gauge.end))
     return metrics, done
 
 

@@ -30,6 +30,16 @@ TABLE_METRICS = (
     ("below_target", "below T"),
     ("output_tokens_per_s", "tok/s"),
 )
+# With a KV budget (--kv-blocks): per worker, time-weighted (genpool_sim.kv_memory.KVGauge);
+# the shares are of worker time, or of the worker's blocks for "KV used".
+KV_TABLE_METRICS = (
+    ("kv_used_share", "KV used"),
+    ("kv_paused_blocks_mean", "KV blocks paused, mean"),
+    ("kv_paused_blocks_p99", "KV blocks paused, p99"),
+    ("kv_memory_bound", "head waits on memory"),
+    ("kv_caps_bound", "head waits on B, H"),
+)
+_KV_SHARES = ("kv_used_share", "kv_memory_bound", "kv_caps_bound")
 
 
 def mean_ci(values: Sequence[float]) -> tuple[float, float]:
@@ -111,8 +121,11 @@ def _cell(entry: dict[str, float] | None, is_ratio: bool) -> str:
 
 def format_table(summary: dict[str, dict[str, dict[str, float]]], title: str = "") -> str:
     modes = list(summary)
-    rows = [[label] + [_cell(summary[m].get(key), key == "below_target") for m in modes]
-            for key, label in TABLE_METRICS]  # fmt: skip
+    shown = TABLE_METRICS + tuple(
+        (key, label) for key, label in KV_TABLE_METRICS if any(key in summary[m] for m in modes)
+    )
+    rows = [[label] + [_cell(summary[m].get(key), key in ("below_target", *_KV_SHARES))
+                       for m in modes] for key, label in shown]  # fmt: skip
     header = ["metric (mean over seeds; delta vs off ±95% CI)", *modes]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = [title] if title else []

@@ -32,6 +32,8 @@ SIM_FLAGS: dict[str, tuple[type, str]] = {
     "--workers": (ClusterConfig, "workers"),
     "--ctx-servers": (ClusterConfig, "ctx_servers"),
     "--paused-cap-fraction": (ClusterConfig, "paused_cap_fraction"),
+    "--kv-blocks": (ClusterConfig, "kv_blocks"),
+    "--kv-block-size": (ClusterConfig, "kv_block_size"),
     "--concurrency": (Workload, "concurrency"),
     "--rate-phases": (Workload, "rate_phases"),
     "--phases": (Workload, "phases"),
@@ -69,7 +71,8 @@ SIM_HAND_WRITTEN = frozenset({
     "--plot", "--stat-lines", "--tune", "--autoscale", "--policies",
 })  # fmt: skip
 # Flags whose unset value (None) means a default computed elsewhere, shown as such.
-SIM_SHOWN_DEFAULTS = {"--headroom-max": "A", "--cap-max": "A", "--target-output-tps": "auto"}
+SIM_SHOWN_DEFAULTS = {"--headroom-max": "A", "--cap-max": "A", "--target-output-tps": "auto",
+                      "--kv-block-size": "16"}  # fmt: skip
 # The dataclasses behind the tuner and the scaler: every field carries its description.
 DESCRIBED = (KnobBounds, TunerSettings, ScalerSettings, TuneConfig, AutoscaleConfig)
 # AutoscaleConfig fields handed to ScalerSettings unchanged in meaning: one description.
