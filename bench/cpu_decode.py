@@ -9,7 +9,10 @@ prompts of 128 tokens, 64 steps, with the same torch thread count (1 and all cor
 Runs alternate between the two, best of 3 kept.
 
 - ours: ``prefill`` each request (untimed), then 64 batched ``decode`` steps, timed,
-  argmax and ``.tolist()`` included, slots scattered over a 22-slot pool.
+  argmax and ``.tolist()`` included; a paged KV cache of blocks of 16 for 22 requests,
+  the 16 tables as the worker's pool hands them out after churn
+  (``decode_support.running_pool_tables``). ``bench/worker.py`` compares this layout
+  with the static one.
 - transformers: ``generate`` greedy, ``min_new_tokens = max_new_tokens``; decode
   time = time(1 + 64 new tokens) - time(1 new token).
 
@@ -38,7 +41,8 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
-from bench.decode_support import time_hf, time_ours  # noqa: E402
+from bench.decode_support import running_pool_tables, time_hf, time_ours  # noqa: E402
+from genpool_core.names import DEFAULT_KV_BLOCK_SIZE  # noqa: E402
 from genpool_worker.model import LlamaModel  # noqa: E402
 
 SMOLLM2_SHAPE: dict[str, Any] = {
@@ -57,7 +61,8 @@ SMOLLM2_SHAPE: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
 }
 BATCH = 16
-POOL = BATCH + 6
+POOL = BATCH + 6  # resident requests the KV cache holds
+BLOCK = DEFAULT_KV_BLOCK_SIZE
 SEED = 20261130
 
 
@@ -80,7 +85,12 @@ def _load_models(shape: dict[str, Any], max_seq_len: int) -> tuple[LlamaModel, A
 
     with tempfile.TemporaryDirectory() as tmp:
         _random_checkpoint(Path(tmp), shape)
-        ours = LlamaModel.from_hf_dir(tmp, num_slots=POOL, max_seq_len=max_seq_len)
+        ours = LlamaModel.from_hf_dir(
+            tmp,
+            num_blocks=POOL * -(-max_seq_len // BLOCK),
+            block_size=BLOCK,
+            max_seq_len=max_seq_len,
+        )
         hf: Any = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
         hf.eval()
     return ours, hf
@@ -90,7 +100,7 @@ def _measure_row(
     ours: LlamaModel,
     hf: Any,
     prompts: list[list[int]],
-    slots: list[int],
+    tables: list[list[int]],
     threads: int,
     steps: int,
     repeats: int,
@@ -100,7 +110,7 @@ def _measure_row(
     best = {"ours": float("inf"), "hf_full": float("inf"), "hf_first": float("inf")}
     agree = 0.0
     for _ in range(repeats):
-        t, ours_out = time_ours(ours, prompts, slots, steps)
+        t, ours_out = time_ours(ours, prompts, tables, steps)
         best["ours"] = min(best["ours"], t)
         t, hf_out = time_hf(hf, prompts, steps + 1)
         best["hf_full"] = min(best["hf_full"], t)
@@ -129,18 +139,19 @@ def run(quick: bool) -> dict[str, Any]:
     hf_logging.set_verbosity_error()
     prompt_len, steps, repeats = (16, 4, 1) if quick else (128, 64, 3)
     shape = {**SMOLLM2_SHAPE, "num_hidden_layers": 2} if quick else SMOLLM2_SHAPE
-    ours, hf = _load_models(shape, prompt_len + steps + 2)
+    max_seq_len = prompt_len + steps + 2
+    ours, hf = _load_models(shape, max_seq_len)
     rng = random.Random(SEED)
     prompts = [
         [rng.randrange(10, shape["vocab_size"]) for _ in range(prompt_len)] for _ in range(BATCH)
     ]
-    slots = rng.sample(range(POOL), BATCH)
-    time_ours(ours, prompts[:1], [0], 2)  # warm-up
+    tables = running_pool_tables(ours.num_blocks, BLOCK, max_seq_len, BATCH, SEED)
+    time_ours(ours, prompts[:1], tables[:1], 2)  # warm-up
     time_hf(hf, prompts[:1], 2)
     threads_before = torch.get_num_threads()
     load_before = os.getloadavg()[0]
     rows = [
-        _measure_row(ours, hf, prompts, slots, threads, steps, repeats)
+        _measure_row(ours, hf, prompts, tables, threads, steps, repeats)
         for threads in sorted({1, threads_before})
     ]
     torch.set_num_threads(threads_before)
@@ -152,6 +163,7 @@ def run(quick: bool) -> dict[str, Any]:
         "decode_steps": steps,
         "repeats": repeats,
         "ours_uses_onednn": ours.uses_onednn,
+        "kv_block_size": BLOCK,
         "rows": rows,
         "environment": {
             "torch": torch.__version__,

@@ -7,20 +7,28 @@ random token ids, 128 long (16 in --quick), so transformers needs no padding). R
 alternate between the two and the best of ``repeats`` is kept, which damps noise from
 other processes sharing the CPUs (the load average is recorded).
 
-- ours: ``prefill`` each request into its slot (untimed), then 64 (4) batched
+- ours: ``prefill`` each request into its block table (untimed), then 64 (4) batched
   greedy ``decode`` steps, timed, argmax and ``.tolist()`` included (as the engine
-  would). Measured twice: slots ``0..B-1`` (contiguous, read as a view) and a seeded
-  scatter over a ``B + HEADROOM`` pool (gathered), the engine's general case.
+  would). Measured three ways, on two caches of the same weights, the same capacity
+  (``B + HEADROOM`` requests of ``max_seq_len``) and the same prompts:
+  - static, contiguous: the pre-paging layout, one block of ``max_seq_len`` per
+    request, blocks ``0..B-1`` (read in place, as a view);
+  - static, scattered: one block each, a seeded sample of the pool's (gathered);
+  - paged: blocks of 16 (the worker's default), tables as the worker's pool hands them
+    out after churn (``decode_support.running_pool_tables``; gathered). The paged /
+    static-contiguous ratio is what paging costs the CPU decode (goal: >= 0.95;
+    reported, not asserted), with the greedy tokens of the two compared.
 - transformers: ``generate`` greedy with ``min_new_tokens = max_new_tokens``; decode
   time = time(1 + 64 new tokens) - time(1 new token), the second being its
   prefill plus first token. Both totals are reported as measured.
 
 tok/s = B * 64 / decode seconds. Peak RSS (``ru_maxrss``) is recorded after
-our model is loaded and at the end (both models loaded, all runs done).
+our (paged) model is loaded and at the end (all three models loaded, all runs done).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import platform
 import random
@@ -31,11 +39,13 @@ from typing import Any
 
 import torch
 
-from bench.decode_support import time_hf, time_ours
+from bench.decode_support import running_pool_tables, static_tables, time_hf, time_ours
+from genpool_core.names import DEFAULT_KV_BLOCK_SIZE
 
 BATCHES = (1, 8, 16)
-HEADROOM = 6  # extra resident slots in the pool, as the engine sizes it (B + H)
+HEADROOM = 6  # extra resident requests in the pool, as the engine sizes it (B + H)
 SEED = 20240501
+PAGED_GOAL = 0.95  # paged tok/s / static tok/s the paging change aims for (not asserted)
 
 
 def _thread_counts() -> list[int]:
@@ -69,11 +79,22 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     hf_logging.disable_progress_bar()
     prompt_len, new_tokens, repeats = (16, 4, 1) if quick else (128, 64, 3)
     path = find_smollm2_gguf()
-    num_slots = max(BATCHES) + HEADROOM
+    residents, max_seq_len = max(BATCHES) + HEADROOM, prompt_len + new_tokens + 1
+    block = DEFAULT_KV_BLOCK_SIZE
     t0 = time.perf_counter()
-    ours = LlamaModel.from_gguf(path, num_slots=num_slots, max_seq_len=prompt_len + new_tokens + 1)
+    ours = LlamaModel.from_gguf(
+        path,
+        num_blocks=residents * -(-max_seq_len // block),
+        block_size=block,
+        max_seq_len=max_seq_len,
+    )
     ours_load_s = time.perf_counter() - t0
     rss_ours, rss_ours_now = _rss_mb(), _current_rss_mb()
+    t0 = time.perf_counter()
+    static = LlamaModel.from_gguf(
+        path, num_blocks=residents, block_size=max_seq_len, max_seq_len=max_seq_len
+    )
+    static_load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     hf: Any = AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32
@@ -84,7 +105,8 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
     # Warm-up: first calls pay one-off allocation / kernel selection costs.
     warm = [[rng.randrange(100, ours.vocab_size) for _ in range(8)]]
-    time_ours(ours, warm, [0], 2)
+    for model in (ours, static):
+        time_ours(model, warm, [[0]], 2)
     time_hf(hf, warm, 2, ours.eos_token_id)
     rows = []
     threads_before = torch.get_num_threads()
@@ -93,15 +115,24 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         prompts = [
             [rng.randrange(100, ours.vocab_size) for _ in range(prompt_len)] for _ in range(b)
         ]
-        scattered = rng.sample(range(num_slots), b)
+        scattered = [[s] for s in rng.sample(range(residents), b)]
+        paged = running_pool_tables(ours.num_blocks, block, max_seq_len, b, rng.randrange(2**31))
         best: dict[str, float] = {}
         agree = 0.0
-        for _ in range(repeats):
-            times = {
-                "ours_contiguous": time_ours(ours, prompts, list(range(b)), new_tokens)[0],
-            }
-            t_scatter, ours_out = time_ours(ours, prompts, scattered, new_tokens)
-            times["ours_scattered"] = t_scatter
+        same_paged_static = True
+        runs = {
+            "ours_contiguous": (static, static_tables(b)),
+            "ours_scattered": (static, scattered),
+            "ours_paged": (ours, paged),
+        }
+        for repeat in range(repeats):
+            times, outs = {}, {}
+            # Every other repeat in reverse, so neither layout always runs first.
+            for key in list(runs)[:: -1 if repeat % 2 else 1]:
+                model, tables = runs[key]
+                times[key], outs[key] = time_ours(model, prompts, tables, new_tokens)
+            ours_out = outs["ours_paged"]
+            same_paged_static &= ours_out == outs["ours_contiguous"] == outs["ours_scattered"]
             times["hf_generate"], hf_out = time_hf(hf, prompts, new_tokens + 1, ours.eos_token_id)
             times["hf_prefill"], _ = time_hf(hf, prompts, 1, ours.eos_token_id)
             for key, value in times.items():
@@ -121,6 +152,10 @@ def run(*, quick: bool = False) -> dict[str, Any]:
             "decode_steps": new_tokens,
             "ours_contiguous_tok_s": tokens / best["ours_contiguous"],
             "ours_scattered_tok_s": tokens / best["ours_scattered"],
+            "ours_paged_tok_s": tokens / best["ours_paged"],
+            "paged_block_size": block,
+            "paged_table_runs": _runs(paged) / b,
+            "paged_tokens_equal_static": same_paged_static,
             "hf_decode_tok_s": tokens / hf_decode_s,
             "hf_generate_s": best["hf_generate"],
             "hf_prefill_s": best["hf_prefill"],
@@ -128,6 +163,8 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         }
         row["ratio_contiguous"] = row["ours_contiguous_tok_s"] / row["hf_decode_tok_s"]
         row["ratio_scattered"] = row["ours_scattered_tok_s"] / row["hf_decode_tok_s"]
+        row["ratio_paged"] = row["ours_paged_tok_s"] / row["hf_decode_tok_s"]
+        row["paged_vs_static"] = row["ours_paged_tok_s"] / row["ours_contiguous_tok_s"]
         rows.append(row)
     torch.set_num_threads(threads_before)
     return {
@@ -137,8 +174,13 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         "ours_uses_onednn": ours.uses_onednn,
         "repeats": repeats,
         "rows": rows,
-        "load_s": {"ours": ours_load_s, "hf": hf_load_s},
+        "paged_vs_static_batch16": {
+            str(r["threads"]): r["paged_vs_static"] for r in rows if r["batch"] == 16
+        },
+        "paged_goal": PAGED_GOAL,
+        "load_s": {"ours": ours_load_s, "ours_static": static_load_s, "hf": hf_load_s},
         "kv_cache_mb": ours.kv_cache.nbytes / 2**20,
+        "static_kv_cache_mb": static.kv_cache.nbytes / 2**20,
         "peak_rss_mb": {"after_ours_loaded": rss_ours, "end_both_loaded": _rss_mb()},
         "current_rss_mb_after_ours_loaded": rss_ours_now,
         "environment": {
@@ -152,6 +194,11 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     }
 
 
+def _runs(tables: list[list[int]]) -> int:
+    """Maximal runs of consecutive block ids, over all tables (1 per table: unfragmented)."""
+    return sum(1 + sum(b != a + 1 for a, b in itertools.pairwise(t)) for t in tables)
+
+
 def format_table(result: dict[str, Any]) -> str:
     env = result["environment"]
     lines = [
@@ -160,26 +207,36 @@ def format_table(result: dict[str, Any]) -> str:
         f" -> {env['loadavg_1m']['after']:.1f}, best of {result['repeats']}"
         + ("  [QUICK run: numbers not meaningful]" if result.get("quick") else ""),
         f"{'thr':>3} {'batch':>5} {'prompt':>6} {'steps':>5} {'ours tok/s':>10} {'scattered':>9} "
-        f"{'hf tok/s':>9} {'ratio':>6} {'ratio sc':>8} {'hf gen s':>8} {'hf pre s':>8} "
-        f"{'agree':>6}",
+        f"{'paged':>7} {'pg/st':>5} {'hf tok/s':>9} {'ratio':>6} {'ratio sc':>8} {'ratio pg':>8} "
+        f"{'hf gen s':>8} {'hf pre s':>8} {'agree':>6}",
     ]
     for r in result["rows"]:
         lines.append(
             f"{r['threads']:>3} {r['batch']:>5} {r['prompt_len']:>6} {r['decode_steps']:>5} "
             f"{r['ours_contiguous_tok_s']:>10.1f} {r['ours_scattered_tok_s']:>9.1f} "
+            f"{r['ours_paged_tok_s']:>7.1f} {r['paged_vs_static']:>5.2f} "
             f"{r['hf_decode_tok_s']:>9.1f} {r['ratio_contiguous']:>6.2f} "
-            f"{r['ratio_scattered']:>8.2f} {r['hf_generate_s']:>8.2f} {r['hf_prefill_s']:>8.2f} "
-            f"{r['greedy_token_agreement']:>6.2f}"
+            f"{r['ratio_scattered']:>8.2f} {r['ratio_paged']:>8.2f} {r['hf_generate_s']:>8.2f} "
+            f"{r['hf_prefill_s']:>8.2f} {r['greedy_token_agreement']:>6.2f}"
+            + ("" if r["paged_tokens_equal_static"] else "  PAGED TOKENS != STATIC")
         )
     rss, load = result["peak_rss_mb"], result["load_s"]
     lines.append(
         f"peak RSS: {rss['after_ours_loaded']:.0f} MB (ours loaded; resident after load "
         f"{result['current_rss_mb_after_ours_loaded'] or 0:.0f} MB), "
-        f"{rss['end_both_loaded']:.0f} MB (both, end); KV cache {result['kv_cache_mb']:.1f} MB; "
-        f"load {load['ours']:.1f} s ours, {load['hf']:.1f} s transformers"
+        f"{rss['end_both_loaded']:.0f} MB (all, end); KV cache {result['kv_cache_mb']:.1f} MB "
+        f"paged, {result['static_kv_cache_mb']:.1f} MB static; load {load['ours']:.1f} s ours, "
+        f"{load['ours_static']:.1f} s static, {load['hf']:.1f} s transformers"
+    )
+    ratios = ", ".join(
+        f"{r:.3f} at {t} thread(s)" for t, r in result["paged_vs_static_batch16"].items()
     )
     lines.append(
-        "(decode-only tokens/s; ratio = ours / transformers; agree = fraction of greedy "
-        "tokens equal to transformers')"
+        f"paged / static decode tok/s at batch 16: {ratios} (goal >= {result['paged_goal']})"
+    )
+    lines.append(
+        "(decode-only tokens/s; ours/scattered: static layout, blocks 0..B-1 / sampled; "
+        "paged: blocks of 16 from a churned pool; pg/st = paged / ours; ratio = ours / "
+        "transformers; agree = fraction of paged greedy tokens equal to transformers')"
     )
     return "\n".join(lines)

@@ -92,7 +92,7 @@ def cpu_kv_cache_memory(inputs: KVBudgetInputs, shape: ModelShape) -> int:
     # Blocks as the worker counts them: whole blocks of this rank's share of the KV heads.
     block_bytes = shape.kv_bytes_per_token(FLOAT32_BYTES) * inputs.block_size // ranks
     need = -(-inputs.max_seq_len // inputs.block_size)
-    if per_rank >= need * block_bytes:
+    if per_rank >= (need + 1) * block_bytes:  # the worker's dummy (padding) block too
         return per_rank
     leaves = f"leaves {_mib(per_rank)} per rank" if per_rank > 0 else "leaves nothing"
     rank_count = "1 rank" if ranks == 1 else f"{ranks} ranks"
@@ -100,8 +100,9 @@ def cpu_kv_cache_memory(inputs: KVBudgetInputs, shape: ModelShape) -> int:
         f"{MEMORY_FIELD}: {inputs.memory_limit} {leaves} for the KV cache of {inputs.model} "
         f"on CPU after {_mib(weights)} of float32 weights and a {_mib(CPU_RUNTIME_ALLOWANCE)} "
         f"runtime allowance per rank ({rank_count}); one request of spec.engine.maxSeqLen="
-        f"{inputs.max_seq_len} needs {_mib(need * block_bytes)} per rank ({need} blocks of "
-        f"{inputs.block_size} tokens): raise resources.limits.memory or lower engine.maxSeqLen"
+        f"{inputs.max_seq_len} needs {_mib((need + 1) * block_bytes)} per rank ({need} blocks "
+        f"of {inputs.block_size} tokens and the padding block): raise resources.limits.memory"
+        " or lower engine.maxSeqLen"
     )
 
 

@@ -13,9 +13,19 @@ from typing import Any
 import pytest
 
 # Large enough for every prompt + generation in these tests, small enough to keep the
-# KV cache tiny; 7 request slots + the dummy.
-NUM_SLOTS = 7
+# KV cache tiny: the 7 requests of 256 tokens the static slots held, in blocks of 16 (a
+# size that divides none of the prompts' lengths here, so tables end mid-block).
+BLOCK_SIZE = 16
 MAX_SEQ_LEN = 256
+NUM_BLOCKS = 7 * MAX_SEQ_LEN // BLOCK_SIZE
+# Greedy equality with transformers (the oracle, TP 1 and TP 2): prompts and length.
+CHATS = [
+    "What is the capital of France?",
+    "Name three primary colours.",
+    "Write one sentence about the sea.",
+    "Give me two tips for sleeping well.",
+]
+NEW_TOKENS = 24
 
 
 @pytest.fixture(scope="session")
@@ -29,10 +39,72 @@ def gguf_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def model(gguf_path: Path) -> Any:
+def gguf_weights(gguf_path: Path) -> tuple[Any, dict[str, Any]]:
+    """The GGUF's config and float32 weights, read once (~10 s of dequantising): the
+    paged model, the static-layout one and the tensor-parallel ranks share them."""
+    from genpool_worker.model import load_gguf
+
+    return load_gguf(gguf_path)
+
+
+@pytest.fixture(scope="session")
+def model(gguf_path: Path, gguf_weights: tuple[Any, dict[str, Any]]) -> Any:
+    """What ``LlamaModel.from_gguf`` builds (it reads the GGUF with ``load_gguf`` too)."""
     from genpool_worker.model import LlamaModel
 
-    return LlamaModel.from_gguf(gguf_path, num_slots=NUM_SLOTS, max_seq_len=MAX_SEQ_LEN)
+    config, weights = gguf_weights
+    return LlamaModel(
+        config,
+        weights,
+        name=gguf_path.name.removesuffix(".gguf"),
+        num_blocks=NUM_BLOCKS,
+        block_size=BLOCK_SIZE,
+        max_seq_len=MAX_SEQ_LEN,
+    )
+
+
+@pytest.fixture(scope="session")
+def static_model(gguf_weights: tuple[Any, dict[str, Any]]) -> Any:
+    """The pre-paging layout: one ``max_seq_len`` block per request, 3 requests."""
+    from genpool_worker.model import LlamaModel
+
+    config, weights = gguf_weights
+    return LlamaModel(
+        config, weights, num_blocks=3, block_size=MAX_SEQ_LEN, max_seq_len=MAX_SEQ_LEN
+    )
+
+
+@pytest.fixture(scope="session")
+def gguf_weights_file(
+    gguf_weights: tuple[Any, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The GGUF's weights as a torch file: spawned ranks map it instead of dequantising."""
+    import torch
+
+    path = tmp_path_factory.mktemp("gguf") / "weights.pt"
+    torch.save(gguf_weights[1], path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def chat_refs(tokenizer: Any, hf_model: Any) -> list[tuple[list[int], list[int]]]:
+    """Each of CHATS: its prompt ids (our chat template) and transformers' greedy
+    ``generate`` tokens, up to NEW_TOKENS or EOS (included), one prompt at a time."""
+    import torch
+
+    refs = []
+    for text in CHATS:
+        ids: list[int] = tokenizer.apply_chat_template([{"role": "user", "content": text}])
+        with torch.inference_mode():
+            out = hf_model.generate(
+                input_ids=torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                pad_token_id=tokenizer.eos_token_id,
+            )
+        refs.append((list(ids), out[0, len(ids) :].tolist()))
+    return refs
 
 
 @pytest.fixture(scope="session")

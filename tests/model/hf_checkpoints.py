@@ -55,6 +55,11 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     # Qwen2: Q/K/V biases, tied embeddings.
     "qwen2": ("Qwen2Config", {"rope_theta": 1000000.0, "tie_word_embeddings": True}),
 }
+# The greedy-equality schedule's prompts (tests/model/paged.py): seeded ids past the
+# specials, lengths 4..13 (no multiple of the tests' block size 5), SCHEDULE_TOKENS each.
+_g = torch.Generator().manual_seed(7)
+PROMPTS = [torch.randint(5, VOCAB, (n,), generator=_g).tolist() for n in (7, 11, 4, 13, 9)]
+SCHEDULE_TOKENS = 12
 ARCH_CLASSES = {
     "LlamaConfig": "LlamaForCausalLM",
     "MistralConfig": "MistralForCausalLM",
@@ -76,6 +81,19 @@ def hf_model(arch: str, seed: int = 0) -> Any:
             noise = torch.randn(param.shape, generator=g)
             param.copy_(1.0 + 0.1 * noise if "norm" in name else 0.15 * noise)
     return model
+
+
+def transformers_greedy(hf: Any, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """transformers' greedy ``generate`` of each prompt alone: up to ``new_tokens`` new
+    tokens, or to EOS (included)."""
+    refs = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            out = hf.generate(
+                torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0
+            )
+            refs.append(out[0, len(prompt) :].tolist())
+    return refs
 
 
 def make_tokenizer() -> Any:

@@ -17,12 +17,23 @@ import torch
 
 from genpool_worker.model import LlamaModel, ModelLoadError, load_tokenizer
 from genpool_worker.model.hf_config import read_hf_config
-from tests.model.hf_checkpoints import ARCHS, edit_config, make_checkpoint
+from tests.model.hf_checkpoints import (
+    ARCHS,
+    PROMPTS,
+    SCHEDULE_TOKENS,
+    edit_config,
+    make_checkpoint,
+    transformers_greedy,
+)
+from tests.model.paged import BlockPool, interleaved_tables, run_with_pauses
 
 pytest.importorskip("transformers")
 
 PROMPT = [1, 5, 9, 30, 40, 7, 64, 12]
 NEW_TOKENS = 12
+# Blocks of 5 (divides neither the prompt lengths nor 64); 3 requests' worth, shuffled.
+BLOCK, MAX_LEN = 5, 64
+SIZES: dict[str, Any] = {"num_blocks": 3 * MAX_LEN // BLOCK, "block_size": BLOCK}
 
 
 @pytest.fixture(scope="module", params=sorted(ARCHS))
@@ -33,11 +44,14 @@ def checkpoint(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     return directory, make_checkpoint(directory, request.param, max_shard_size=shard)
 
 
-def _greedy(model: LlamaModel, slot: int, prompt: list[int], n: int) -> tuple[list[int], Any]:
-    logits = [model.prefill(slot, prompt)]
+def _greedy(
+    model: LlamaModel, blocks: list[int], prompt: list[int], n: int
+) -> tuple[list[int], Any]:
+    logits = [model.prefill(blocks, prompt)]
     tokens = [int(logits[0].argmax())]
     for i in range(n - 1):
-        step = model.decode([slot, model.dummy_slot], [tokens[-1], 0], [len(prompt) + i, 0])
+        tables = [blocks, [model.dummy_block]]
+        step = model.decode(tables, [tokens[-1], 0], [len(prompt) + i, 0])
         logits.append(step[0])
         tokens.append(int(step[0].argmax()))
     return tokens, torch.stack(logits)
@@ -46,9 +60,10 @@ def _greedy(model: LlamaModel, slot: int, prompt: list[int], n: int) -> tuple[li
 @torch.inference_mode()
 def test_logits_and_greedy_tokens_match_transformers(checkpoint: tuple[Path, Any]) -> None:
     directory, hf = checkpoint
-    ours = LlamaModel.from_hf_dir(directory, num_slots=3, max_seq_len=64)
+    ours = LlamaModel.from_hf_dir(directory, **SIZES, max_seq_len=MAX_LEN)
     assert ours.dtype == torch.float32
-    tokens, logits = _greedy(ours, 2, PROMPT, NEW_TOKENS)
+    (blocks,) = interleaved_tables(ours.num_blocks, BLOCK, [len(PROMPT) + NEW_TOKENS])
+    tokens, logits = _greedy(ours, blocks, PROMPT, NEW_TOKENS)
     out = hf.generate(
         torch.tensor([PROMPT]),
         max_new_tokens=NEW_TOKENS,
@@ -65,20 +80,45 @@ def test_logits_and_greedy_tokens_match_transformers(checkpoint: tuple[Path, Any
 @torch.inference_mode()
 def test_batched_decode_matches_single_requests(checkpoint: tuple[Path, Any]) -> None:
     directory, _ = checkpoint
-    ours = LlamaModel.from_hf_dir(directory, num_slots=3, max_seq_len=64)
+    ours = LlamaModel.from_hf_dir(directory, **SIZES, max_seq_len=MAX_LEN)
     a, b = PROMPT, [1, 44, 45, 46]
-    solo_a = _greedy(ours, 0, a, 4)[1]
-    solo_b = _greedy(ours, 1, b, 4)[1]
-    la, lb = ours.prefill(1, a), ours.prefill(0, b)
+    # Swapped between the solo and the batched run, so each runs over stale blocks.
+    table_a, table_b = interleaved_tables(ours.num_blocks, BLOCK, [len(a) + 4, len(b) + 4])
+    solo_a = _greedy(ours, table_a, a, 4)[1]
+    solo_b = _greedy(ours, table_b, b, 4)[1]
+    table_a, table_b = table_b + table_a[2:], table_a[:2]
+    la, lb = ours.prefill(table_a, a), ours.prefill(table_b, b)
     ta, tb = int(la.argmax()), int(lb.argmax())
     rows = [torch.stack([la, lb])]
     for i in range(3):
-        step = ours.decode([1, 0], [ta, tb], [len(a) + i, len(b) + i])
+        step = ours.decode([table_a, table_b], [ta, tb], [len(a) + i, len(b) + i])
         rows.append(step)
         ta, tb = int(step[0].argmax()), int(step[1].argmax())
     batched = torch.stack(rows)
     torch.testing.assert_close(batched[:, 0], solo_a, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(batched[:, 1], solo_b, rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_greedy_with_pauses_paged_and_static_equal_transformers(
+    checkpoint: tuple[Path, Any],
+) -> None:
+    """Several requests generated together (paused in place and resumed, blocks reused,
+    padding rows): in scattered blocks of 5 and in the static layout (one block of
+    ``max_seq_len`` per request, consecutive), the same tokens as transformers'
+    ``generate`` of each prompt alone."""
+    directory, hf = checkpoint
+    refs = transformers_greedy(hf, PROMPTS, SCHEDULE_TOKENS)
+    paged_model = LlamaModel.from_hf_dir(directory, **SIZES, max_seq_len=MAX_LEN)
+    paged, log = run_with_pauses(paged_model, BlockPool.of(paged_model), PROMPTS, SCHEDULE_TOKENS)
+    assert log.grown
+    assert paged == refs
+    static_model = LlamaModel.from_hf_dir(
+        directory, num_blocks=3, block_size=MAX_LEN, max_seq_len=MAX_LEN
+    )
+    pool = BlockPool.of(static_model, seed=None)
+    static, _ = run_with_pauses(static_model, pool, PROMPTS, SCHEDULE_TOKENS)
+    assert static == paged
 
 
 def test_tokenizer_from_directory(tmp_path: Path) -> None:
@@ -95,14 +135,14 @@ def test_tokenizer_from_directory(tmp_path: Path) -> None:
         "assistant",
     ]
     assert tok.eos_token_id == 2
-    model = LlamaModel.from_hf_dir(tmp_path, num_slots=1, max_seq_len=16)
+    model = LlamaModel.from_hf_dir(tmp_path, num_blocks=1, max_seq_len=16)
     assert model.eos_token_id == tok.eos_token_id
     assert model.name == tmp_path.name
 
 
 def test_load_dispatches_on_directory(tmp_path: Path) -> None:
     make_checkpoint(tmp_path, "smollm2")
-    model = LlamaModel.load(tmp_path, num_slots=1, max_seq_len=16)
+    model = LlamaModel.load(tmp_path, num_blocks=1, max_seq_len=16)
     assert model.config.num_layers == 2 and model.config.num_kv_heads == 2
 
 
@@ -141,7 +181,7 @@ def test_unsupported_checkpoints_fail_at_load(
     make_checkpoint(tmp_path, "mistral")
     edit_config(tmp_path, **changes)
     with pytest.raises(ModelLoadError, match=match):
-        LlamaModel.from_hf_dir(tmp_path, num_slots=1, max_seq_len=16)
+        LlamaModel.from_hf_dir(tmp_path, num_blocks=1, max_seq_len=16)
 
 
 def test_unknown_and_missing_tensors_fail_at_load(tmp_path: Path) -> None:
@@ -153,17 +193,17 @@ def test_unknown_and_missing_tensors_fail_at_load(tmp_path: Path) -> None:
     extra = {**tensors, "model.layers.0.self_attn.q_norm.weight": torch.ones(16)}
     save_file(extra, path)
     with pytest.raises(ModelLoadError, match=r"q_norm\.weight' is not part of a supported"):
-        LlamaModel.from_hf_dir(tmp_path, num_slots=1, max_seq_len=16)
+        LlamaModel.from_hf_dir(tmp_path, num_blocks=1, max_seq_len=16)
     del tensors["model.layers.1.mlp.up_proj.weight"]
     save_file(tensors, path)
     with pytest.raises(ModelLoadError, match=r"blk\.1\.ffn_up\.weight is missing"):
-        LlamaModel.from_hf_dir(tmp_path, num_slots=1, max_seq_len=16)
+        LlamaModel.from_hf_dir(tmp_path, num_blocks=1, max_seq_len=16)
 
 
 def test_missing_files_fail_at_load(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="not found"):
-        LlamaModel.from_hf_dir(tmp_path / "absent", num_slots=1, max_seq_len=16)
+        LlamaModel.from_hf_dir(tmp_path / "absent", num_blocks=1, max_seq_len=16)
     make_checkpoint(tmp_path, "qwen2")
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(ModelLoadError, match=r"neither model\.safetensors nor"):
-        LlamaModel.from_hf_dir(tmp_path, num_slots=1, max_seq_len=16)
+        LlamaModel.from_hf_dir(tmp_path, num_blocks=1, max_seq_len=16)

@@ -19,6 +19,8 @@ from genpool_worker.model import (
     load_gguf,
     load_tokenizer,
 )
+from genpool_worker.model.kv_sizing import bytes_per_block
+from tests.model.paged import interleaved_tables
 
 CFG = LlamaConfig(
     num_layers=2,
@@ -97,9 +99,15 @@ def _write_gguf(path: Path, weights: dict[str, torch.Tensor], arch: str = "llama
     writer.close()
 
 
+# Blocks of 5: 16 positions take 4 (the last one part-filled); 9 blocks + the dummy.
+BLOCK, MAX_LEN, BLOCKS = 5, 16, 9
+# K and V, 2 layers x 2 KV heads x head_dim 8, float32: 2 * 2 * 2 * 8 * 4 bytes a token.
+TOKEN_BYTES = 256
+
+
 @pytest.fixture(scope="module")
 def tiny() -> LlamaModel:
-    return LlamaModel(CFG, _weights(), num_slots=3, max_seq_len=16)
+    return LlamaModel(CFG, _weights(), num_blocks=BLOCKS, block_size=BLOCK, max_seq_len=MAX_LEN)
 
 
 def test_load_gguf_reads_config_and_undoes_qk_permutation(tmp_path: Path) -> None:
@@ -113,70 +121,121 @@ def test_load_gguf_reads_config_and_undoes_qk_permutation(tmp_path: Path) -> Non
     assert loaded.keys() == weights.keys()
     for name, tensor in weights.items():
         assert torch.equal(loaded[name], tensor), name
-    model = LlamaModel.from_gguf(path, num_slots=1, max_seq_len=8)
+    model = LlamaModel.from_gguf(path, num_blocks=1, max_seq_len=8)
     assert model.name == "tiny" and model.vocab_size == CFG.vocab_size
 
 
 def test_kv_cache_layout(tiny: LlamaModel) -> None:
     cache = tiny.kv_cache
-    assert tiny.dummy_slot == cache.dummy_slot == 3
+    assert tiny.dummy_block == cache.dummy_block == BLOCKS == tiny.num_blocks
+    assert tiny.block_size == cache.block_size == BLOCK
     assert len(cache.k) == len(cache.v) == CFG.num_layers
-    assert cache.k[0].shape == (4, CFG.num_kv_heads, 16, CFG.head_dim)
+    assert cache.k[0].shape == (CFG.num_kv_heads, BLOCKS + 1, BLOCK, CFG.head_dim)
+    assert cache.nbytes == (BLOCKS + 1) * BLOCK * TOKEN_BYTES
+    assert cache.token_rows([7, 2, 4], 12) == [*range(35, 40), *range(10, 15), 20, 21]
     assert not tiny.is_synthetic and tiny.eos_token_id == 2
 
 
 def test_decode_continues_prefill(tiny: LlamaModel) -> None:
-    seq = [5, 9, 3, 17, 22, 8]
-    full = tiny.prefill(0, seq)
-    tiny.prefill(1, seq[:-1])
-    step = tiny.decode([1, tiny.dummy_slot, tiny.dummy_slot], [seq[-1], 0, 0], [5, 0, 0])
+    seq = [5, 9, 3, 17, 22, 8, 30, 11, 4, 27, 6, 19]
+    full_table, table = interleaved_tables(BLOCKS, BLOCK, [len(seq), len(seq)])
+    full = tiny.prefill(full_table, seq)
+    tiny.prefill(table, seq[:-1])
+    dummy = [tiny.dummy_block]
+    step = tiny.decode([dummy, table, dummy], [0, seq[-1], 0], [0, len(seq) - 1, 0])
     assert step.shape == (3, CFG.vocab_size)
-    torch.testing.assert_close(step[0], full, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(step[1], full, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize(
-    ("slot", "tokens", "match"),
-    [
-        (-1, [1], "prefill slot"),
-        (3, [1], "dummy"),
-        (4, [1], "prefill slot"),
-        (0, [], "1..16 tokens"),
-        (0, [1] * 17, "1..16 tokens"),
-        (0, [1, 40], "token id 40"),
-        (0, [-1], "token id -1"),
-    ],
-)
-def test_prefill_validation(tiny: LlamaModel, slot: int, tokens: list[int], match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        tiny.prefill(slot, tokens)
+# Each case: (blocks, tokens, message); tables index the fixture's 9 blocks of 5.
+PREFILL_CASES = [
+    ([], [1], "at least one KV block"),
+    ([-1], [1], r"KV block -1 outside \[0, 9\)"),
+    ([9], [1], r"KV block 9 outside \[0, 9\) \(block 9 is the dummy\)"),
+    ([3, 10], [1], "KV block 10 outside"),
+    ([4, 2, 4], [1], r"appears twice in one block table: \[4, 2, 4\]"),
+    ([0], [1] * 6, "6 tokens do not fit 1 KV blocks of 5"),
+    ([6, 1, 3], [1] * 16, "16 tokens do not fit 3 KV blocks of 5"),
+    ([0], [], "1..16 tokens"),
+    ([0, 1, 2, 3], [1] * 17, "1..16 tokens"),
+    ([0], [1, 40], "token id 40"),
+    ([0], [-1], "token id -1"),
+]
 
 
-@pytest.mark.parametrize(
-    ("slots", "tokens", "positions", "match"),
-    [
-        ([], [], [], "at least one"),
-        ([0, 1], [1], [0, 0], "equal lengths"),
-        ([0], [1], [0, 1], "equal lengths"),
-        ([4], [1], [0], "slot 4 outside"),
-        ([-1], [1], [0], "slot -1 outside"),
-        ([1, 1], [1, 2], [0, 0], "twice"),
-        ([0], [1], [16], "position 16"),
-        ([0], [1], [-1], "position -1"),
-        ([0], [99], [0], "token id 99"),
-    ],
-)
-def test_decode_validation(
-    tiny: LlamaModel, slots: list[int], tokens: list[int], positions: list[int], match: str
+@pytest.mark.parametrize(("blocks", "tokens", "match"), PREFILL_CASES)
+def test_prefill_validation(
+    tiny: LlamaModel, blocks: list[int], tokens: list[int], match: str
 ) -> None:
+    before = [t.clone() for t in (*tiny.kv_cache.k, *tiny.kv_cache.v)]
     with pytest.raises(ValueError, match=match):
-        tiny.decode(slots, tokens, positions)
+        tiny.prefill(blocks, tokens)
+    after = (*tiny.kv_cache.k, *tiny.kv_cache.v)
+    assert all(torch.equal(x, y) for x, y in zip(before, after, strict=True))  # nothing written
+
+
+DUMMY = [BLOCKS]
+DECODE_CASES = [
+    ([], [], [], "at least one row"),
+    ([[0], [1]], [1], [0, 0], "equal lengths"),
+    ([[0]], [1], [0, 1], "equal lengths"),
+    ([[4, 9]], [1], [0], r"KV block 9 outside \[0, 9\) \(block 9 is the dummy\)"),
+    ([[10]], [1], [0], "KV block 10 outside"),
+    ([[-1]], [1], [0], "KV block -1 outside"),
+    ([[], DUMMY], [1, 0], [0, 0], "at least one KV block"),
+    ([[3, 5, 3]], [1], [7], "appears twice in one block table"),
+    ([[1], [1]], [1, 2], [0, 0], "a KV block is in two rows"),
+    ([[6, 2], DUMMY, [8, 2]], [1, 0, 2], [6, 0, 9], "a KV block is in two rows"),
+    ([[0]], [1], [5], "position 5 is past the row's 1 KV blocks"),
+    ([[7, 0, 1]], [1], [15], "position 15 is past the row's 3 KV blocks"),
+    ([[0, 1, 2, 3]], [1], [16], r"position 16 outside \[0, 16\)"),
+    ([[0]], [1], [-1], "position -1 outside"),
+    ([[0]], [99], [0], "token id 99"),
+]
+
+
+@pytest.mark.parametrize(("tables", "tokens", "positions", "match"), DECODE_CASES)
+def test_decode_validation(
+    tiny: LlamaModel,
+    tables: list[list[int]],
+    tokens: list[int],
+    positions: list[int],
+    match: str,
+) -> None:
+    before = [t.clone() for t in (*tiny.kv_cache.k, *tiny.kv_cache.v)]
+    with pytest.raises(ValueError, match=match):
+        tiny.decode(tables, tokens, positions)
+    after = (*tiny.kv_cache.k, *tiny.kv_cache.v)
+    assert all(torch.equal(x, y) for x, y in zip(before, after, strict=True))  # nothing written
+
+
+def test_decode_accepts_repeated_padding_rows_and_a_full_table(tiny: LlamaModel) -> None:
+    """The cases next to the refusals above: the dummy row any number of times, a
+    position in a table's last block, a longer table than the positions need."""
+    tiny.prefill([8, 0, 5, 2], [3] * 15)
+    logits = tiny.decode([DUMMY, [8, 0, 5, 2], DUMMY, [1, 4]], [0, 7, 0, 9], [0, 15, 0, 0])
+    assert logits.shape == (4, CFG.vocab_size)
 
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"num_slots": 0, "max_seq_len": 8}, "num_slots"),
-        ({"num_slots": 1, "max_seq_len": 65}, "65"),
+        ({"num_blocks": 0, "max_seq_len": 8}, "num_blocks=0 holds 0 KV blocks"),
+        (
+            {"num_blocks": 3, "block_size": 5, "max_seq_len": 16},
+            "num_blocks=3 holds 3 KV blocks of 5 tokens .* --max-seq-len=16 needs 4",
+        ),
+        ({"num_blocks": 4, "max_seq_len": 65}, "65"),
+        ({"num_blocks": 4, "block_size": 0, "max_seq_len": 8}, "block_size must be >= 1"),
+        (
+            {"num_blocks": 4, "kv_cache_memory": 1 << 20, "max_seq_len": 8},
+            "give num_blocks, kv_cache_memory or gpu_memory_utilization, one",
+        ),
+        (
+            {"kv_cache_memory": 1 << 20, "gpu_memory_utilization": 0.5, "max_seq_len": 8},
+            "give num_blocks, kv_cache_memory or gpu_memory_utilization, one",
+        ),
+        ({"max_seq_len": 8}, "needs num_blocks or --kv-cache-memory off CUDA"),
     ],
 )
 def test_constructor_validation(kwargs: dict[str, Any], match: str) -> None:
@@ -184,12 +243,43 @@ def test_constructor_validation(kwargs: dict[str, Any], match: str) -> None:
         LlamaModel(CFG, _weights(), **kwargs)
 
 
+def _budgeted(kv_cache_memory: int, **kwargs: Any) -> LlamaModel:
+    return LlamaModel(
+        CFG,
+        _weights(),
+        kv_cache_memory=kv_cache_memory,
+        block_size=BLOCK,
+        max_seq_len=MAX_LEN,
+        **kwargs,
+    )
+
+
+def test_kv_cache_memory_sizes_the_block_count() -> None:
+    """``kv_cache_memory`` bytes hold ``bytes // bytes_per_block`` blocks, the dummy among
+    them (the cache never exceeds the budget); a budget short of one ``max_seq_len``
+    request is refused, naming both flags."""
+    block_bytes = bytes_per_block(CFG, BLOCK, CFG.num_kv_heads, torch.float32)
+    assert block_bytes == BLOCK * TOKEN_BYTES
+    for budget, blocks in ((7 * block_bytes, 6), (7 * block_bytes - 1, 5), (30_000, 22)):
+        model = _budgeted(budget)
+        assert model.num_blocks == blocks == budget // block_bytes - 1, budget
+        assert model.kv_cache.nbytes == (blocks + 1) * block_bytes <= budget
+    # bfloat16 halves the bytes of a block, so the same budget holds twice the blocks.
+    assert _budgeted(7 * block_bytes, dtype=torch.bfloat16).num_blocks == 13
+    # 16 positions need 4 blocks of 5: 5 blocks' bytes (the dummy's included) are enough,
+    # one byte less is not.
+    assert _budgeted(5 * block_bytes).num_blocks == 4
+    with pytest.raises(ValueError, match="--kv-cache-memory=6399 bytes holds 3 KV blocks") as e:
+        _budgeted(5 * block_bytes - 1)
+    assert "--max-seq-len=16 needs 4" in str(e.value)
+
+
 def test_missing_and_invalid_files(tmp_path: Path) -> None:
     missing = tmp_path / "nope.gguf"
     for load in (
         load_gguf,
         load_tokenizer,
-        lambda p: LlamaModel.from_gguf(p, num_slots=1, max_seq_len=8),
+        lambda p: LlamaModel.from_gguf(p, num_blocks=1, max_seq_len=8),
     ):
         with pytest.raises(GGUFLoadError, match="not found"):
             load(missing)
@@ -218,30 +308,34 @@ def test_onednn_and_plain_gemms_agree() -> None:
     # The PyPI torch that `make test` installs has oneDNN; the worker's measured CPU
     # speed depends on it, so its absence is a failure here, not a skip.
     assert onednn_available(torch.device("cpu"), torch.float32), "torch without oneDNN"
-    plain = LlamaModel(CFG, _weights(), num_slots=2, max_seq_len=16, use_onednn=False)
-    packed = LlamaModel(CFG, _weights(), num_slots=2, max_seq_len=16, use_onednn=True)
+    sizes: dict[str, Any] = {"num_blocks": 4, "block_size": BLOCK, "max_seq_len": MAX_LEN}
+    plain = LlamaModel(CFG, _weights(), **sizes, use_onednn=False)
+    packed = LlamaModel(CFG, _weights(), **sizes, use_onednn=True)
     assert packed.uses_onednn and not plain.uses_onednn
-    seq = [3, 14, 15, 9, 26]
-    torch.testing.assert_close(packed.prefill(0, seq), plain.prefill(0, seq))
-    args = ([0, 1], [5, 35], [5, 0])
+    seq = [3, 14, 15, 9, 26, 1, 8]
+    a, b = interleaved_tables(4, BLOCK, [len(seq) + 1, 1])
+    torch.testing.assert_close(packed.prefill(a, seq), plain.prefill(a, seq))
+    args = ([a, b], [5, 35], [len(seq), 0])
     torch.testing.assert_close(packed.decode(*args), plain.decode(*args))
 
 
 def test_onednn_refused_where_unsupported() -> None:
     with pytest.raises(ValueError, match="use_onednn=True"):
         LlamaModel(
-            CFG, _weights(), num_slots=1, max_seq_len=8, dtype=torch.bfloat16, use_onednn=True
+            CFG, _weights(), num_blocks=1, max_seq_len=8, dtype=torch.bfloat16, use_onednn=True
         )
 
 
 def test_bfloat16_path_runs_and_tracks_float32() -> None:
     """The CUDA configuration's dtype handling, exercised on the CPU (no GPU in CI)."""
-    ref = LlamaModel(CFG, _weights(), num_slots=2, max_seq_len=16)
-    half = LlamaModel(CFG, _weights(), num_slots=2, max_seq_len=16, dtype=torch.bfloat16)
+    sizes: dict[str, Any] = {"num_blocks": 4, "block_size": BLOCK, "max_seq_len": MAX_LEN}
+    ref = LlamaModel(CFG, _weights(), **sizes)
+    half = LlamaModel(CFG, _weights(), **sizes, dtype=torch.bfloat16)
     assert half.kv_cache.k[0].dtype == torch.bfloat16 and not half.uses_onednn
-    seq = [3, 14, 15, 9, 26]
-    out = half.prefill(0, seq)
+    seq = [3, 14, 15, 9, 26, 1, 8]
+    (table,) = interleaved_tables(4, BLOCK, [len(seq) + 1], seed=5)
+    out = half.prefill(table, seq)
     assert out.dtype == torch.float32  # logits are always float32 for sampling
-    torch.testing.assert_close(out, ref.prefill(0, seq), rtol=0.05, atol=0.05)
-    args = ([0, half.dummy_slot], [5, 0], [5, 0])
+    torch.testing.assert_close(out, ref.prefill(table, seq), rtol=0.05, atol=0.05)
+    args = ([table, [half.dummy_block]], [5, 0], [len(seq), 0])
     torch.testing.assert_close(half.decode(*args)[0], ref.decode(*args)[0], rtol=0.05, atol=0.05)

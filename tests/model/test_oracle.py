@@ -16,19 +16,16 @@ from typing import Any
 import pytest
 import torch
 
+from tests.model.conftest import CHATS, NEW_TOKENS
+from tests.model.paged import BlockPool, greedy, interleaved_tables, run_with_pauses
+
 REL_TOL = 1e-4
 DECODE_STEPS = 4
-NEW_TOKENS = 24
 
 PLAIN_PROMPTS = [
     "The quick brown fox jumps over the lazy dog. Then it",
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
     "Kubernetes operators reconcile custom resources into",
-]
-CHATS = [
-    "What is the capital of France?",
-    "Name three primary colours.",
-    "Write one sentence about the sea.",
 ]
 
 
@@ -52,47 +49,73 @@ def test_prefill_and_decode_logits_match_transformers(
     model: Any, hf_model: Any, tokenizer: Any
 ) -> None:
     prompts = [tokenizer.encode(p) for p in PLAIN_PROMPTS] + [_chat(tokenizer, CHATS[0])]
-    for slot, ids in enumerate(prompts):
+    tables = interleaved_tables(
+        model.num_blocks, model.block_size, [len(p) + DECODE_STEPS for p in prompts]
+    )
+    for table, ids in zip(tables, prompts, strict=True):
         ids = list(ids)
-        logits = model.prefill(slot, ids)
+        logits = model.prefill(table, ids)
         assert logits.shape == (model.vocab_size,) and logits.dtype == torch.float32
         _close(logits, _hf_last_logits(hf_model, ids))
         for _ in range(DECODE_STEPS):
             ids.append(int(logits.argmax()))
-            logits = model.decode([slot], [ids[-1]], [len(ids) - 1])[0]
+            logits = model.decode([table], [ids[-1]], [len(ids) - 1])[0]
             _close(logits, _hf_last_logits(hf_model, ids))
-
-
-def _greedy(model: Any, ids: list[int], new_tokens: int, slot: int = 0) -> list[int]:
-    logits = model.prefill(slot, ids)
-    out = [int(logits.argmax())]
-    while len(out) < new_tokens and out[-1] != model.eos_token_id:
-        logits = model.decode([slot], [out[-1]], [len(ids) + len(out) - 1])[0]
-        out.append(int(logits.argmax()))
-    return out
 
 
 def test_greedy_answers_paris(model: Any, tokenizer: Any) -> None:
     ids = _chat(tokenizer, "What is the capital of France?")
-    text = tokenizer.decode(_greedy(model, ids, NEW_TOKENS))
+    blocks = BlockPool.of(model, seed=1).table(len(ids) + NEW_TOKENS)
+    text = tokenizer.decode(greedy(model, blocks, ids, NEW_TOKENS))
     assert "Paris" in text, text
 
 
 def test_greedy_text_equals_transformers_generate(
-    model: Any, hf_model: Any, tokenizer: Any
+    model: Any, tokenizer: Any, chat_refs: list[tuple[list[int], list[int]]]
 ) -> None:
-    for prompt in CHATS:
-        ids = _chat(tokenizer, prompt)
-        ours = tokenizer.decode(_greedy(model, ids, NEW_TOKENS))
-        with torch.inference_mode():
-            ref = hf_model.generate(
-                input_ids=torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                max_new_tokens=NEW_TOKENS,
-                do_sample=False,
-                pad_token_id=model.eos_token_id,
-            )
-        assert ours == tokenizer.decode(ref[0, len(ids) :].tolist()), prompt
+    """Each chat alone (batch 1, with a padding row every other one), in scattered
+    blocks: the same tokens, and so the same text, as transformers' ``generate``."""
+    pool = BlockPool.of(model, seed=2)
+    for n, (ids, ref) in enumerate(chat_refs):
+        blocks = pool.table(len(ids) + NEW_TOKENS)
+        ours = greedy(model, blocks, ids, NEW_TOKENS, pad=n % 2 == 1)
+        assert tokenizer.decode(ours) == tokenizer.decode(ref), tokenizer.decode(ids)
+        assert ours == ref
+
+
+def test_greedy_with_pauses_equals_transformers_paged_and_static(
+    model: Any,
+    static_model: Any,
+    tokenizer: Any,
+    chat_refs: list[tuple[list[int], list[int]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The chats generated together (requests paused in place and resumed, blocks reused,
+    padding rows): paged, in scattered blocks of 16, and in the static layout (one
+    ``max_seq_len`` block per request, consecutive), each the same as transformers."""
+    prompts = [ids for ids, _ in chat_refs]
+    paged, log = run_with_pauses(model, BlockPool.of(model, seed=3), prompts, NEW_TOKENS)
+    assert log.grown  # tables grew mid-decode, from blocks interleaved with the others'
+    for (ids, ref), ours in zip(chat_refs, paged, strict=True):
+        assert tokenizer.decode(ours) == tokenizer.decode(ref), tokenizer.decode(ids)
+        assert ours == ref
+
+    # The static layout reads K/V in place while the batch's blocks are consecutive
+    # (the pre-paging fast path) and gathers them otherwise; both must have run.
+    paths: list[bool] = []
+    consecutive = static_model.kv_cache.consecutive_run
+
+    def spy(tables: Any, length: int) -> int | None:
+        run = consecutive(tables, length)
+        paths.append(run is not None)
+        return run
+
+    monkeypatch.setattr(static_model.kv_cache, "consecutive_run", spy)
+    static, _ = run_with_pauses(
+        static_model, BlockPool.of(static_model, seed=None), prompts, NEW_TOKENS
+    )
+    assert static == paged
+    assert any(paths) and not all(paths), paths
 
 
 @pytest.mark.parametrize(

@@ -1,39 +1,100 @@
 """Tensor-parallel shards (docs/design.md#multi-rank) reproduce the single-rank model.
 
-Two gloo ranks on the CPU run the tiny random model sharded by heads and MLP
-columns; every rank's logits must equal the unsharded model's (up to the
-all-reduce's summation order).
+Two gloo ranks on the CPU run a model sharded by heads and MLP columns, over scattered
+block tables (tests/model/paged.py) that both ranks build alike (the schedulers of a
+real pool agree the same way). The tiny random model's logits must equal the unsharded
+model's (up to the all-reduce's summation order); the SmolLM2 GGUF's greedy tokens, with
+requests paused and resumed, must equal transformers'. SmolLM2-135M has 9 query and 3 KV
+heads, so it shards 3 ways (2 divides neither); the HF checkpoints of
+test_hf_tensor_parallel.py cover 2 ranks.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 
-from genpool_worker.model import LlamaModel
+from genpool_worker.model import LlamaConfig, LlamaModel
+from genpool_worker.model.kv_sizing import bytes_per_block
+from tests.model.conftest import BLOCK_SIZE, MAX_SEQ_LEN, NEW_TOKENS, NUM_BLOCKS
 from tests.model.gloo_ranks import spawn_gloo_ranks
+from tests.model.paged import BlockPool, interleaved_tables, run_with_pauses
 from tests.model.test_model_units import CFG, _weights
 
 WORLD = 2
+GGUF_WORLD = 3
+SIZES: dict[str, Any] = {"num_blocks": 9, "block_size": 5, "max_seq_len": 16}
 
 
 def _rank_main(rank: int, world: int) -> None:
-    ref = LlamaModel(CFG, _weights(), num_slots=3, max_seq_len=16)
-    shard = LlamaModel(CFG, _weights(), num_slots=3, max_seq_len=16, tp_rank=rank, tp_size=world)
-    assert shard.kv_cache.k[0].shape[1] == CFG.num_kv_heads // world
+    ref = LlamaModel(CFG, _weights(), **SIZES)
+    shard = LlamaModel(CFG, _weights(), **SIZES, tp_rank=rank, tp_size=world)
+    assert shard.kv_cache.k[0].shape == (CFG.num_kv_heads // world, 10, 5, CFG.head_dim)
+    c, a, b = [4, 8, 15, 16, 23, 12], [5, 9, 3, 17, 22, 8, 13], [30, 31]
+    tc, ta, tb = interleaved_tables(9, 5, [len(c) + 1, len(a) + 1, len(b) + 2])
     for model in (ref, shard):
-        model.prefill(1, [4, 8, 15, 16])
-    a, b = [5, 9, 3, 17, 22, 8], [30, 31]
-    torch.testing.assert_close(shard.prefill(0, a), ref.prefill(0, a))
-    torch.testing.assert_close(shard.prefill(2, b), ref.prefill(2, b))
-    args = ([2, 0, 3], [7, 11, 0], [2, 6, 0])  # scattered slots + a dummy pad row
+        model.prefill(tc, c)
+    torch.testing.assert_close(shard.prefill(ta, a), ref.prefill(ta, a))
+    torch.testing.assert_close(shard.prefill(tb, b), ref.prefill(tb, b))
+    args = ([tb, ta, [ref.dummy_block]], [7, 11, 0], [2, 7, 0])  # + a dummy pad row
     torch.testing.assert_close(shard.decode(*args), ref.decode(*args))
-    args = ([1, 2], [23, 5], [4, 3])
+    args = ([tc, tb], [23, 5], [6, 3])
     torch.testing.assert_close(shard.decode(*args), ref.decode(*args))
+
+    # A rank's block holds its own KV heads only, so a byte budget buys twice the blocks
+    # at 2 ranks; every rank takes the smallest count (here rank 0's).
+    full = bytes_per_block(CFG, 5, CFG.num_kv_heads, torch.float32)
+    sized = LlamaModel(
+        CFG,
+        _weights(),
+        kv_cache_memory=(7 + 2 * rank) * full,
+        block_size=5,
+        max_seq_len=16,
+        tp_rank=rank,
+        tp_size=world,
+    )
+    assert sized.num_blocks == 7 * world
 
 
 def test_two_gloo_ranks_match_the_single_rank_model() -> None:
     spawn_gloo_ranks(_rank_main, WORLD)
+
+
+def _gguf_rank(
+    rank: int,
+    world: int,
+    config: LlamaConfig,
+    weights_file: str,
+    prompts: list[list[int]],
+    refs: list[list[int]],
+) -> None:
+    weights = torch.load(weights_file, mmap=True, weights_only=True)
+    shard = LlamaModel(
+        config,
+        weights,
+        num_blocks=NUM_BLOCKS,
+        block_size=BLOCK_SIZE,
+        max_seq_len=MAX_SEQ_LEN,
+        tp_rank=rank,
+        tp_size=world,
+        consume_weights=True,
+    )
+    out, log = run_with_pauses(shard, BlockPool.of(shard, seed=4), prompts, NEW_TOKENS)
+    assert log.grown
+    assert out == refs, rank
+
+
+def test_gguf_three_gloo_ranks_greedy_with_pauses_equals_transformers(
+    gguf_weights: tuple[LlamaConfig, Any],
+    gguf_weights_file: Path,
+    chat_refs: list[tuple[list[int], list[int]]],
+) -> None:
+    prompts, refs = [ids for ids, _ in chat_refs], [ref for _, ref in chat_refs]
+    config = gguf_weights[0]
+    spawn_gloo_ranks(_gguf_rank, GGUF_WORLD, config, str(gguf_weights_file), prompts, refs)
 
 
 @pytest.mark.parametrize(
@@ -47,4 +108,4 @@ def test_two_gloo_ranks_match_the_single_rank_model() -> None:
 )
 def test_tensor_parallel_settings_are_checked(rank: int, size: int, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        LlamaModel(CFG, _weights(), num_slots=1, max_seq_len=8, tp_rank=rank, tp_size=size)
+        LlamaModel(CFG, _weights(), num_blocks=1, max_seq_len=8, tp_rank=rank, tp_size=size)

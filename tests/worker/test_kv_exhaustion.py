@@ -82,7 +82,7 @@ def test_block_exhaustion_loses_nothing_and_changes_no_text(
     # 12 blocks of 16 tokens (1.5 requests of max_seq_len); each request holds 3 or 4
     # (12 prompt + 30..50 output tokens), so memory binds before B = 4 and B + H = 8 do.
     observer = MemoryBound()
-    budget = 12 * 16 * SMOLLM2_KV_BYTES_PER_TOKEN
+    budget = 13 * 16 * SMOLLM2_KV_BYTES_PER_TOKEN  # 12 blocks and the dummy
     worker = worker_factory(**BASE, **MODES[mode], kv_cache_memory=budget, observer=observer)
     observer.engine = worker.engine
     assert worker.engine.model_info.num_kv_blocks == 12

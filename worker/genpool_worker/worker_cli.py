@@ -106,7 +106,8 @@ def synthetic_num_blocks(config: WorkerConfig) -> int:
 
     memory = config.kv_cache_memory or 0
     block_bytes = SYNTHETIC_KV_BYTES_PER_TOKEN * config.kv_block_size
-    count, need = memory // block_bytes, -(-config.max_seq_len // config.kv_block_size)
+    count = max(0, memory // block_bytes - 1)  # the dummy block is in the budget
+    need = -(-config.max_seq_len // config.kv_block_size)
     if count < need:
         raise ValueError(
             f"--kv-cache-memory={memory} bytes holds {count} KV blocks of "

@@ -64,7 +64,7 @@ def test_a_cpu_example_with_a_memory_limit_holds_one_request(path: Path) -> None
 def test_the_cpu_example_leaves_403_mib_of_its_2_gib() -> None:
     assert len(CPU_WITH_LIMIT) >= 3
     spec = checked_spec(example_spec(EXAMPLES / "genpool-cpu.yaml"))
-    assert spec.worker_config()["kv_cache_memory"] == 422_435_584  # 572 blocks of 16
+    assert spec.worker_config()["kv_cache_memory"] == 422_435_584  # 571 blocks of 16 and the dummy
 
 
 def test_the_autoscaled_example_is_a_valid_autoscaled_pool() -> None:

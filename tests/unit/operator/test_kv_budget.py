@@ -126,25 +126,26 @@ def test_the_message_says_what_the_limit_leaves_and_what_one_request_needs() -> 
         "invalid spec: spec.resources.limits.memory: 1700Mi leaves 55 MiB per rank for the "
         "KV cache of smollm2-135m on CPU after 621 MiB of float32 weights and a 1024 MiB "
         "runtime allowance per rank (1 rank); one request of spec.engine.maxSeqLen=2048 "
-        "needs 90 MiB per rank (128 blocks of 16 tokens): raise resources.limits.memory or "
-        "lower engine.maxSeqLen"
+        "needs 91 MiB per rank (128 blocks of 16 tokens and the padding block): raise "
+        "resources.limits.memory or lower engine.maxSeqLen"
     )
 
 
 def test_just_enough_for_one_request_is_enough() -> None:
-    one_request = 128 * 16 * SMOLLM2_KV_PER_TOKEN  # 2,048 tokens
+    one_request = 129 * 16 * SMOLLM2_KV_PER_TOKEN  # 2,048 tokens and the padding block
     limit = SMOLLM2_WEIGHTS + GiB + one_request
     assert budget_of(**with_limit(limit)) == {"kv_cache_memory": one_request}
     assert spec_error(with_limit(limit - 1)) is not None
 
 
 def test_the_block_size_rounds_the_request_up() -> None:
-    # maxSeqLen 100 in blocks of 64 is 2 blocks = 128 tokens.
-    need = 128 * SMOLLM2_KV_PER_TOKEN
+    # maxSeqLen 100 in blocks of 64 is 2 blocks = 128 tokens, and the padding block.
+    need = 192 * SMOLLM2_KV_PER_TOKEN
     engine = {"maxSeqLen": 100, "kvBlockSize": 64}
     limit = SMOLLM2_WEIGHTS + GiB + need
     assert budget_of(**with_limit(limit, engine=engine)) == {"kv_cache_memory": need}
-    assert "(2 blocks of 64 tokens)" in str(spec_error(with_limit(limit - 1, engine=engine)))
+    message = str(spec_error(with_limit(limit - 1, engine=engine)))
+    assert "(2 blocks of 64 tokens and the padding block)" in message
 
 
 def test_an_unreadable_memory_limit_is_invalid_spec_on_cpu_only() -> None:

@@ -56,15 +56,16 @@ class KVSizing:
         if self.num_blocks is not None:
             count, source = self.num_blocks, f"num_blocks={self.num_blocks}"
         elif self.kv_cache_memory is not None:
-            count = self.kv_cache_memory // block_bytes
+            count = self.kv_cache_memory // block_bytes - 1  # the dummy block is in it
             source = f"--kv-cache-memory={self.kv_cache_memory} bytes"
         elif device.type == "cuda":
             share = self.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
             free = measure_free(share)
-            count = max(0, free) // block_bytes
+            count = max(0, free) // block_bytes - 1
             source = f"--gpu-memory-utilization={share:g} ({max(0, free)} bytes left for KV)"
         else:
             raise ValueError("the KV cache needs num_blocks or --kv-cache-memory off CUDA")
+        count = max(0, count)
         if count < need:
             raise ValueError(
                 f"{source} holds {count} KV blocks of {self.block_size} tokens "
