@@ -191,6 +191,8 @@ DECODE_CASES = [
     ([[0, 1, 2, 3]], [1], [16], r"position 16 outside \[0, 16\)"),
     ([[0]], [1], [-1], "position -1 outside"),
     ([[0]], [99], [0], "token id 99"),
+    ([[0, 1, 2, 3, 4]], [1], [0], "a block table of 5 blocks is longer than --max-seq-len=16"),
+    ([DUMMY], [0], [3], "a padding row .* decodes at 0, got 3"),
 ]
 
 

@@ -76,8 +76,15 @@ def check_decode(
         if not 0 <= position < max_seq_len:
             raise ValueError(f"position {position} outside [0, {max_seq_len})")
         if list(table) == [num_blocks]:
+            if position != 0:
+                raise ValueError(f"a padding row (the dummy block) decodes at 0, got {position}")
             continue
         check_blocks(table, num_blocks)
+        if len(table) > -(-max_seq_len // block_size):
+            raise ValueError(
+                f"a block table of {len(table)} blocks is longer than --max-seq-len="
+                f"{max_seq_len} needs ({-(-max_seq_len // block_size)} of {block_size})"
+            )
         if position // block_size >= len(table):
             raise ValueError(f"position {position} is past the row's {len(table)} KV blocks")
         real.extend(table)
