@@ -36,11 +36,6 @@ class KVBudget:
                 f"{self.num_blocks} and {self.block_size}"
             )
 
-    @classmethod
-    def for_tokens(cls, num_tokens: int, block_size: int) -> KVBudget:
-        """The smallest budget holding ``num_tokens`` tokens."""
-        return cls(-(-num_tokens // block_size), block_size)
-
     @property
     def num_tokens(self) -> int:
         return self.num_blocks * self.block_size

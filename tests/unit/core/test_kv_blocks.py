@@ -56,7 +56,7 @@ def test_the_pool_refuses_to_free_what_it_did_not_hand_out() -> None:
 def test_a_budget_counts_blocks_of_whole_tokens() -> None:
     budget = KVBudget(10, 16)
     assert [budget.blocks_for(n) for n in (0, 1, 16, 17, 32)] == [1, 1, 1, 2, 2]
-    assert KVBudget.for_tokens(33, 16) == KVBudget(3, 16)
+    assert KVBudget(3, 16).num_tokens == 48
     assert reserved_tokens(100, 28) == 128
     with pytest.raises(ValueError, match="num_blocks >= 1"):
         KVBudget(0, 16)
