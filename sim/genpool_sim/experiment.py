@@ -157,6 +157,18 @@ def simulate(
             )
         cluster.run()
         return cluster
+    _run_closed_loop(cluster, workload, rng, lambda: next(ids), submit)
+    return cluster
+
+
+def _run_closed_loop(
+    cluster: Cluster,
+    workload: Workload,
+    rng: random.Random,
+    next_id: Callable[[], int],
+    submit: Callable[[SimRequest], None],
+) -> None:
+    """Clients that send their next request when the last one ends, per phase."""
     sampler = LengthSampler(workload.lengths, rng)
     phases = workload.phases or [Phase(workload.duration_s, workload.concurrency or 0)]
     active: set[int] = set()
@@ -164,7 +176,7 @@ def simulate(
     def send(client: int, at: float) -> None:
         if at < workload.duration_s and client < clients_at(phases, at):
             prompt, output = sampler.sample()
-            submit(SimRequest(f"c{client}-{next(ids)}", at, prompt, output, client))
+            submit(SimRequest(f"c{client}-{next_id()}", at, prompt, output, client))
         else:  # retired: the phase's client count fell below it (or the run ended)
             active.discard(client)
 
@@ -179,7 +191,6 @@ def simulate(
     for start in phase_starts(phases)[1:]:
         cluster.at(start, start_phase, order=0)
     cluster.run()
-    return cluster
 
 
 def every(
