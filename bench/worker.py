@@ -34,6 +34,7 @@ import platform
 import random
 import resource
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -108,64 +109,13 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     for model in (ours, static):
         time_ours(model, warm, [[0]], 2)
     time_hf(hf, warm, 2, ours.eos_token_id)
+    setup = _Setup(ours, static, hf, residents, block, max_seq_len, prompt_len, new_tokens,
+                   repeats)  # fmt: skip
     rows = []
     threads_before = torch.get_num_threads()
     for threads, b in [(t, b) for t in _thread_counts() for b in BATCHES]:
         torch.set_num_threads(threads)
-        prompts = [
-            [rng.randrange(100, ours.vocab_size) for _ in range(prompt_len)] for _ in range(b)
-        ]
-        scattered = [[s] for s in rng.sample(range(residents), b)]
-        paged = running_pool_tables(ours.num_blocks, block, max_seq_len, b, rng.randrange(2**31))
-        best: dict[str, float] = {}
-        agree = 0.0
-        same_paged_static = True
-        runs = {
-            "ours_contiguous": (static, static_tables(b)),
-            "ours_scattered": (static, scattered),
-            "ours_paged": (ours, paged),
-        }
-        for repeat in range(repeats):
-            times, outs = {}, {}
-            # Every other repeat in reverse, so neither layout always runs first.
-            for key in list(runs)[:: -1 if repeat % 2 else 1]:
-                model, tables = runs[key]
-                times[key], outs[key] = time_ours(model, prompts, tables, new_tokens)
-            ours_out = outs["ours_paged"]
-            same_paged_static &= ours_out == outs["ours_contiguous"] == outs["ours_scattered"]
-            times["hf_generate"], hf_out = time_hf(hf, prompts, new_tokens + 1, ours.eos_token_id)
-            times["hf_prefill"], _ = time_hf(hf, prompts, 1, ours.eos_token_id)
-            for key, value in times.items():
-                best[key] = min(best.get(key, float("inf")), value)
-            same = sum(
-                a == c
-                for x, y in zip(ours_out, hf_out, strict=True)
-                for a, c in zip(x, y, strict=True)
-            )
-            agree = same / (b * (new_tokens + 1))
-        hf_decode_s = max(best["hf_generate"] - best["hf_prefill"], 1e-9)
-        tokens = b * new_tokens
-        row = {
-            "threads": threads,
-            "batch": b,
-            "prompt_len": prompt_len,
-            "decode_steps": new_tokens,
-            "ours_contiguous_tok_s": tokens / best["ours_contiguous"],
-            "ours_scattered_tok_s": tokens / best["ours_scattered"],
-            "ours_paged_tok_s": tokens / best["ours_paged"],
-            "paged_block_size": block,
-            "paged_table_runs": _runs(paged) / b,
-            "paged_tokens_equal_static": same_paged_static,
-            "hf_decode_tok_s": tokens / hf_decode_s,
-            "hf_generate_s": best["hf_generate"],
-            "hf_prefill_s": best["hf_prefill"],
-            "greedy_token_agreement": agree,
-        }
-        row["ratio_contiguous"] = row["ours_contiguous_tok_s"] / row["hf_decode_tok_s"]
-        row["ratio_scattered"] = row["ours_scattered_tok_s"] / row["hf_decode_tok_s"]
-        row["ratio_paged"] = row["ours_paged_tok_s"] / row["hf_decode_tok_s"]
-        row["paged_vs_static"] = row["ours_paged_tok_s"] / row["ours_contiguous_tok_s"]
-        rows.append(row)
+        rows.append(_measure(setup, threads, b, rng))
     torch.set_num_threads(threads_before)
     return {
         "quick": quick,
@@ -192,6 +142,80 @@ def run(*, quick: bool = False) -> dict[str, Any]:
             "platform": platform.platform(),
         },
     }
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """The loaded models and the run's shape, the same for every row."""
+
+    ours: Any  # LlamaModel, paged
+    static: Any  # LlamaModel, one max_seq_len block per request
+    hf: Any  # transformers' model
+    residents: int
+    block: int
+    max_seq_len: int
+    prompt_len: int
+    new_tokens: int
+    repeats: int
+
+
+def _measure(setup: _Setup, threads: int, b: int, rng: random.Random) -> dict[str, Any]:
+    """One row: the three layouts and transformers at batch ``b``, best of the repeats."""
+    ours, new_tokens = setup.ours, setup.new_tokens
+    prompts = [
+        [rng.randrange(100, ours.vocab_size) for _ in range(setup.prompt_len)] for _ in range(b)
+    ]
+    scattered = [[s] for s in rng.sample(range(setup.residents), b)]
+    paged = running_pool_tables(
+        ours.num_blocks, setup.block, setup.max_seq_len, b, rng.randrange(2**31)
+    )
+    best: dict[str, float] = {}
+    agree = 0.0
+    same_paged_static = True
+    runs = {
+        "ours_contiguous": (setup.static, static_tables(b)),
+        "ours_scattered": (setup.static, scattered),
+        "ours_paged": (ours, paged),
+    }
+    for repeat in range(setup.repeats):
+        times, outs = {}, {}
+        # Every other repeat in reverse, so neither layout always runs first.
+        for key in list(runs)[:: -1 if repeat % 2 else 1]:
+            model, tables = runs[key]
+            times[key], outs[key] = time_ours(model, prompts, tables, new_tokens)
+        ours_out = outs["ours_paged"]
+        same_paged_static &= ours_out == outs["ours_contiguous"] == outs["ours_scattered"]
+        times["hf_generate"], hf_out = time_hf(setup.hf, prompts, new_tokens + 1, ours.eos_token_id)
+        times["hf_prefill"], _ = time_hf(setup.hf, prompts, 1, ours.eos_token_id)
+        for key, value in times.items():
+            best[key] = min(best.get(key, float("inf")), value)
+        same = sum(
+            a == c for x, y in zip(ours_out, hf_out, strict=True) for a, c in zip(x, y, strict=True)
+        )
+        agree = same / (b * (new_tokens + 1))
+    hf_decode_s = max(best["hf_generate"] - best["hf_prefill"], 1e-9)
+    tokens = b * new_tokens
+    row = {
+        "threads": threads,
+        "batch": b,
+        "prompt_len": setup.prompt_len,
+        "decode_steps": new_tokens,
+        "ours_contiguous_tok_s": tokens / best["ours_contiguous"],
+        "ours_scattered_tok_s": tokens / best["ours_scattered"],
+        "ours_paged_tok_s": tokens / best["ours_paged"],
+        "paged_block_size": setup.block,
+        "paged_table_runs": _runs(paged) / b,
+        "paged_tokens_equal_static": same_paged_static,
+        "hf_decode_tok_s": tokens / hf_decode_s,
+        "hf_generate_s": best["hf_generate"],
+        "hf_prefill_s": best["hf_prefill"],
+        "greedy_token_agreement": agree,
+    }
+    row["ratio_contiguous"] = row["ours_contiguous_tok_s"] / row["hf_decode_tok_s"]
+    row["ratio_scattered"] = row["ours_scattered_tok_s"] / row["hf_decode_tok_s"]
+    row["ratio_paged"] = row["ours_paged_tok_s"] / row["hf_decode_tok_s"]
+    row["paged_vs_static"] = row["ours_paged_tok_s"] / row["ours_contiguous_tok_s"]
+    return row
 
 
 def _runs(tables: list[list[int]]) -> int:

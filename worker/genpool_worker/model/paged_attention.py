@@ -128,11 +128,7 @@ if triton is not None:
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
-        length = tl.load(lengths_ptr + row)
-        split_len = tl.maximum(tl.cdiv(length, SPLITS), MIN_KEYS)
-        split_len = tl.cdiv(split_len, BLOCK) * BLOCK
-        start = split * split_len
-        end = tl.minimum(start + split_len, length)
+        start, end = _split_range(tl.load(lengths_ptr + row), split, SPLITS, MIN_KEYS, BLOCK)
         heads = tl.arange(0, GROUP_PAD)
         dims = tl.arange(0, HEAD_DIM)
         head_ok = heads < GROUP
@@ -162,6 +158,22 @@ if triton is not None:
             BLOCK_SIZE,
             BLOCK,
         )
+        _store_partial(out_ptr, lse_ptr, part, dims, head_ok, m, s, acc, HEAD_DIM)
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _split_range(  # type: ignore[no-untyped-def]
+        length, split, SPLITS: tl.constexpr, MIN_KEYS: tl.constexpr, BLOCK: tl.constexpr
+    ):
+        """Keys ``[start, end)`` of ``split``: a ``SPLITS``-th of the row, at least
+        ``MIN_KEYS``, in whole ``BLOCK`` tiles (empty past the row's length)."""
+        split_len = tl.maximum(tl.cdiv(length, SPLITS), MIN_KEYS)
+        split_len = tl.cdiv(split_len, BLOCK) * BLOCK
+        start = split * split_len
+        return start, tl.minimum(start + split_len, length)
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _store_partial(out_ptr, lse_ptr, part, dims, head_ok, m, s, acc, HEAD_DIM: tl.constexpr):  # type: ignore[no-untyped-def]
+        """A split's normalised output and log-sum-exp, for the merge."""
         # No key (s == 0): lse = -inf drops the split, and its output is never read.
         has_keys = s > 0
         s_safe = tl.where(has_keys, s, 1.0)
