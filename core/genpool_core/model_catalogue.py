@@ -14,6 +14,11 @@ import math
 from dataclasses import dataclass
 
 
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """KV-cache bytes of one token: K and V of every layer's KV heads (the one formula)."""
+    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
+
+
 @dataclass(frozen=True, slots=True)
 class ModelShape:
     num_heads: int
@@ -30,7 +35,7 @@ class ModelShape:
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """K and V of one token over every layer and KV head."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, dtype_bytes)
 
     def can_shard(self, tensor_parallel_size: int) -> bool:
         return self._common_divisor() % tensor_parallel_size == 0

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from genpool_core.kv_blocks import KVBudget
+from genpool_core.model_catalogue import kv_bytes_per_token
 from genpool_core.scheduler import GenScheduler
 
 GB = 10**9  # decimal gigabytes, as GPU memory is quoted
@@ -29,7 +30,9 @@ class KVShape:
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return kv_bytes_per_token(
+            self.num_layers, self.num_kv_heads, self.head_dim, self.dtype_bytes
+        )
 
     def bytes_per_block(self, block_size: int) -> int:
         return self.bytes_per_token * block_size

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from genpool_core.model_catalogue import kv_bytes_per_token
 from genpool_core.stepmodel import DEFAULT_STEP_MODEL, StepModel
 
 SYNTHETIC_VOCAB = 256
@@ -19,7 +20,7 @@ SYNTHETIC_EOS = 0
 # KV bytes per token a synthetic model's --kv-cache-memory is counted in: Llama-3.1-8B's
 # in bfloat16 (32 layers x 8 KV heads x 128 dims x K and V x 2 bytes), what its step
 # times model.
-SYNTHETIC_KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
+SYNTHETIC_KV_BYTES_PER_TOKEN = kv_bytes_per_token(32, 8, 128, 2)
 
 
 class SyntheticTokenizer:

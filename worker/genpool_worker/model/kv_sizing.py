@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from genpool_core.model_catalogue import kv_bytes_per_token
 from genpool_core.names import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_KV_BLOCK_SIZE
 
 from .config import LlamaConfig
@@ -22,7 +23,7 @@ from .config import LlamaConfig
 def bytes_per_block(config: LlamaConfig, block_size: int, kv_heads: int, dtype: torch.dtype) -> int:
     """K and V of one block over every layer, for this rank's ``kv_heads``."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_layers * block_size * kv_heads * config.head_dim * itemsize
+    return block_size * kv_bytes_per_token(config.num_layers, kv_heads, config.head_dim, itemsize)
 
 
 @dataclass(frozen=True, slots=True)
