@@ -169,6 +169,7 @@ class KVAccount:
     def __init__(self, budget: KVBudget | None) -> None:
         self.pool = None if budget is None else BlockPool(budget)
         self._runs: dict[str, tuple[range, ...]] = {}  # each holder's blocks, as runs
+        self._held: dict[str, tuple[range, ...]] = {}  # finished, KV exported: held on
 
     def num_needed(self, request: GenRequest) -> int:
         if self.pool is None:
@@ -199,6 +200,30 @@ class KVAccount:
         if self.pool is not None:
             self.pool.free_runs(self._runs.pop(request.request_id))
         request.blocks = ()
+
+    def hold(self, request: GenRequest) -> None:
+        """A finished request's blocks stay allocated (its KV is exported, docs/pd.md) until
+        ``release_held``: they count as used, so admission waits for them like any other."""
+        if self.pool is not None:
+            self._held[request.request_id] = self._runs.pop(request.request_id)
+
+    def held_blocks(self, request_id: str) -> tuple[int, ...]:
+        """A held request's block table (empty when it holds none)."""
+        return tuple(itertools.chain.from_iterable(self._held.get(request_id, ())))
+
+    def release_held(self, request_id: str) -> bool:
+        """Give a held request's blocks back; False when it holds none (already released)."""
+        runs = self._held.pop(request_id, None)
+        if runs is None:
+            return False
+        assert self.pool is not None
+        self.pool.free_runs(runs)
+        return True
+
+    @property
+    def num_held(self) -> int:
+        """Finished requests whose blocks are still held."""
+        return len(self._held)
 
     @property
     def num_blocks(self) -> int:

@@ -61,6 +61,8 @@ class GenRequest:
     unkeyed (warm-up, probes): it never triggers pauses and is not in SLO stats.
     ``slo_ttft_s`` (D_i) and ``target_output_tps`` (T_i) are this request's own
     admission target and output-rate floor; ``None`` uses the pool's (X and T).
+    ``holds_kv_at_finish``: a prefill tier's request whose KV another worker will pull
+    (docs/pd.md): when it ends (not aborted) its blocks stay held until released.
     """
 
     request_id: str
@@ -71,6 +73,7 @@ class GenRequest:
     num_output_tokens: int = 1
     slo_ttft_s: float | None = None
     target_output_tps: float | None = None
+    holds_kv_at_finish: bool = False
 
     status: RequestStatus = RequestStatus.WAITING
     slot: int | None = None

@@ -112,6 +112,11 @@ class GenScheduler(SchedulerViews):
         else:
             raise UnknownRequestError(request_id)
 
+    def release_held(self, request_id: str) -> bool:
+        """Free a finished request's held KV blocks (pulled, cancelled or expired; docs/pd.md).
+        False when it holds none: a second release is harmless."""
+        return self.kv.release_held(request_id)
+
     def postprocess(self, plan: GenPlan, now: float, stop_ids: tuple[str, ...] = ()) -> None:
         """Each batch request produced one token at ``now``; ``stop_ids`` hit EOS.
 
@@ -218,7 +223,10 @@ class GenScheduler(SchedulerViews):
                 self._leave_batch(request)
             assert request.slot is not None
             self.slots.free(request.slot)
-            self.kv.release(request)
+            if request.holds_kv_at_finish and reason is not FinishReason.ABORT:
+                self.kv.hold(request)  # until release_held: another worker pulls its KV
+            else:
+                self.kv.release(request)
             request.status = RequestStatus.FINISHED
             request.finish_reason = reason
             if reason is FinishReason.ABORT:

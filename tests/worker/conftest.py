@@ -16,6 +16,7 @@ import uvicorn
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import EngineObserver
 from genpool_worker.metrics import WorkerMetrics
+from genpool_worker.pd.setup import PDSettings
 from genpool_worker.server import create_app
 from genpool_worker.worker_cli import WorkerConfig, build_runner, build_scheduler
 from tests.polling import wait_for
@@ -48,7 +49,8 @@ def run_worker(
         runner, tokenizer, scheduler, on_step=metrics.observe_step, observer=observer
     )
     app = create_app(engine, tokenizer, metrics, admin_token=admin_token,
-                     stamp_arrival=config.stamp_arrival)  # fmt: skip
+                     stamp_arrival=config.stamp_arrival,
+                     pd=PDSettings.from_config(config))  # fmt: skip
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -58,6 +58,10 @@ class GenerationRequest(BaseModel):
     genpool: GenPoolTiming | None = None
     # ``{"ttft_ms", "tpot_ms"}``: checked by slo_request (a bad value is a 400 naming it)
     slo: dict[str, object] | None = None
+    # llm-d's P/D protocol (docs/pd.md): a prefill leg, or the handle of one; checked by
+    # genpool_worker.pd.handle (a malformed handle is a 400 naming its field).
+    kv_transfer_params: dict[str, object] | None = None
+    min_tokens: int = Field(default=0, ge=0)  # EOS does not end the reply before this many
     # OpenAI knobs the worker does not implement: SDKs send them explicitly, so their
     # neutral values (``NEUTRAL_ONLY``) are accepted and anything else is refused.
     n: int = 1
@@ -105,6 +109,16 @@ class CompletionRequest(GenerationRequest):
 
     prompt: str | list[int]
     max_tokens: int = Field(default=16, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)  # llm-d's sidecar sets it
+
+    @model_validator(mode="after")
+    def _one_length_limit(self) -> CompletionRequest:
+        if self.max_completion_tokens is None:
+            return self
+        if "max_tokens" in self.model_fields_set and self.max_tokens != self.max_completion_tokens:
+            raise ValueError("max_tokens and max_completion_tokens differ: send one")
+        self.max_tokens = self.max_completion_tokens
+        return self
 
     @field_validator("prompt")
     @classmethod

@@ -14,7 +14,14 @@ from fastapi.responses import JSONResponse, Response
 
 from genpool_worker.api import ChatCompletionRequest
 from genpool_worker.chat_template import ChatTemplateError
-from genpool_worker.generation import End, Pieces, PiecesResponse, make_arrival, submit
+from genpool_worker.generation import (
+    End,
+    Pieces,
+    PiecesResponse,
+    Started,
+    kv_transfer_fields,
+    start,
+)
 from genpool_worker.http_common import ApiError, context_of, read_json, sse
 from genpool_worker.metrics import RequestTimer
 
@@ -41,16 +48,14 @@ async def chat_completions(request: Request) -> Response:
         raise ApiError(400, f"messages: {exc}") from None
     max_seq_len = context.engine.model_info.max_seq_len
     max_tokens = body.length_limit() or max(1, max_seq_len - len(ids))
-    arrival = make_arrival(context, body, ids, max_tokens, request.headers, id_prefix="chatcmpl")
     timer = RequestTimer(context.metrics)
-    submitted = await submit(context, arrival)
-    name = body.model or context.engine.model_info.name
-    source = Pieces(context.engine, submitted, timer)
+    started = await start(context, body, ids, max_tokens, request, id_prefix="chatcmpl")
+    reply = _Reply(started.arrival.request_id, body.model or context.engine.model_info.name)
+    source = Pieces(context, started, timer)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        events = stream(source, _Reply(arrival.request_id, name), include_usage)
-        return PiecesResponse(events, source)
-    return await collect(source, _Reply(arrival.request_id, name))
+        return PiecesResponse(stream(source, reply, include_usage), source)
+    return await collect(source, reply, request, started)
 
 
 class _Reply:
@@ -86,7 +91,7 @@ async def stream(source: Pieces, reply: _Reply, include_usage: bool) -> AsyncIte
         yield sse({"error": {"message": exc.message, "type": exc.kind}}).encode()
 
 
-async def collect(source: Pieces, reply: _Reply) -> Response:
+async def collect(source: Pieces, reply: _Reply, request: Request, started: Started) -> Response:
     parts: list[str] = []
     async with aclosing(source):
         async for piece in source:
@@ -95,6 +100,7 @@ async def collect(source: Pieces, reply: _Reply) -> Response:
                 choice = {"index": 0, "message": message, "finish_reason": piece.finish_reason,
                           "logprobs": None}  # fmt: skip
                 body = reply.head("chat.completion") | {"choices": [choice]}
-                return JSONResponse(body | {"usage": piece.usage.as_dict()})
+                extra = kv_transfer_fields(context_of(request), request, started)
+                return JSONResponse(body | {"usage": piece.usage.as_dict()} | extra)
             parts.append(piece)
     raise ApiError(500, "the engine ended the request without finishing it", "engine_error")

@@ -12,7 +12,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from genpool_worker.api import CompletionRequest
-from genpool_worker.generation import End, Pieces, PiecesResponse, make_arrival, submit
+from genpool_worker.generation import (
+    End,
+    Pieces,
+    PiecesResponse,
+    Started,
+    kv_transfer_fields,
+    start,
+)
 from genpool_worker.http_common import ApiError, ServerContext, context_of, read_json, sse
 from genpool_worker.metrics import RequestTimer
 
@@ -34,14 +41,14 @@ async def completions(request: Request) -> Response:
     context = context_of(request)
     body = await read_json(request, CompletionRequest)
     ids = prompt_ids(context, body)
-    arrival = make_arrival(context, body, ids, body.max_tokens, request.headers, id_prefix="cmpl")
     timer = RequestTimer(context.metrics)
-    submitted = await submit(context, arrival)
+    started = await start(context, body, ids, body.max_tokens, request, id_prefix="cmpl")
+    request_id = started.arrival.request_id
     name = body.model or context.engine.model_info.name
-    source = Pieces(context.engine, submitted, timer)
+    source = Pieces(context, started, timer)
     if body.stream:
-        return PiecesResponse(stream(source, arrival.request_id, name), source)
-    return await collect(source, arrival.request_id, name)
+        return PiecesResponse(stream(source, request_id, name), source)
+    return await collect(source, request_id, name, request, started)
 
 
 def _chunk(request_id: str, name: str, text: str, finish: str | None) -> dict[str, Any]:
@@ -67,12 +74,15 @@ async def stream(source: Pieces, request_id: str, name: str) -> AsyncIterator[by
         yield sse({"error": {"message": exc.message, "type": exc.kind}}).encode()
 
 
-async def collect(source: Pieces, request_id: str, name: str) -> Response:
+async def collect(
+    source: Pieces, request_id: str, name: str, request: Request, started: Started
+) -> Response:
     parts: list[str] = []
     async with aclosing(source):
         async for piece in source:
             if isinstance(piece, End):
                 body = _chunk(request_id, name, "".join(parts), piece.finish_reason)
-                return JSONResponse(body | {"usage": piece.usage.as_dict()})
+                extra = kv_transfer_fields(context_of(request), request, started)
+                return JSONResponse(body | {"usage": piece.usage.as_dict()} | extra)
             parts.append(piece)
     raise ApiError(500, "the engine ended the request without finishing it", "engine_error")

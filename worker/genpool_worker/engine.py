@@ -25,6 +25,7 @@ from genpool_core.request import FinishReason, GenRequest
 from genpool_core.scheduler import GenScheduler
 from genpool_core.statline import StatLine, make_statline
 from genpool_worker.engine_io import (
+    Arrival,
     Coordinator,
     EngineObserver,
     EngineRequest,
@@ -36,6 +37,7 @@ from genpool_worker.engine_io import (
 )
 from genpool_worker.events import Accepted, Failed, Rejected
 from genpool_worker.output_processor import OutputProcessor
+from genpool_worker.pd.exports import ExportRegistry
 
 STAT_LOGGER = logging.getLogger("genpool.gen_preemption")
 log = logging.getLogger("genpool.worker")
@@ -66,6 +68,10 @@ class GenEngine:
         self._wake = threading.Event()
         self._inbox: list[EngineRequest] = []
         self._aborts: list[str] = []
+        self._kv_releases: list[str] = []
+        # Set by the server on a worker that exports KV (docs/pd.md): finished prefill
+        # legs register here, and its sweep releases what nobody pulled in time.
+        self.exports: ExportRegistry | None = None
         self._configs: list[tuple[LiveUpdate, Future[dict[str, Any]]]] = []
         self._config_futures: list[Future[dict[str, Any]]] = []
         self._requests: dict[str, EngineRequest] = {}
@@ -114,6 +120,12 @@ class GenEngine:
             self._aborts.append(request_id)
         self._wake.set()
 
+    def release_kv(self, request_id: str) -> None:
+        """Free a finished prefill leg's held KV blocks in the next pass (any thread)."""
+        with self._lock:
+            self._kv_releases.append(request_id)
+        self._wake.set()
+
     def reconfigure(self, update: LiveUpdate) -> Future[dict[str, Any]]:
         future: Future[dict[str, Any]] = Future()
         with self._lock:
@@ -153,10 +165,13 @@ class GenEngine:
         if not (self.scheduler.num_residents or self.scheduler.num_waiting or self._inbox):
             self._wake.wait(IDLE_PASS_S)
             self._wake.clear()
+        if self.exports is not None:
+            self.exports.sweep()  # into _kv_releases, taken just below
         with self._lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
             configs, self._configs = self._configs, []
+            releases, self._kv_releases = self._kv_releases, []
         for request in inbox:
             self._requests[request.request_id] = request
         self._config_futures = [future for _, future in configs]
@@ -166,6 +181,7 @@ class GenEngine:
             arrivals=[request.arrival for request in inbox],
             aborts=aborts,
             configs=[update for update, _ in configs],
+            kv_releases=releases,
             stop=not self._running,
         )
 
@@ -181,6 +197,12 @@ class GenEngine:
         started = time.perf_counter()
         tokens = self.runner.execute(plan) if plan.batch_ids else {}
         self._prev_end = self._now()
+        for request_id in plan.prefill_ids:  # a prefill leg's handle reports these
+            self._requests[request_id].prefill_started_at = plan.now
+        for request_id in tokens:  # the first token this worker produced (P/D's TTFT parts)
+            produced = self._requests[request_id]
+            if produced.first_token_at is None:
+                produced.first_token_at = self._prev_end
         # The next pass postprocesses at this step's end (``prev_end``): no extra wait here.
         if tokens:
             self._pending = (plan, tokens)
@@ -210,13 +232,20 @@ class GenEngine:
     def _stop_ids(self, tokens: dict[str, int]) -> tuple[str, ...]:
         """Requests whose last token is EOS or completed one of their stop strings."""
         eos = self.model_info.eos_token_id
+        requests = self._requests
         return tuple(
             request_id
             for request_id, token in tokens.items()
-            if token == eos or self._requests[request_id].is_stop_matched
+            if (
+                token == eos
+                and len(requests[request_id].output_ids) >= requests[request_id].arrival.min_tokens
+            )
+            or requests[request_id].is_stop_matched
         )
 
     def _apply(self, inputs: PassInputs) -> None:
+        for request_id in inputs.kv_releases:
+            self.scheduler.release_held(request_id)
         for arrival in inputs.arrivals:
             request = self._requests.get(arrival.request_id) or EngineRequest(arrival)
             self._admit_to_queue(request, inputs.now)
@@ -237,15 +266,20 @@ class GenEngine:
 
     def _admit_to_queue(self, request: EngineRequest, now: float) -> None:
         arrival = request.arrival
+        if arrival.kv_import is not None and self._is_done_at_first(arrival):
+            self._answer_from_first_token(request)
+            return
         gen = GenRequest(
             request_id=arrival.request_id,
             prompt_len=len(arrival.prompt_ids),
             max_tokens=arrival.max_tokens,
             arrival_time=None if arrival.arrival_time is None else min(arrival.arrival_time, now),
             first_token_time=arrival.first_token_time,
-            num_output_tokens=0,
+            # An imported request's first token is the prefill tier's (docs/pd.md).
+            num_output_tokens=0 if arrival.kv_import is None else 1,
             slo_ttft_s=arrival.slo_ttft_s,
             target_output_tps=arrival.target_output_tps,
+            holds_kv_at_finish=arrival.kv_export is not None,
         )
         try:
             self.scheduler.add_request(gen, now)
@@ -259,6 +293,25 @@ class GenEngine:
         self.runner.add_request(arrival)
         self._requests[arrival.request_id] = request
         request.emit(Accepted())
+        if arrival.kv_import is not None:  # the client gets the first token at once
+            self.output.on_token(request, arrival.kv_import.first_token)
+
+    def _is_done_at_first(self, arrival: Arrival) -> bool:
+        assert arrival.kv_import is not None
+        is_eos = arrival.kv_import.first_token == self.model_info.eos_token_id
+        return arrival.max_tokens <= 1 or (is_eos and arrival.min_tokens <= 1)
+
+    def _answer_from_first_token(self, request: EngineRequest) -> None:
+        """A pulled request whose first token ends it never queues (nothing to decode)."""
+        assert request.arrival.kv_import is not None
+        first = request.arrival.kv_import.first_token
+        self._requests.pop(request.request_id, None)
+        request.emit(Accepted())
+        self.output.on_token(request, first)
+        is_stop = first == self.model_info.eos_token_id or request.is_stop_matched
+        with self._lock:
+            self._inflight -= 1
+        self.output.on_finished(request, FinishReason.STOP if is_stop else FinishReason.LENGTH)
 
     def _finish(self, request_id: str, reason: FinishReason) -> None:
         request = self._requests.pop(request_id, None)
@@ -267,9 +320,25 @@ class GenEngine:
         self.runner.remove_request(request_id)
         with self._lock:
             self._inflight -= 1
+        if request.arrival.kv_export is not None and reason is not FinishReason.ABORT:
+            self._export(request)
         if self._observer is not None:
             self._observer.on_finished(request, reason)
         self.output.on_finished(request, reason)
+
+    def _export(self, request: EngineRequest) -> None:
+        """A finished prefill leg's held blocks become an export for its decode worker."""
+        arrival = request.arrival
+        assert arrival.kv_export is not None
+        blocks = self.scheduler.kv.held_blocks(arrival.request_id)
+        if self.exports is None or not request.output_ids or not blocks:
+            self.release_kv(arrival.request_id)  # nobody can pull it
+            return
+        block_size = self.model_info.kv_block_size
+        num_prompt = len(arrival.prompt_ids)
+        prompt_blocks = blocks[: -(-num_prompt // block_size)]
+        self.exports.add(arrival.kv_export, arrival.request_id, prompt_blocks, num_prompt,
+                         request.output_ids[0])  # fmt: skip
 
     # -- views ------------------------------------------------------------------------
 

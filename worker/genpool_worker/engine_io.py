@@ -5,6 +5,7 @@ request's engine state, the per-pass inputs that rank 0 broadcasts
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -14,6 +15,7 @@ from genpool_core.request import FinishReason
 from genpool_core.statline import StatLine, format_statline
 from genpool_core.stats import SchedulerStats
 from genpool_worker.events import EngineEvent
+from genpool_worker.pd.layout import KVLayout
 from genpool_worker.stop_strings import StopMatcher
 
 
@@ -40,6 +42,16 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class KVImport:
+    """A prefill tier's KV for a decode-role request (docs/pd.md), pulled into host memory:
+    the ``num_blocks`` blocks of its prompt (``kv_layout`` bytes) and its first token."""
+
+    data: bytes
+    num_blocks: int
+    first_token: int
+
+
+@dataclass(frozen=True)
 class Arrival:
     """What every rank must know about a new request (broadcast by rank 0, whole).
 
@@ -59,6 +71,9 @@ class Arrival:
     slo_ttft_s: float | None = None
     target_output_tps: float | None = None
     stop: tuple[str, ...] = ()
+    min_tokens: int = 0
+    kv_export: str | None = None
+    kv_import: KVImport | None = None
 
 
 class ModelRunner(Protocol):
@@ -74,6 +89,14 @@ class ModelRunner(Protocol):
         """One token for every batch member: ``plan.prefill_ids`` prefill, the rest decode."""
         ...
 
+    def kv_layout(self) -> KVLayout | None:
+        """The KV cache's wire layout (None: this runner cannot move KV, e.g. TP > 1)."""
+        ...
+
+    def read_kv(self, blocks: Sequence[int]) -> Iterator[bytes]:
+        """The blocks' K and V bytes, per layer K then V (``KVLayout``'s order)."""
+        ...
+
 
 @dataclass(eq=False)
 class EngineRequest:
@@ -85,6 +108,9 @@ class EngineRequest:
     output_ids: list[int] = field(default_factory=list)
     text_sent: int = 0  # characters of the decoded output already through the matcher
     stop_matcher: StopMatcher | None = field(init=False, default=None)
+    received_at: float = 0.0  # Unix s of the HTTP receipt (a prefill leg's handle ages)
+    prefill_started_at: float | None = None  # Unix s, set by the engine (prefill legs)
+    first_token_at: float | None = None
 
     def __post_init__(self) -> None:
         if self.arrival.stop:
@@ -117,6 +143,7 @@ class PassInputs:
     arrivals: list[Arrival]
     aborts: list[str]
     configs: list[LiveUpdate]
+    kv_releases: list[str] = field(default_factory=list)  # held KV to free (docs/pd.md)
     stop: bool = False
 
 

@@ -10,13 +10,14 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from genpool_worker.api import GenerationRequest
 from genpool_worker.arrival_key import arrival_key
-from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Arrival, EngineRequest
 from genpool_worker.events import (
     Accepted,
@@ -29,6 +30,8 @@ from genpool_worker.events import (
 )
 from genpool_worker.http_common import ApiError, ServerContext
 from genpool_worker.metrics import RequestTimer
+from genpool_worker.pd.decode_side import KVPlan, plan_kv
+from genpool_worker.pd.prefill_side import handle_params
 from genpool_worker.slo_request import request_slo
 
 
@@ -40,30 +43,62 @@ class End:
     usage: Usage
 
 
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A request the engine accepted, with what P/D made of it (``kv``)."""
+
+    arrival: Arrival
+    submitted: EngineRequest
+    kv: KVPlan
+
+
+async def start(context: ServerContext, body: GenerationRequest, ids: list[int], max_tokens: int,
+                request: Request, *, id_prefix: str) -> Started:  # fmt: skip
+    """Check, resolve P/D (docs/pd.md), submit; raises ``ApiError`` for what it cannot serve."""
+    received_at = time.time()
+    if body.min_tokens > max_tokens:
+        raise ApiError(
+            400, f"min_tokens ({body.min_tokens}) exceeds the length limit ({max_tokens})"
+        )
+    _check_length(context, ids, max_tokens)
+    kv = await plan_kv(context.pd, body, ids, request.headers, request.url.path)
+    arrival = make_arrival(context, body, ids, 1 if kv.kv_export else max_tokens,
+                           request.headers, kv, id_prefix=id_prefix)  # fmt: skip
+    # A pulled request's clock here starts once its KV is in (the gen_wait part).
+    accepted_from = received_at if kv.kv_import is None else time.time()
+    submitted = await submit(context, arrival, accepted_from)
+    return Started(arrival, submitted, kv)
+
+
+def _check_length(context: ServerContext, ids: list[int], max_tokens: int) -> None:
+    max_seq_len = context.engine.model_info.max_seq_len
+    if len(ids) + max_tokens > max_seq_len:
+        raise ApiError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) "
+                       f"exceeds max_seq_len {max_seq_len}")  # fmt: skip
+
+
 def make_arrival(
     context: ServerContext,
     body: GenerationRequest,
     ids: list[int],
     max_tokens: int,
     headers: Mapping[str, str],
+    kv: KVPlan,
     *,
     id_prefix: str,
 ) -> Arrival:
-    """The request as the engine sees it; raises ``ApiError`` for what it cannot serve."""
-    max_seq_len = context.engine.model_info.max_seq_len
-    if len(ids) + max_tokens > max_seq_len:
-        raise ApiError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) "
-                       f"exceeds max_seq_len {max_seq_len}")  # fmt: skip
+    """The request as the engine sees it. A pulled request is the specification's GEN
+    waiter: keyed at its receipt here, its first token as old as the handle says."""
+    now = time.time()
     slo = request_slo(headers, body.slo)
     timing = body.genpool
     has_own_slo = slo.ttft_s is not None or slo.target_output_tps is not None
     arrival = arrival_key(
-        timing,
-        headers,
-        has_own_slo=has_own_slo,
-        stamp_arrival=context.stamp_arrival,
-        now=time.time(),
+        timing, headers, has_own_slo=has_own_slo, stamp_arrival=context.stamp_arrival, now=now
     )
+    first_token_time = timing.first_token_time if timing else None
+    if kv.handle is not None:
+        arrival, first_token_time = now, max(0.0, now - kv.handle.first_token_age_s)
     return Arrival(
         request_id=f"{id_prefix}-{uuid.uuid4().hex[:24]}",
         prompt_ids=ids,
@@ -71,18 +106,21 @@ def make_arrival(
         temperature=body.temperature,
         seed=body.seed,
         arrival_time=arrival,
-        first_token_time=timing.first_token_time if timing else None,
+        first_token_time=first_token_time,
         slo_ttft_s=slo.ttft_s,
         target_output_tps=slo.target_output_tps,
         stop=body.stop_strings(),
+        min_tokens=body.min_tokens,
+        kv_export=kv.kv_export,
+        kv_import=kv.kv_import,
     )
 
 
-async def submit(context: ServerContext, arrival: Arrival) -> EngineRequest:
+async def submit(context: ServerContext, arrival: Arrival, received_at: float) -> EngineRequest:
     """Queue ``arrival``; returns once the scheduler accepted it, else raises the 4xx/5xx."""
     if context.engine.is_draining:
         raise ApiError(503, "worker is draining", "unavailable")
-    submitted = EngineRequest(arrival, loop=asyncio.get_running_loop())
+    submitted = EngineRequest(arrival, loop=asyncio.get_running_loop(), received_at=received_at)
     context.engine.submit(submitted)
     first = await submitted.events.get()
     if not isinstance(first, Accepted):
@@ -94,14 +132,25 @@ async def submit(context: ServerContext, arrival: Arrival) -> EngineRequest:
     return submitted
 
 
+def kv_transfer_fields(
+    context: ServerContext, request: Request, started: Started
+) -> dict[str, Any]:
+    """A prefill leg's response carries its handle (top-level, as vLLM's does)."""
+    if started.kv.kv_export is None:
+        return {}
+    params = handle_params(context.pd, request, started.submitted)
+    return {} if params is None else {"kv_transfer_params": params}
+
+
 class Pieces:
     """A request's output as text pieces, then one ``End`` (stop strings are the engine's:
     its text ends before one and it finishes as a stop). Closed before its ``End`` (the
     client went away, even before the first piece was asked for): the request is
     aborted, freeing its slot."""
 
-    def __init__(self, engine: GenEngine, request: EngineRequest, timer: RequestTimer) -> None:
-        self._engine, self._request, self._timer = engine, request, timer
+    def __init__(self, context: ServerContext, started: Started, timer: RequestTimer) -> None:
+        self._engine, self._request, self._timer = context.engine, started.submitted, timer
+        self._context, self._started = context, started
         self._ready: deque[str | End] = deque()
         self._is_done = False
 
@@ -127,10 +176,18 @@ class Pieces:
         elif isinstance(event, Finished):
             self._is_done = True
             self._timer.done(event.usage.completion_tokens)
+            self._observe_gen_wait()
             self._ready.append(End(event.reason.value, event.usage))
         elif isinstance(event, Failed):
             self._is_done = True
             raise ApiError(500, event.message, "engine_error")
+
+    def _observe_gen_wait(self) -> None:
+        """A pulled request: from its acceptance here to its first token decoded here."""
+        submitted = self._request
+        if self._started.kv.kv_import is not None and submitted.first_token_at is not None:
+            gen_wait = submitted.first_token_at - submitted.received_at
+            self._context.pd.metrics.ttft_parts.labels("gen_wait").observe(max(0.0, gen_wait))
 
 
 class PiecesResponse(StreamingResponse):

@@ -17,6 +17,7 @@ from genpool_worker.chat_template import ChatPrompter, chat_prompter
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
 from genpool_worker.metrics import WorkerMetrics
+from genpool_worker.pd.context import PDContext
 
 RETRY_AFTER_S = "1"
 Body = TypeVar("Body", bound=BaseModel)
@@ -29,6 +30,7 @@ class ServerContext:
     engine: GenEngine
     tokenizer: Tokenizer
     metrics: WorkerMetrics
+    pd: PDContext
     admin_token: str | None = None
     stamp_arrival: bool = True  # docs/design.md#keyed-by-default
     config_lock: asyncio.Lock = field(default_factory=asyncio.Lock)

@@ -8,14 +8,15 @@ sampling parameters and the seeded generator), so the loop never touches a tenso
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from genpool_core.plan import GenPlan
-from genpool_worker.engine_io import Arrival, ModelInfo
+from genpool_worker.engine_io import Arrival, KVImport, ModelInfo
+from genpool_worker.pd.layout import KVLayout
 
 
 class DecodeModel(Protocol):
@@ -43,6 +44,12 @@ class DecodeModel(Protocol):
         self, block_tables: Sequence[Sequence[int]], token_ids: list[int], positions: list[int]
     ) -> torch.Tensor: ...
 
+    def kv_layout(self) -> KVLayout | None: ...
+
+    def read_kv(self, blocks: Sequence[int]) -> Iterator[bytes]: ...
+
+    def write_kv(self, blocks: Sequence[int], data: bytes) -> None: ...
+
 
 @dataclass
 class _RunState:
@@ -50,6 +57,7 @@ class _RunState:
     temperature: float
     generator: torch.Generator | None
     blocks: tuple[int, ...] = ()  # the KV block table, from the plan that admitted it
+    kv_import: KVImport | None = None  # another worker's prefill, written at admission
     num_output_tokens: int = 0
     last_token: int | None = field(default=None)
 
@@ -79,8 +87,9 @@ class TorchModelRunner:
 
     def add_request(self, arrival: Arrival) -> None:
         self._states[arrival.request_id] = _RunState(
-            list(arrival.prompt_ids), arrival.temperature, _generator(arrival)
-        )
+            list(arrival.prompt_ids), arrival.temperature, _generator(arrival),
+            kv_import=arrival.kv_import,
+        )  # fmt: skip
 
     def remove_request(self, request_id: str) -> None:
         self._states.pop(request_id, None)
@@ -89,7 +98,7 @@ class TorchModelRunner:
         """Prefill ``plan.prefill_ids`` (their token this pass), decode the rest; each
         request's KV goes to the block table its admission's plan gave it."""
         for request_id, blocks in zip(plan.admitted_ids, plan.admitted_blocks, strict=True):
-            self._states[request_id].blocks = blocks
+            self._admit(self._states[request_id], blocks)
         logits: dict[str, torch.Tensor] = {}
         prefill = set(plan.prefill_ids)
         tables: list[tuple[int, ...]] = []
@@ -113,6 +122,21 @@ class TorchModelRunner:
             state.last_token = token
             state.num_output_tokens += 1
         return tokens
+
+    def _admit(self, state: _RunState, blocks: tuple[int, ...]) -> None:
+        """Its blocks; an imported request's pulled KV goes into the first of them and it
+        decodes from its first token (it has no prefill here: docs/pd.md)."""
+        state.blocks = blocks
+        imported, state.kv_import = state.kv_import, None
+        if imported is not None and not state.num_output_tokens:
+            self.model.write_kv(blocks[: imported.num_blocks], imported.data)
+            state.last_token, state.num_output_tokens = imported.first_token, 1
+
+    def kv_layout(self) -> KVLayout | None:
+        return self.model.kv_layout()
+
+    def read_kv(self, blocks: Sequence[int]) -> Iterator[bytes]:
+        return self.model.read_kv(blocks)
 
     @staticmethod
     def _sample(state: _RunState, logits: torch.Tensor) -> int:

@@ -15,6 +15,8 @@ from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
 from genpool_worker.http_common import ApiError, ServerContext, context_of, error_response
 from genpool_worker.metrics import WorkerMetrics
+from genpool_worker.pd import routes as pd_routes
+from genpool_worker.pd.setup import PDSettings, build_pd_context
 
 INVALID_STATUSES = (400, 413, 422)  # counted as ``genpool_requests_total{outcome="invalid"}``
 ERROR_KINDS = {404: "not_found_error", 405: "invalid_request_error"}
@@ -58,14 +60,18 @@ def create_app(
     *,
     admin_token: str | None = None,
     stamp_arrival: bool = True,
+    pd: PDSettings | None = None,
 ) -> FastAPI:
     app = FastAPI(title="GenPool GEN worker", docs_url=None, redoc_url=None)
-    app.state.context = ServerContext(engine, tokenizer, metrics, admin_token, stamp_arrival)
+    pd_context = build_pd_context(engine, metrics, pd or PDSettings())
+    app.state.context = ServerContext(
+        engine, tokenizer, metrics, pd_context, admin_token, stamp_arrival
+    )
     metrics.attach(engine)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(Exception, _internal_error)
-    for module in (completions_route, chat_route, status_routes, admin_routes):
+    for module in (completions_route, chat_route, status_routes, admin_routes, pd_routes):
         app.include_router(module.router)
     return app

@@ -3,17 +3,20 @@
 For scale tests of the serving path (HTTP, scheduler, operator) without a model.
 Tokens are a deterministic function of the previous token, so outputs are
 reproducible; everything it serves is labelled synthetic (logs, /stats, metrics).
+Its "KV" is each position's token id (one layer, one head, one int32), stored in real
+blocks, so a P/D transfer between synthetic workers moves real bytes (docs/pd.md).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
 from genpool_core.model_catalogue import kv_bytes_per_token
 from genpool_core.stepmodel import DEFAULT_STEP_MODEL, StepModel
+from genpool_worker.pd.layout import KVLayout
 
 SYNTHETIC_VOCAB = 256
 SYNTHETIC_EOS = 0
@@ -57,6 +60,30 @@ class SyntheticModel:
         self.eos_token_id = SYNTHETIC_EOS
         self._step_model = step_model
         self._time_scale = time_scale
+        # K and V: [2, num_blocks + 1, block_size] token ids (block num_blocks: padding).
+        self._kv = torch.zeros((2, num_blocks + 1, block_size), dtype=torch.int32)
+
+    def kv_layout(self) -> KVLayout:
+        return KVLayout(self.name, "int32", self.block_size, num_layers=1, num_kv_heads=1,
+                        head_dim=1)  # fmt: skip
+
+    def read_kv(self, blocks: Sequence[int]) -> Iterator[bytes]:
+        index = torch.tensor(list(blocks), dtype=torch.long)
+        for part in self._kv:
+            yield part.index_select(0, index).contiguous().numpy().tobytes()
+
+    def write_kv(self, blocks: Sequence[int], data: bytes) -> None:
+        values = torch.frombuffer(bytearray(data), dtype=torch.int32)
+        if values.numel() != 2 * len(blocks) * self.block_size:
+            raise ValueError(f"{len(data)} bytes do not fill {len(blocks)} synthetic blocks")
+        index = torch.tensor(list(blocks), dtype=torch.long)
+        self._kv.index_copy_(1, index, values.view(2, len(blocks), self.block_size))
+
+    def _store(self, blocks: Sequence[int], start: int, token_ids: Sequence[int]) -> None:
+        for offset, token in enumerate(token_ids):
+            position = start + offset
+            block = blocks[position // self.block_size]
+            self._kv[:, block, position % self.block_size] = token
 
     def _logits_for(self, previous: list[int]) -> torch.Tensor:
         # Printable lowercase letters and spaces, never EOS: requests end by length.
@@ -67,6 +94,8 @@ class SyntheticModel:
 
     def prefill(self, blocks: Sequence[int], token_ids: list[int]) -> torch.Tensor:
         time.sleep(self._time_scale * self._step_model.prefill_time(len(token_ids)))
+        if blocks:
+            self._store(blocks, 0, token_ids)
         return self._logits_for([token_ids[-1]])[0]
 
     def decode(
@@ -75,4 +104,7 @@ class SyntheticModel:
         context = sum(position + 1 for position in positions)
         step = self._step_model.decode_step_time(len(block_tables), context)
         time.sleep(self._time_scale * step)
+        for table, token, position in zip(block_tables, token_ids, positions, strict=True):
+            if table:
+                self._store(table, position, [token])
         return self._logits_for(token_ids)

@@ -218,6 +218,7 @@ def _serve(
     """Rank 0: the engine thread and the HTTP server until the server stops."""
     import uvicorn
 
+    from genpool_worker.pd.setup import PDSettings
     from genpool_worker.server import create_app
 
     app = create_app(
@@ -226,6 +227,7 @@ def _serve(
         metrics,
         admin_token=os.environ.get("GENPOOL_ADMIN_TOKEN") or None,
         stamp_arrival=config.stamp_arrival,
+        pd=PDSettings.from_config(config),
     )
     engine.start()
     try:

@@ -29,10 +29,12 @@ from genpool_core.names import (
 from genpool_core.preemption import GenCapacity, GenPreemptionSettings
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
 from genpool_core.stat_fields import MIN_STAT_INTERVAL_S
+from genpool_worker.pd.endpoints import parse_endpoints
 
 DESCRIPTION = "One GEN worker process: model, engine and HTTP API."
 CONFIG_ENV = "GENPOOL_WORKER_CONFIG"
 Mode = Literal["off", "tpot_budget", "target_output_tps"]
+DEFAULT_KV_EXPORT_TIMEOUT_S = 30.0  # a prefill leg's KV waits this long for its pull
 
 
 def check_tensor_parallel_size(model: str, size: int) -> None:
@@ -157,6 +159,25 @@ class WorkerConfig(BaseModel):
         " x-genpool-arrival-time) with its receipt time; off: such requests are unkeyed"
         " unless they state their own SLO (x-llm-d-slo-* headers or slo)",
     )
+    role: Literal["both", "prefill", "decode"] = Field(
+        default="both",
+        description="both (prefill and decode here), prefill (a P/D prefill tier: serves"
+        " prefill legs and holds their KV for a decode worker to pull) or decode (pulls a"
+        " prefill tier's KV; sends the prefill leg itself to --prefillers); docs/pd.md",
+    )
+    prefillers: str = Field(
+        default="",
+        description="prefill workers this worker sends prefill legs to, host:port,..."
+        " (round robin; PUT /prefillers replaces them); empty: only when a request carries"
+        " x-prefiller-host-port",
+    )
+    kv_export_timeout_s: float = Field(
+        default=DEFAULT_KV_EXPORT_TIMEOUT_S,
+        gt=0,
+        le=3600,
+        description="how long a prefill leg's KV blocks stay held for the decode worker's"
+        " pull before they are freed, seconds",
+    )
     synthetic_time_scale: float = Field(
         default=1.0,
         ge=0,
@@ -179,7 +200,19 @@ class WorkerConfig(BaseModel):
             raise ValueError("--preemption-mode target_output_tps needs --target-output-tps")
         if self.mode is PreemptionMode.TPOT_BUDGET and self.tpot_budget is None:
             raise ValueError("--preemption-mode tpot_budget needs --tpot-budget")
+        self._check_pd()
         return self
+
+    def _check_pd(self) -> None:
+        if self.role != "both" and self.tensor_parallel_size != 1:
+            raise ValueError(f"--role {self.role} needs --tensor-parallel-size 1 (P/D moves"
+                             " the KV of one rank; docs/pd.md)")  # fmt: skip
+        if self.role == "prefill" and self.prefillers:
+            raise ValueError("--prefillers is for a decode worker, not --role prefill")
+        parse_endpoints(self.prefillers.split(","))
+
+    def prefiller_endpoints(self) -> tuple[str, ...]:
+        return parse_endpoints(self.prefillers.split(","))
 
     def preemption_settings(self) -> dict[str, object]:
         settings: dict[str, object] = {

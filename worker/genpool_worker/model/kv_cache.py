@@ -12,7 +12,7 @@ How many blocks there are comes from memory: ``kv_sizing``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -45,6 +45,29 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+
+    def read_blocks(self, blocks: Sequence[int]) -> Iterator[bytes]:
+        """The blocks' K then V of each layer, ``[kv_heads, len(blocks), block_size, d]``
+        each, as raw bytes in host memory (the P/D pull's body, docs/pd.md)."""
+        index = torch.tensor(list(blocks), device=self.k[0].device)
+        for k, v in zip(self.k, self.v, strict=True):
+            for tensor in (k, v):
+                part = tensor.index_select(1, index).cpu().contiguous()
+                yield part.view(torch.uint8).numpy().tobytes()
+
+    def write_blocks(self, blocks: Sequence[int], data: bytes) -> None:
+        """``read_blocks``' bytes (another worker's, of the same layout) into ``blocks``."""
+        k0 = self.k[0]
+        shape = (k0.shape[0], len(blocks), k0.shape[2], k0.shape[3])
+        per_tensor = k0.element_size() * shape[0] * shape[1] * shape[2] * shape[3]
+        if len(data) != 2 * len(self.k) * per_tensor:
+            raise ValueError(f"{len(data)} bytes do not fill {len(blocks)} blocks of this cache")
+        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        index = torch.tensor(list(blocks), device=k0.device)
+        tensors = [t for pair in zip(self.k, self.v, strict=True) for t in pair]
+        for i, tensor in enumerate(tensors):
+            part = raw[i * per_tensor : (i + 1) * per_tensor].view(tensor.dtype).view(shape)
+            tensor.index_copy_(1, index, part.to(tensor.device))
 
     def token_rows(self, blocks: Sequence[int], num_tokens: int) -> list[int]:
         """Flat rows of a request's positions ``0..num_tokens-1`` (its blocks in order)."""

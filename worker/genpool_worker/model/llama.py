@@ -11,7 +11,7 @@ bit-for-bit, which is what pausing in place relies on.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from genpool_core.names import DEFAULT_KV_BLOCK_SIZE
+from genpool_worker.pd.layout import KVLayout
 
 from . import fused_ops, paged_attention
 from .checks import check_decode, check_prefill, check_sizes
@@ -268,6 +269,26 @@ class LlamaModel:
             x = self._residual(layer.o, attn.transpose(0, 1).reshape(b, nh * d), x)
             x = self._mlp(x, layer)
         return self._logits(x)
+
+    def kv_layout(self) -> KVLayout | None:
+        """The cache's wire layout; None with tensor parallelism (each rank holds a shard of
+        the heads and P/D moves one rank's KV: docs/pd.md)."""
+        if self.tp_size != 1:
+            return None
+        return KVLayout(
+            model=self.name,
+            dtype=str(self.dtype).removeprefix("torch."),
+            block_size=self.block_size,
+            num_layers=self.config.num_layers,
+            num_kv_heads=self._kv_heads,
+            head_dim=self.config.head_dim,
+        )
+
+    def read_kv(self, blocks: Sequence[int]) -> Iterator[bytes]:
+        return self.kv_cache.read_blocks(blocks)
+
+    def write_kv(self, blocks: Sequence[int], data: bytes) -> None:
+        self.kv_cache.write_blocks(blocks, data)
 
     def capture_decode_graphs(self) -> None:
         """Capture every decode batch bucket's CUDA graph now (else on first use)."""

@@ -1,0 +1,50 @@
+"""What the P/D parts of a worker share (docs/pd.md): its role, its exports, the known
+prefill endpoints, the HTTP client of pulls and prefill legs, and the P/D metrics."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import httpx
+
+from genpool_worker.pd.endpoints import Prefillers
+from genpool_worker.pd.exports import ExportRegistry
+from genpool_worker.pd.layout import KVLayout
+from genpool_worker.pd.metrics import PDMetrics
+
+# A pull or prefill leg that cannot connect in this long falls back to a local prefill.
+CONNECT_TIMEOUT_S = 2.0
+PREFILL_LEG_TIMEOUT_S = 600.0  # a prefill leg waits in the prefill tier's queue too
+PULL_READ_TIMEOUT_S = 30.0  # between two chunks of one pull
+PREFILL_RETRIES = 3  # llm-d's sidecar retries 502/503/504 too
+
+
+class Role(enum.Enum):
+    BOTH = "both"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+    @property
+    def exports(self) -> bool:
+        """It serves prefill legs (holds KV for a decode worker)."""
+        return self is not Role.DECODE
+
+    @property
+    def imports(self) -> bool:
+        """It pulls a GenPool handle's KV and sends prefill legs itself."""
+        return self is not Role.PREFILL
+
+
+@dataclass
+class PDContext:
+    role: Role
+    layout: KVLayout | None  # None: this worker cannot move KV (tensor parallelism)
+    metrics: PDMetrics
+    exports: ExportRegistry | None = None
+    prefillers: Prefillers = field(default_factory=Prefillers)
+    http: httpx.AsyncClient = field(
+        default_factory=lambda: httpx.AsyncClient(
+            timeout=httpx.Timeout(PULL_READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+        )
+    )

@@ -1,0 +1,57 @@
+"""A prefill worker's side of a prefill leg (docs/pd.md#the-prefill-leg): the handle its
+response carries once the request finished and its blocks are held. Only durations on
+this worker's own clock go into it, so the decode worker's clock need not agree."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import Request
+
+from genpool_worker.engine_io import EngineRequest
+from genpool_worker.pd.context import PDContext
+from genpool_worker.pd.handle import Handle, prompt_digest
+
+
+def pull_address(request: Request) -> tuple[str, int]:
+    """Where the decode worker pulls from: the host and port the leg was sent to (a pod
+    IP in a cluster: there is no DNS to name this pod by)."""
+    host = request.url.hostname or (request.client.host if request.client else "127.0.0.1")
+    port = request.url.port or (request.scope.get("server") or ("", 80))[1]
+    return host, int(port)
+
+
+def handle_params(
+    pd: PDContext, request: Request, submitted: EngineRequest
+) -> dict[str, Any] | None:
+    """The response's top-level ``kv_transfer_params``; None when nothing is held (the
+    request was aborted, or its export already expired)."""
+    arrival = submitted.arrival
+    export = (
+        None
+        if pd.exports is None or arrival.kv_export is None
+        else pd.exports.get(arrival.kv_export)
+    )
+    if export is None or pd.layout is None or submitted.first_token_at is None:
+        return None
+    started = submitted.prefill_started_at or submitted.received_at
+    now = time.time()
+    host, port = pull_address(request)
+    handle = Handle(
+        transfer_id=export.transfer_id,
+        host=host,
+        port=port,
+        layout=pd.layout,
+        num_prompt_tokens=export.num_prompt_tokens,
+        prompt_digest=prompt_digest(arrival.prompt_ids),
+        num_blocks=len(export.blocks),
+        num_bytes=pd.layout.num_bytes(len(export.blocks)),
+        first_token=export.first_token,
+        age_s=max(0.0, now - submitted.received_at),
+        first_token_age_s=max(0.0, now - submitted.first_token_at),
+        queue_s=max(0.0, started - submitted.received_at),
+        prefill_s=max(0.0, submitted.first_token_at - started),
+        expires_in_s=max(0.0, export.expires_at - time.monotonic()),
+    )
+    return handle.to_params()

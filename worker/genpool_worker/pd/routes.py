@@ -1,0 +1,86 @@
+"""The P/D endpoints (docs/pd.md): the KV pull and its cancel, and the admin view and
+update of the known prefill endpoints (the operator keeps them current)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import iterate_in_threadpool
+
+from genpool_worker.http_common import ApiError, context_of, read_json, require_admin
+from genpool_worker.pd.context import PDContext
+from genpool_worker.pd.endpoints import MAX_ENDPOINTS
+from genpool_worker.pd.handle import TRANSFER_ID
+from genpool_worker.pd.transfer import KV_PATH, send_export
+
+router = APIRouter()
+
+
+class PrefillersBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    endpoints: list[str] = Field(max_length=MAX_ENDPOINTS)
+
+
+def _pd(request: Request) -> PDContext:
+    return context_of(request).pd
+
+
+def _transfer_id(transfer_id: str) -> str:
+    if not TRANSFER_ID.match(transfer_id):
+        raise ApiError(400, "transfer_id must be 32 lowercase hex digits")
+    return transfer_id
+
+
+@router.get(KV_PATH)
+async def pull_kv(request: Request, transfer_id: str) -> Response:
+    """An export's blocks, once: a second pull, an unknown or expired id is a 404."""
+    context = context_of(request)
+    registry = context.pd.exports
+    export = None if registry is None else registry.claim(_transfer_id(transfer_id))
+    if registry is None or export is None:
+        raise ApiError(
+            404, f"no KV export {transfer_id} (unknown, expired or pulled)", "not_found_error"
+        )
+    layout = context.pd.layout
+    assert layout is not None  # a worker without a layout holds no exports
+    metrics = context.pd.metrics
+
+    async def counted(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        async for chunk in chunks:
+            metrics.transfer_bytes.labels("export").inc(len(chunk))
+            yield chunk
+
+    chunks = iterate_in_threadpool(context.engine.runner.read_kv(export.blocks))
+    body = send_export(registry, export, counted(chunks))
+    headers = {"content-length": str(layout.num_bytes(len(export.blocks)))}
+    return StreamingResponse(body, media_type="application/octet-stream", headers=headers)
+
+
+@router.delete(KV_PATH)
+async def cancel_kv(request: Request, transfer_id: str) -> Response:
+    """The decode worker will not pull: free the blocks now (204), or 404."""
+    registry = _pd(request).exports
+    if registry is None or not registry.cancel(_transfer_id(transfer_id)):
+        raise ApiError(404, f"no KV export {transfer_id} waiting", "not_found_error")
+    return Response(status_code=204)
+
+
+@router.get("/prefillers")
+async def get_prefillers(request: Request) -> Response:
+    return JSONResponse({"endpoints": list(_pd(request).prefillers.endpoints)})
+
+
+@router.put("/prefillers")
+async def put_prefillers(request: Request) -> Response:
+    """Replace the known prefill endpoints (all checked before any applies)."""
+    require_admin(request)
+    body = await read_json(request, PrefillersBody)
+    try:
+        endpoints = _pd(request).prefillers.replace(body.endpoints)
+    except ValueError as exc:
+        raise ApiError(422, f"endpoints: {exc}") from None
+    return JSONResponse({"endpoints": list(endpoints)})
