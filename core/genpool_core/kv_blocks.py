@@ -220,10 +220,9 @@ class KVAccount:
         self.pool.free_runs(runs)
         return True
 
-    @property
-    def num_held(self) -> int:
-        """Finished requests whose blocks are still held."""
-        return len(self._held)
+    def held_ids(self) -> tuple[str, ...]:
+        """Finished requests whose blocks are still held, oldest first."""
+        return tuple(self._held)
 
     @property
     def num_blocks(self) -> int:

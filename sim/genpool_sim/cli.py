@@ -111,7 +111,8 @@ def _base_config(ns: argparse.Namespace, trace: list[TraceRequest]) -> ClusterCo
     if ns.kv_block_size is not None and ns.kv_blocks is None:
         raise UsageError("--kv-block-size sizes the blocks of --kv-blocks: give both")
     base = ClusterConfig(workers=ns.workers, max_batch=ns.max_batch, ctx_servers=ns.ctx_servers,
-                         tpot_budget=ns.tpot_budget, kv_blocks=ns.kv_blocks)  # fmt: skip
+                         tpot_budget=ns.tpot_budget, kv_blocks=ns.kv_blocks,
+                         kv_transfer_s_per_token=ns.kv_transfer_s_per_token)  # fmt: skip
     if ns.kv_block_size is not None:
         base = replace(base, kv_block_size=ns.kv_block_size)
     check_kv_budget(base, trace)

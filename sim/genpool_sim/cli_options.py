@@ -181,6 +181,8 @@ def _add_pool_options(sim: argparse.ArgumentParser) -> None:
         help_for(GenCapacity, "max_batch_size", default=16, note="A = B here"),
     )
     _add_positive(sim, "--ctx-servers", int, 4, help_for(ClusterConfig, "ctx_servers"))
+    _add_positive(sim, "--kv-transfer-s-per-token", float, 0.0,
+                  help_for(ClusterConfig, "kv_transfer_s_per_token"))  # fmt: skip
     sim.add_argument(
         "--modes",
         type=_modes,

@@ -31,7 +31,7 @@ from genpool_sim.recompute import evict_for_at_risk, requeue_evicted
 from genpool_sim.records import SimRequest
 from genpool_sim.replica import GenWorker, Tick
 
-_ARRIVAL, _CTX_DONE, _WORKER, _READY, _TICK = 0, 1, 2, 3, 4
+_ARRIVAL, _CTX_DONE, _WORKER, _READY, _TICK, _PULLED = 0, 1, 2, 3, 4, 5
 
 
 class Cluster:
@@ -85,10 +85,12 @@ class Cluster:
                 if kind == _ARRIVAL:
                     self._ctx_queue.append(payload)
                     self._start_prefills()
-                else:
+                elif kind == _CTX_DONE:
                     self._ctx_free += 1
                     self._start_prefills()
                     self._to_gen(payload)
+                else:  # _PULLED: its KV is in, it queues (keyed at its handoff)
+                    self._route(payload)
             elif kind == _READY:
                 self._ready(payload)
             else:
@@ -166,8 +168,14 @@ class Cluster:
             request.last_token = self.now
             self._finish(request)
             return
+        # As a decode worker keys a pulled request (docs/pd.md): at its handoff, with
+        # the pull's time counted in its wait before it can queue.
         request.gen_arrival = self.now
-        self._route(request)
+        pull_s = self.config.kv_transfer_s_per_token * request.prompt_tokens
+        if pull_s > 0:
+            self.schedule(self.now + pull_s, _PULLED, request)
+        else:
+            self._route(request)
 
     def _route(self, request: SimRequest) -> None:
         """To the least loaded routable worker; a returned waiter keeps its GEN arrival."""

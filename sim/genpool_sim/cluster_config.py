@@ -21,6 +21,14 @@ class ClusterConfig:
     ctx_servers: int = field(
         default=4, metadata={DESCRIPTION: "context (prefill) servers ahead of the GEN pool"}
     )
+    kv_transfer_s_per_token: float = field(
+        default=0.0,
+        metadata={
+            DESCRIPTION: "P/D: seconds per prompt token a GEN worker's pull of the context"
+            " stage's KV takes; the request is keyed at its handoff and queues once its KV is"
+            " in (0: an instant handoff)"
+        },
+    )
     target_output_tps: float | None = None
     tpot_budget: float = 0.1
     paused_cap_fraction: float = field(

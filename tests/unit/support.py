@@ -77,6 +77,7 @@ def check_blocks(scheduler: GenScheduler) -> None:
     held twice, the pool counts what residents hold."""
     held = [b for i in scheduler.active_ids() for b in scheduler.get_request(i).blocks]
     held += [b for r in scheduler.pausing for b in r.blocks]
+    held += [b for i in scheduler.kv.held_ids() for b in scheduler.kv.held_blocks(i)]
     assert len(held) == len(set(held)) == scheduler.kv.num_used
     for request in [*map(scheduler.get_request, scheduler.active_ids()), *scheduler.pausing]:
         assert len(request.blocks) == scheduler.kv.num_needed(request)

@@ -20,6 +20,7 @@ from genpool_worker.generation import (
     PiecesResponse,
     Started,
     kv_transfer_fields,
+    pieces,
     start,
 )
 from genpool_worker.http_common import ApiError, context_of, read_json, sse
@@ -51,7 +52,7 @@ async def chat_completions(request: Request) -> Response:
     timer = RequestTimer(context.metrics)
     started = await start(context, body, ids, max_tokens, request, id_prefix="chatcmpl")
     reply = _Reply(started.arrival.request_id, body.model or context.engine.model_info.name)
-    source = Pieces(context, started, timer)
+    source = pieces(context, started, timer)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         return PiecesResponse(stream(source, reply, include_usage), source)

@@ -18,6 +18,7 @@ from genpool_worker.generation import (
     PiecesResponse,
     Started,
     kv_transfer_fields,
+    pieces,
     start,
 )
 from genpool_worker.http_common import ApiError, ServerContext, context_of, read_json, sse
@@ -45,7 +46,7 @@ async def completions(request: Request) -> Response:
     started = await start(context, body, ids, body.max_tokens, request, id_prefix="cmpl")
     request_id = started.arrival.request_id
     name = body.model or context.engine.model_info.name
-    source = Pieces(context, started, timer)
+    source = pieces(context, started, timer)
     if body.stream:
         return PiecesResponse(stream(source, request_id, name), source)
     return await collect(source, request_id, name, request, started)

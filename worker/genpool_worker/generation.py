@@ -8,7 +8,7 @@ import asyncio
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from genpool_worker.api import GenerationRequest
 from genpool_worker.arrival_key import arrival_key
+from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Arrival, EngineRequest
 from genpool_worker.events import (
     Accepted,
@@ -63,7 +64,8 @@ async def start(context: ServerContext, body: GenerationRequest, ids: list[int],
     _check_length(context, ids, max_tokens)
     kv = await plan_kv(context.pd, body, ids, request.headers, request.url.path)
     arrival = make_arrival(context, body, ids, 1 if kv.kv_export else max_tokens,
-                           request.headers, kv, id_prefix=id_prefix)  # fmt: skip
+                           request.headers, id_prefix=id_prefix, kv=kv,
+                           received_at=received_at)  # fmt: skip
     # A pulled request's clock here starts once its KV is in (the gen_wait part).
     accepted_from = received_at if kv.kv_import is None else time.time()
     submitted = await submit(context, arrival, accepted_from)
@@ -83,12 +85,14 @@ def make_arrival(
     ids: list[int],
     max_tokens: int,
     headers: Mapping[str, str],
-    kv: KVPlan,
     *,
     id_prefix: str,
+    kv: KVPlan = KVPlan(),  # noqa: B008 (frozen: one shared empty plan is safe)
+    received_at: float | None = None,
 ) -> Arrival:
     """The request as the engine sees it. A pulled request is the specification's GEN
-    waiter: keyed at its receipt here, its first token as old as the handle says."""
+    waiter: keyed at its receipt here (its pull counts in its wait), its first token as
+    old as the handle says at that receipt."""
     now = time.time()
     slo = request_slo(headers, body.slo)
     timing = body.genpool
@@ -98,7 +102,8 @@ def make_arrival(
     )
     first_token_time = timing.first_token_time if timing else None
     if kv.handle is not None:
-        arrival, first_token_time = now, max(0.0, now - kv.handle.first_token_age_s)
+        arrival = now if received_at is None else min(received_at, now)
+        first_token_time = max(0.0, arrival - kv.handle.first_token_age_s)
     return Arrival(
         request_id=f"{id_prefix}-{uuid.uuid4().hex[:24]}",
         prompt_ids=ids,
@@ -142,15 +147,34 @@ def kv_transfer_fields(
     return {} if params is None else {"kv_transfer_params": params}
 
 
+def pieces(context: ServerContext, started: Started, timer: RequestTimer) -> Pieces:
+    """The request's pieces; a pulled one's GEN wait is observed when it finishes."""
+
+    def observe_gen_wait(submitted: EngineRequest) -> None:
+        # From its acceptance here (KV in) to the first token this worker decoded.
+        if submitted.first_token_at is not None:
+            gen_wait = max(0.0, submitted.first_token_at - submitted.received_at)
+            context.pd.metrics.ttft_parts.labels("gen_wait").observe(gen_wait)
+
+    is_pulled = started.kv.kv_import is not None
+    return Pieces(context.engine, started.submitted, timer, observe_gen_wait if is_pulled else None)
+
+
 class Pieces:
     """A request's output as text pieces, then one ``End`` (stop strings are the engine's:
     its text ends before one and it finishes as a stop). Closed before its ``End`` (the
     client went away, even before the first piece was asked for): the request is
     aborted, freeing its slot."""
 
-    def __init__(self, context: ServerContext, started: Started, timer: RequestTimer) -> None:
-        self._engine, self._request, self._timer = context.engine, started.submitted, timer
-        self._context, self._started = context, started
+    def __init__(
+        self,
+        engine: GenEngine,
+        request: EngineRequest,
+        timer: RequestTimer,
+        on_finished: Callable[[EngineRequest], None] | None = None,
+    ) -> None:
+        self._engine, self._request, self._timer = engine, request, timer
+        self._on_finished = on_finished
         self._ready: deque[str | End] = deque()
         self._is_done = False
 
@@ -176,18 +200,12 @@ class Pieces:
         elif isinstance(event, Finished):
             self._is_done = True
             self._timer.done(event.usage.completion_tokens)
-            self._observe_gen_wait()
+            if self._on_finished is not None:
+                self._on_finished(self._request)
             self._ready.append(End(event.reason.value, event.usage))
         elif isinstance(event, Failed):
             self._is_done = True
             raise ApiError(500, event.message, "engine_error")
-
-    def _observe_gen_wait(self) -> None:
-        """A pulled request: from its acceptance here to its first token decoded here."""
-        submitted = self._request
-        if self._started.kv.kv_import is not None and submitted.first_token_at is not None:
-            gen_wait = submitted.first_token_at - submitted.received_at
-            self._context.pd.metrics.ttft_parts.labels("gen_wait").observe(max(0.0, gen_wait))
 
 
 class PiecesResponse(StreamingResponse):

@@ -47,6 +47,20 @@ def test_tiny_scenario_gives_the_hand_computed_timeline() -> None:
     assert cluster.tokens_by_time == [(0.625, 1), (0.75, 1), (1.125, 1)]
 
 
+def test_a_kv_pull_delays_admission_but_not_the_key() -> None:
+    # As a decode worker keys a pulled request (docs/pd.md): at its handoff (0.5), and it
+    # queues once its 10 tokens' KV are in (0.5 + 10 x 0.01).
+    config = ClusterConfig(workers=1, max_batch=1, ctx_servers=1, step_model=FLAT,
+                           kv_transfer_s_per_token=0.01)  # fmt: skip
+    cluster = Cluster(config)
+    cluster.submit(SimRequest("a", 0.0, prompt_tokens=10, output_tokens=3))
+    cluster.run()
+    a = cluster.requests["a"]
+    assert (a.first_token_time, a.gen_arrival) == (0.5, 0.5)
+    assert a.admitted == pytest.approx(0.6) and a.admission_wait == pytest.approx(0.1)
+    assert a.first_gen_token == pytest.approx(0.725)
+
+
 def test_single_token_requests_finish_at_the_context_stage() -> None:
     cluster = Cluster(ClusterConfig(workers=1, step_model=FLAT))
     cluster.submit(SimRequest("one", 0.0, 10, 1))
