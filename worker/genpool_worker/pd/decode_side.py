@@ -53,6 +53,10 @@ async def plan_kv(pd: PDContext, body: GenerationRequest, ids: list[int],
     if kind is ParamsKind.FOREIGN:
         pd.metrics.fallback("foreign")
         return KVPlan()
+    if kind is ParamsKind.NONE and FIELD in body.model_fields_set:
+        # ``null``: a sidecar sent the prefill leg and got no handle back; prefill here.
+        pd.metrics.fallback("prefill_failed")
+        return KVPlan()
     if kind is ParamsKind.NONE:
         params = await _own_prefill_leg(pd, body, headers, path)
         if params is None:

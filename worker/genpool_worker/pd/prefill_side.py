@@ -15,11 +15,13 @@ from genpool_worker.pd.handle import Handle, prompt_digest
 
 
 def pull_address(request: Request) -> tuple[str, int]:
-    """Where the decode worker pulls from: the host and port the leg was sent to (a pod
-    IP in a cluster: there is no DNS to name this pod by)."""
-    host = request.url.hostname or (request.client.host if request.client else "127.0.0.1")
-    port = request.url.port or (request.scope.get("server") or ("", 80))[1]
-    return host, int(port)
+    """Where the decode worker pulls from: the local address this connection reached (the
+    pod IP in a cluster). Never the ``Host`` header: llm-d's sidecar forwards the prefill
+    leg with the client's ``Host``, its own address (docs/llm-d-interop-notes.md)."""
+    server = request.scope.get("server")
+    if server and server[0] and server[0] not in ("0.0.0.0", "::"):
+        return str(server[0]), int(server[1])
+    return request.url.hostname or "127.0.0.1", int(request.url.port or 80)
 
 
 def handle_params(
