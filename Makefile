@@ -6,7 +6,7 @@ STAMP := $(VENV)/.genpool-dev-installed
 PYTEST_ARGS ?=
 
 .PHONY: setup test unit test-model test-worker test-cluster test-e2e lint format bench clean \
-	devcluster demo inferencepool-crd
+	devcluster demo inferencepool-crd interop-llm-d
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -67,3 +67,10 @@ clean:
 # operator's Events and a PNG (docs/demo.md). The cluster stays up afterwards.
 demo: setup
 	$(PY) -m genpool_devcluster.demo
+
+# llm-d interop (docs/llm-d-interop-notes.md): llm-d's unmodified pd-sidecar and epp in front
+# of a P/D GenPool on the local control plane. Not part of `make test`. Needs the llm-d-router
+# source already fetched into $(LLMD_SRC) (a git snapshot: it is not in a registry).
+LLMD_SRC ?= /tmp/llm-d-router
+interop-llm-d: setup
+	LLMD_SRC=$(LLMD_SRC) PY=$(PY) devcluster/interop_llm_d.sh run

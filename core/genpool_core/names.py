@@ -53,6 +53,13 @@ RECENT_STAT_LINES = 16  # periodic stat lines a worker serves on GET /statlines
 GENERATION_FIELD = "generation"  # PUT /config's version: a worker refuses an older one
 
 WORKER_PORT = 8000  # the worker's HTTP port (completions, /stats, /config, /drain)
+# P/D (docs/pd.md): the worker's --role values, and llm-d's pod label that carries them
+# (its picker selects prefill pods by it).
+BOTH_ROLE = "both"
+PREFILL_ROLE = "prefill"
+DECODE_ROLE = "decode"
+WORKER_ROLES = (BOTH_ROLE, PREFILL_ROLE, DECODE_ROLE)
+ROLE_LABEL = "llm-d.ai/role"
 OPERATOR_METRICS_PORT = 8081  # the operator's Prometheus /metrics (kopf's /healthz is 8080)
 
 # The GenPool API.

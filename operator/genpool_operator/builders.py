@@ -1,7 +1,9 @@
 """Pure builders of a GenPool's children as plain dicts (docs/operator-contract.md).
 
 Same input, same dicts: the handlers create-or-patch them idempotently. Each child is
-labelled with the pool and owned by it (garbage-collected with the GenPool).
+labelled with the pool and owned by it (garbage-collected with the GenPool). With
+``spec.prefill`` a second StatefulSet, ``<pool>-prefill``, runs the prefill tier beside
+the GEN one (:mod:`genpool_operator.tiers`); its worker.json is the ConfigMap's second key.
 
 ``genpool.dev/config-hash`` hashes ``worker.json`` without its live fields: a live change
 (slack, admission target, start knobs) rewrites the ConfigMap for pods started later and
@@ -24,10 +26,17 @@ from genpool_core.names import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     POOL_LABEL,
+    PREFILL_ROLE,
     WORKER_PORT,
 )
 from genpool_operator.pod_template import ADMIN_TOKEN_KEY, CONFIG_KEY, PodRefs, build_pod_template
 from genpool_operator.spec import GenPoolSpec
+from genpool_operator.tiers import (
+    PREFILL_CONFIG_KEY,
+    gen_role,
+    prefill_statefulset_name,
+    role_labels,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,12 +121,11 @@ def config_hash(spec: GenPoolSpec) -> str:
 def build_configmap(pool: PoolRef, spec: GenPoolSpec) -> dict[str, Any]:
     metadata = _metadata(pool, configmap_name(pool.name))
     metadata["annotations"] = {GENERATION_ANNOTATION: str(pool.generation)}
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": metadata,
-        "data": {CONFIG_KEY: worker_json(spec)},
-    }
+    data = {CONFIG_KEY: worker_json(spec)}
+    prefill = spec.prefill_tier()
+    if prefill is not None:
+        data[PREFILL_CONFIG_KEY] = worker_json(prefill)
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
 
 
 def build_admin_secret(pool: PoolRef, token: str) -> dict[str, Any]:
@@ -151,14 +159,16 @@ def build_headless_service(pool: PoolRef) -> dict[str, Any]:
     }
 
 
-def build_service(pool: PoolRef) -> dict[str, Any]:
+def build_service(pool: PoolRef, spec: GenPoolSpec) -> dict[str, Any]:
+    # Clients reach the GEN tier (a decode worker sends the prefill leg itself; docs/pd.md).
+    selector = pool_selector(pool.name) | role_labels(gen_role(spec.prefill is not None))
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _metadata(pool, service_name(pool.name)),
         "spec": {
             "type": "ClusterIP",
-            "selector": pool_selector(pool.name),
+            "selector": selector,
             "ports": [_http_port()],
         },
     }
@@ -180,22 +190,49 @@ def build_pdb(pool: PoolRef) -> dict[str, Any]:
 
 
 def build_statefulset(pool: PoolRef, spec: GenPoolSpec, image: str) -> dict[str, Any]:
+    """The GEN tier's StatefulSet (its selector, the pool label, is immutable: it stays)."""
+    role = gen_role(spec.prefill is not None)
+    return _statefulset(pool, spec, image, name=statefulset_name(pool.name), role=role,
+                        config_key=CONFIG_KEY)  # fmt: skip
+
+
+def build_prefill_statefulset(pool: PoolRef, spec: GenPoolSpec, image: str) -> dict[str, Any]:
+    """The prefill tier's StatefulSet (``spec.prefill`` set): the same worker with
+    ``--role=prefill``, its own replicas, resources and worker.json."""
+    tier = spec.prefill_tier()
+    if tier is None:
+        raise ValueError("spec.prefill is not set: there is no prefill tier")
+    sts = _statefulset(pool, tier, image, name=prefill_statefulset_name(pool.name),
+                       role=PREFILL_ROLE, config_key=PREFILL_CONFIG_KEY)  # fmt: skip
+    sts["metadata"]["labels"] |= role_labels(PREFILL_ROLE)  # the mirror tells the tiers apart
+    return sts
+
+
+def _statefulset(
+    pool: PoolRef, spec: GenPoolSpec, image: str, *, name: str, role: str | None, config_key: str
+) -> dict[str, Any]:
+    labels = pool_labels(pool.name) | role_labels(role)
     refs = PodRefs(
-        labels=pool_labels(pool.name),
+        labels=labels,
         config_hash=config_hash(spec),
         configmap_name=configmap_name(pool.name),
         admin_secret_name=admin_secret_name(pool.name),
+        config_key=config_key,
+        role=role,
     )
+    # The GEN tier keeps the pool label alone (as before P/D); the prefill tier's own
+    # selector adds its role, so neither StatefulSet claims the other's pods.
+    selector = pool_selector(pool.name) | (role_labels(role) if role == PREFILL_ROLE else {})
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": _metadata(pool, statefulset_name(pool.name)),
+        "metadata": _metadata(pool, name),
         "spec": {
             "replicas": spec.replicas,
             "serviceName": headless_service_name(pool.name),
             # Workers are independent: start and stop them all at once.
             "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": pool_selector(pool.name)},
+            "selector": {"matchLabels": selector},
             "updateStrategy": {"type": "RollingUpdate"},
             "revisionHistoryLimit": 5,
             "template": build_pod_template(spec, image, refs),
@@ -220,11 +257,14 @@ def build_children(
     the operator's calls to them are unauthenticated.
     """
     secret = [build_admin_secret(pool, admin_token)] if admin_token else []
+    image = resolve_image(spec, image_default)
+    prefill = [build_prefill_statefulset(pool, spec, image)] if spec.prefill else []
     return [
         *secret,
         build_configmap(pool, spec),
         build_headless_service(pool),
-        build_service(pool),
+        build_service(pool, spec),
         build_pdb(pool),
-        build_statefulset(pool, spec, resolve_image(spec, image_default)),
+        build_statefulset(pool, spec, image),
+        *prefill,
     ]

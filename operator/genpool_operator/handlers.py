@@ -40,6 +40,7 @@ from genpool_operator.spec import GenPoolSpec, GenPoolSpecError
 from genpool_operator.spec_check import checked_spec, invalid_spec_message
 from genpool_operator.statsloop import PoolMemory, RoundReport, run_round
 from genpool_operator.status import read_status
+from genpool_operator.tiers import role_of
 
 DEFAULT_WORKER_IMAGE = "genpool/worker:0.1.0"
 log = logging.getLogger("genpool.operator")
@@ -54,10 +55,17 @@ class Runtime:
     http: httpx.AsyncClient
     options: OperatorOptions
     pools: dict[str, PoolMemory] = field(default_factory=dict)
+    uids: dict[tuple[str, str], str] = field(default_factory=dict)  # (namespace, name) -> uid
     closing: bool = False
 
     def memory(self, uid: str) -> PoolMemory:
         return self.pools.setdefault(uid, PoolMemory())
+
+    def wake(self, namespace: str, name: str) -> None:
+        """Wake the pool's daemon for a round without tuning (if it runs)."""
+        uid = self.uids.get((namespace, name))
+        if uid is not None:
+            self.memory(uid).wake.set()
 
 
 @kopf.on.startup()
@@ -133,9 +141,16 @@ async def statefulset_changed(body: kopf.Body, type: str | None, memo: kopf.Memo
 @kopf.on.event("", "v1", "pods", labels={MANAGED_BY_LABEL: MANAGED_BY, POOL_LABEL: kopf.PRESENT})
 async def worker_pod_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A worker's status changed (or it is gone): Degraded says whether the pool's
-    workers crash-loop or cannot start, and why (their termination messages)."""
+    workers crash-loop or cannot start, and why (their termination messages). In a P/D
+    pool (its pods carry a role) a change wakes the pool's daemon: a prefill pod that came
+    or went, or a decode pod that just got ready, is told the endpoints now, not a tuning
+    interval later."""
     meta = body["metadata"]
-    await record_worker_health(memo.runtime.kube, meta["namespace"], meta["labels"][POOL_LABEL])
+    runtime: Runtime = memo.runtime
+    pool = meta["labels"][POOL_LABEL]
+    await record_worker_health(runtime.kube, meta["namespace"], pool)
+    if role_of(body) is not None:
+        runtime.wake(meta["namespace"], pool)
 
 
 @kopf.daemon(API_GROUP, API_VERSION, API_PLURAL, cancellation_timeout=5.0, initial_delay=1.0)
@@ -145,7 +160,9 @@ async def stats_daemon(
     """A tuning round every ``tuning.intervalSeconds`` (re-read each round: the body is
     live), and a round without tuning whenever the reconcile handler wakes it."""
     runtime: Runtime = memo.runtime
-    memory = runtime.memory(body["metadata"]["uid"])
+    meta = body["metadata"]
+    memory = runtime.memory(meta["uid"])
+    runtime.uids[(meta["namespace"], meta["name"])] = meta["uid"]
     due = time.monotonic()  # when the next tuning round is due
     try:
         while not stopped and not runtime.closing:
@@ -170,8 +187,8 @@ async def stats_daemon(
             await _sleep_until_woken(stopped, memory.wake, due - time.monotonic())
     finally:
         if stopped.reason and kopf.DaemonStoppingReason.RESOURCE_DELETED in stopped.reason:
-            meta = body["metadata"]
             metrics.forget_pool(meta["namespace"], meta["name"])
+            runtime.uids.pop((meta["namespace"], meta["name"]), None)
 
 
 def _valid_spec(body: kopf.Body) -> GenPoolSpec | None:
@@ -197,6 +214,7 @@ async def _sleep_until_woken(
 
 
 def _post_round_events(body: kopf.Body, report: RoundReport) -> None:
-    for event in round_events(report.plan, report.push):
+    prefill = report.prefill.events() if report.prefill else []
+    for event in [*round_events(report.plan, report.push), *prefill]:
         post = kopf.info if event.type == "Normal" else kopf.warn
         post(body, reason=event.reason, message=event.message)

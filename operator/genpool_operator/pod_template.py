@@ -33,6 +33,8 @@ class PodRefs:
     config_hash: str
     configmap_name: str
     admin_secret_name: str
+    config_key: str = CONFIG_KEY  # the tier's worker.json in the ConfigMap
+    role: str | None = None  # the worker's --role (None: its default, both)
 
 
 def build_pod_template(spec: GenPoolSpec, image: str, refs: PodRefs) -> dict[str, Any]:
@@ -86,7 +88,7 @@ def _container(spec: GenPoolSpec, image: str, refs: PodRefs) -> dict[str, Any]:
         "imagePullPolicy": "IfNotPresent",
         "command": ["genpool-worker"],
         # Every other setting comes from GENPOOL_WORKER_CONFIG (worker.json).
-        "args": ["--host=$(POD_IP)", f"--port={WORKER_PORT}"],
+        "args": _args(refs),
         "ports": [{"name": "http", "containerPort": WORKER_PORT, "protocol": "TCP"}],
         "env": _env(spec, refs),
         "resources": _resources(spec),
@@ -107,6 +109,11 @@ def _container(spec: GenPoolSpec, image: str, refs: PodRefs) -> dict[str, Any]:
     }
 
 
+def _args(refs: PodRefs) -> list[str]:
+    args = ["--host=$(POD_IP)", f"--port={WORKER_PORT}"]
+    return [*args, f"--role={refs.role}"] if refs.role else args
+
+
 def _env(spec: GenPoolSpec, refs: PodRefs) -> list[dict[str, Any]]:
     def field(path: str) -> dict[str, Any]:
         return {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}
@@ -118,7 +125,7 @@ def _env(spec: GenPoolSpec, refs: PodRefs) -> list[dict[str, Any]]:
         {"name": "HOME", "value": HOME_DIR},
         {
             "name": "GENPOOL_WORKER_CONFIG",
-            "valueFrom": {"configMapKeyRef": {"name": refs.configmap_name, "key": CONFIG_KEY}},
+            "valueFrom": {"configMapKeyRef": {"name": refs.configmap_name, "key": refs.config_key}},
         },
         {
             "name": "GENPOOL_ADMIN_TOKEN",

@@ -11,12 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from genpool_core.names import (
-    INFERENCE_POOL_API_VERSION,
-    INFERENCE_POOL_KIND,
-    POOL_LABEL,
-    pool_label_selector,
-)
+from genpool_core.names import INFERENCE_POOL_API_VERSION, INFERENCE_POOL_KIND, POOL_LABEL
 from genpool_operator.builders import PoolRef, build_children
 from genpool_operator.conditions import Condition
 from genpool_operator.inference_pool import (
@@ -38,9 +33,11 @@ from genpool_operator.pool_status import (
     reduce_status,
     without_condition,
 )
+from genpool_operator.prefill_plan import PrefillCounts, mirror_patch, spec_patch
 from genpool_operator.scaling_plan import desired_replicas
 from genpool_operator.spec import GenPoolSpec
 from genpool_operator.status import now_iso, update_status
+from genpool_operator.tiers import is_prefill, prefill_statefulset_name, status_selector
 
 log = logging.getLogger("genpool.operator.reconcile")
 
@@ -72,8 +69,24 @@ async def apply_children(
     changes = []
     for child in children:
         changes.append(await _apply_one(kube, child))
+    if spec.prefill is None:
+        changes.extend(await _remove_prefill_tier(kube, body))
     changes.extend(await apply_inference_pool(kube, body, spec))
     return changes
+
+
+async def _remove_prefill_tier(kube: Kube, body: dict[str, Any]) -> list[ChildChange]:
+    """``spec.prefill`` gone: delete the prefill StatefulSet this GenPool owns (its pods
+    go with it; the GEN pods roll back to the worker's default role)."""
+    pool = pool_ref(body)
+    name = prefill_statefulset_name(pool.name)
+    path = resource_path("apps/v1", "StatefulSet", pool.namespace, name)
+    existing = await kube.get(path)
+    if existing is None or not is_owned_by(existing, pool):
+        return []
+    options = {"propagationPolicy": "Background"}
+    await with_retries(lambda: kube.request("DELETE", path, body=options), what=f"delete {name}")
+    return [ChildChange("StatefulSet", name, "deleted")]
 
 
 async def _apply_one(kube: Kube, child: dict[str, Any]) -> ChildChange:
@@ -105,23 +118,32 @@ async def record_spec_status(
     failures = [] if error else await worker_failures(kube, meta["namespace"], meta["name"])
     degraded = degraded_condition(error, failures)
 
+    is_disaggregated = None if spec is None else spec.prefill is not None
+
     def mutate(status: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
         # Before the StatefulSet reports, the replicas in force are the workload's.
         start = WorkloadFacts(desired_replicas(spec, status) if spec else 0)
         workload = WorkloadFacts.from_status(status) or start
         patch = reduce_status(status, workload=workload, facts=[degraded], now_text=stamp,
                               observed_generation=generation)  # fmt: skip
-        return {"observedGeneration": generation, "selector": pool_label_selector(meta["name"]),
-                **patch}  # fmt: skip
+        # An invalid spec leaves the children as they are, so the tiers' records too.
+        selector = status_selector(meta["name"], is_disaggregated=is_disaggregated,
+                                   recorded=status.get("selector"))  # fmt: skip
+        tier = {} if spec is None else spec_patch(status, spec.prefill)
+        return {"observedGeneration": generation, "selector": selector, **patch, **tier}
 
     await update_status(kube, meta["namespace"], meta["name"], mutate)
 
 
 async def mirror_statefulset(kube: Kube, statefulset: dict[str, Any]) -> None:
-    """Record the StatefulSet's replica counts as the GenPool's workload facts."""
+    """Record the StatefulSet's replica counts as the GenPool's workload facts (the
+    prefill tier's: ``status.prefill``)."""
     meta = statefulset["metadata"]
     pool = (meta.get("labels") or {}).get(POOL_LABEL)
     if not pool:
+        return
+    if is_prefill(statefulset):
+        await _mirror_prefill(kube, meta["namespace"], pool, statefulset)
         return
     counts = statefulset.get("status") or {}
     workload = WorkloadFacts(
@@ -138,6 +160,19 @@ async def mirror_statefulset(kube: Kube, statefulset: dict[str, Any]) -> None:
         return patch if is_news(status, patch) else None
 
     await update_status(kube, meta["namespace"], pool, mutate)
+
+
+async def _mirror_prefill(
+    kube: Kube, namespace: str, pool: str, statefulset: dict[str, Any]
+) -> None:
+    counts = PrefillCounts.from_statefulset(statefulset)
+
+    def mutate(status: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any] | None:
+        # A StatefulSet still reporting while its deletion runs must not bring it back.
+        has_prefill = (fresh.get("spec") or {}).get("prefill") is not None
+        return mirror_patch(status, counts, has_prefill=has_prefill)
+
+    await update_status(kube, namespace, pool, mutate)
 
 
 async def apply_inference_pool(

@@ -1,4 +1,5 @@
-"""Talking to worker pods: recent stat lines (HTTP or pod logs), ``GET``/``PUT /config``.
+"""Talking to worker pods: recent stat lines (HTTP or pod logs), ``GET``/``PUT /config``,
+and a decode worker's prefill endpoints (``GET``/``PUT /prefillers``).
 
 Every call has a timeout and the operator-wide semaphore bounds how many run at once,
 so one slow or dead pod delays nobody else's scrape. Failures come back as values
@@ -20,6 +21,7 @@ from genpool_core.live import LiveUpdate
 from genpool_core.names import GENERATION_FIELD, WORKER_PORT
 from genpool_core.statline import StatLine, parse_statlines
 from genpool_operator.kube import Kube, KubeError
+from genpool_operator.prefill_plan import parse_endpoints
 
 log = logging.getLogger("genpool.operator.scrape")
 LOG_TAIL_LINES = 200
@@ -102,16 +104,37 @@ class WorkerClient:
 
     async def put_config(self, target: PodTarget, update: LiveUpdate) -> str | None:
         """Push live knobs; ``None`` on success, else why it failed."""
+        return await self._put(target, "/config", update.to_json())
+
+    async def prefillers(self, target: PodTarget) -> list[str] | None:
+        """The prefill endpoints a decode worker round-robins over (``None``: unreadable)."""
+        try:
+            response = await self._http.get(
+                self._url(target, "/prefillers"),
+                headers=self._admin_headers(),
+                timeout=self._timeout,
+            )
+            body = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as exc:
+            log.info("prefillers of %s: %s", target.name, exc)
+            return None
+        return parse_endpoints(body)
+
+    async def put_prefillers(self, target: PodTarget, endpoints: Sequence[str]) -> str | None:
+        """Tell a decode worker the prefill endpoints; ``None`` on success, else why not."""
+        return await self._put(target, "/prefillers", {"endpoints": list(endpoints)})
+
+    async def _put(self, target: PodTarget, path: str, body: dict[str, Any]) -> str | None:
         try:
             response = await self._http.put(
-                self._url(target, "/config"),
-                json=update.to_json(),
+                self._url(target, path),
+                json=body,
                 headers=self._admin_headers(),
                 timeout=self._timeout,
             )
         except httpx.HTTPError as exc:
             return f"{type(exc).__name__}: {exc}"
-        if response.status_code == 200:
+        if response.is_success:
             return None
         return f"HTTP {response.status_code}: {response.text[:200]}"
 

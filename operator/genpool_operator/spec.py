@@ -26,6 +26,7 @@ from genpool_operator.spec_sections import (
     ModelVolume,
     PodTemplate,
     Preemption,
+    Prefill,
     ResourceRequirements,
     Section,
     Slo,
@@ -36,6 +37,12 @@ from genpool_operator.spec_sections import (
 # Where a GenPool's modelVolume is mounted (read-only) in the worker container.
 MODEL_MOUNT_PATH = "/models"
 GPU_SHARE_NEEDS_GPU = "engine.gpuMemoryUtilization is not allowed when accelerator is none"
+# docs/pd.md: each rank holds a head shard, and per-rank KV transfer is not built.
+PREFILL_NEEDS_ONE_RANK = (
+    "spec.prefill needs spec.tensorParallelSize 1 (prefill/decode moves the KV blocks of one rank)"
+)
+# The decode workers pull KV blocks laid out by the prefill workers' model (docs/pd.md).
+PREFILL_SAME_MODEL = "spec.prefill.model must be spec.model (both tiers serve one model)"
 
 
 class GenPoolSpecError(ValueError):
@@ -59,6 +66,7 @@ class GenPoolSpec(Section):
     slo: Slo | None = None
     autoscaling: Autoscaling = Field(default_factory=Autoscaling)
     advisory: bool = False
+    prefill: Prefill | None = None
 
     @model_validator(mode="after")
     def _autoscaling_needs_slo(self) -> GenPoolSpec:
@@ -97,6 +105,18 @@ class GenPoolSpec(Section):
     def _gpu_share_needs_gpu(self) -> GenPoolSpec:
         if self.engine.gpu_memory_utilization is not None and self.accelerator != "nvidia":
             raise ValueError(GPU_SHARE_NEEDS_GPU)
+        return self
+
+    @model_validator(mode="after")
+    def _prefill_needs_one_rank(self) -> GenPoolSpec:
+        if self.prefill is not None and self.tensor_parallel_size != 1:
+            raise ValueError(PREFILL_NEEDS_ONE_RANK)
+        return self
+
+    @model_validator(mode="after")
+    def _prefill_same_model(self) -> GenPoolSpec:
+        if self.prefill is not None and self.prefill.model not in (None, self.model):
+            raise ValueError(PREFILL_SAME_MODEL)
         return self
 
     @classmethod
@@ -147,6 +167,22 @@ class GenPoolSpec(Section):
             "admission_target_min_s": target.min,
             "admission_target_max_s": target.max,
         }
+
+    def prefill_tier(self) -> GenPoolSpec | None:
+        """The prefill workers' spec (None without ``spec.prefill``): this one with the
+        tier's replicas and resources (unset: the GEN tier's) and preemption Off (a
+        prefill worker's requests end after their first token; nothing to pause)."""
+        tier = self.prefill
+        if tier is None:
+            return None
+        return self.model_copy(
+            update={
+                "replicas": tier.replicas,
+                "resources": self.resources if tier.resources is None else tier.resources,
+                "preemption": Preemption(),
+                "prefill": None,
+            }
+        )
 
     def kv_budget_inputs(self) -> KVBudgetInputs:
         return KVBudgetInputs(

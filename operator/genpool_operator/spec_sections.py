@@ -1,7 +1,8 @@
 """The GenPool spec's sections (engine, preemption, tuning, SLO, autoscaling, pod
-template, model volume, InferencePool) as pydantic models; :mod:`genpool_operator.spec`
-assembles them into ``GenPoolSpec``. Rule messages are word for word the CRD's
-``x-kubernetes-validations`` messages. Pure: no Kubernetes client, no clock, no I/O.
+template, model volume, InferencePool, prefill tier) as pydantic models;
+:mod:`genpool_operator.spec` assembles them into ``GenPoolSpec``. Rule messages are
+word for word the CRD's ``x-kubernetes-validations`` messages. Pure: no Kubernetes
+client, no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -182,6 +183,19 @@ class Autoscaling(Section):
         if self.max_replicas is not None and self.min_replicas > self.max_replicas:
             raise ValueError("autoscaling.minReplicas must not exceed autoscaling.maxReplicas")
         return self
+
+
+class Prefill(Section):
+    """The prefill tier (docs/pd.md): workers that run the prompts and hand their KV blocks
+    to the GEN (decode) workers. Same model and engine as the GEN tier (``spec.model``,
+    ``spec.engine``): only the count and the container's resources are its own."""
+
+    replicas: int = Field(default=1, ge=0, le=256)
+    # None: the GEN tier's resources (spec.resources).
+    resources: ResourceRequirements | None = None
+    # Optional, and then spec.model (GenPoolSpec checks): a manifest that names the model
+    # of each tier, as llm-d's do, states the tie instead of the apiserver pruning it.
+    model: str | None = Field(default=None, min_length=1, max_length=1024)
 
 
 class Toleration(Section):

@@ -2,7 +2,9 @@
 
 What a round decides is :mod:`genpool_operator.round_plan` (pure). This module only
 gathers its inputs (the pool's ready pods and their stat lines), pushes the planned
-live config to the pods that are not yet in sync, and writes the planned status.
+live config to the pods that are not yet in sync, and writes the planned status. In a
+P/D pool it also tells each GEN (decode) worker where the ready prefill pods are
+(``PUT /prefillers``, :mod:`genpool_operator.prefill_plan`) when it reports another set.
 The kopf daemon in ``handlers`` runs a tuning round every ``tuning.intervalSeconds``,
 and a round without tuning when the reconcile handler wakes it after a spec change
 (so live fields reach the pods without waiting for the next interval).
@@ -23,6 +25,7 @@ from genpool_core.statline import StatLine
 from genpool_operator import metrics
 from genpool_operator.builders import statefulset_name
 from genpool_operator.kube import Kube, resource_path
+from genpool_operator.prefill_plan import PrefillRound, needs_push, prefill_endpoints
 from genpool_operator.round_plan import PushOutcome, RoundPlan, plan_round, status_patch
 from genpool_operator.scaling_plan import is_autoscaled
 from genpool_operator.scrape import (
@@ -34,6 +37,7 @@ from genpool_operator.scrape import (
 )
 from genpool_operator.spec import GenPoolSpec
 from genpool_operator.status import now_iso, pool_path, update_status
+from genpool_operator.tiers import split_tiers
 
 log = logging.getLogger("genpool.operator.stats")
 
@@ -51,6 +55,7 @@ class PoolMemory:
 class RoundReport:
     plan: RoundPlan
     push: PushOutcome
+    prefill: PrefillRound | None = None  # a P/D pool's endpoint push
 
 
 async def read_lines(
@@ -79,11 +84,36 @@ async def push_live(
     return len(targets) - len(errors), errors
 
 
-async def list_targets(kube: Kube, namespace: str, name: str) -> list[PodTarget]:
+async def push_prefillers(
+    workers: WorkerClient, targets: list[PodTarget], endpoints: Sequence[str]
+) -> PushOutcome:
+    """``PUT /prefillers`` to every decode worker that reports another set of endpoints."""
+    reported = await workers.gather(workers.prefillers, targets)
+    stale = [t for t, found in zip(targets, reported, strict=True) if needs_push(found, endpoints)]
+    results = await workers.gather(lambda t: workers.put_prefillers(t, endpoints), stale)
+    errors = {t.name: err for t, err in zip(stale, results, strict=True) if err is not None}
+    return PushOutcome(len(targets) - len(errors), len(targets), errors)
+
+
+async def list_tiers(
+    kube: Kube, namespace: str, name: str
+) -> tuple[list[PodTarget], list[PodTarget]]:
+    """The pool's ready pods as (GEN targets, prefill targets): one list call for both."""
     pods = await kube.list(
         resource_path("v1", "Pod", namespace), label_selector=pool_label_selector(name)
     )
-    return ready_targets(pods)
+    gen, prefill = split_tiers(pods)
+    return ready_targets(gen), ready_targets(prefill)
+
+
+async def prefill_round(
+    workers: WorkerClient, spec: GenPoolSpec, targets: list[PodTarget], prefill: list[PodTarget]
+) -> PrefillRound | None:
+    """Tell the decode workers (``targets``) the ready prefill pods; None without P/D."""
+    if spec.prefill is None:
+        return None
+    endpoints = prefill_endpoints(t.ip for t in prefill)
+    return PrefillRound(endpoints, await push_prefillers(workers, targets, endpoints))
 
 
 async def scale_statefulset(kube: Kube, namespace: str, pool: str, replicas: int) -> bool:
@@ -112,7 +142,7 @@ async def run_round(
     namespace, name = meta["namespace"], meta["name"]
     async with memory.lock:
         started = time.perf_counter()
-        targets = await list_targets(kube, namespace, name)
+        targets, prefill_targets = await list_tiers(kube, namespace, name)
         lines = await read_lines(workers, kube, spec, namespace, targets)
         # Read afresh: the controller's state lives in status and the last round wrote it.
         fresh = await kube.get(pool_path(namespace, name)) or body
@@ -122,13 +152,18 @@ async def run_round(
         plan = plan_round(spec, status, lines, now=now, num_ready=len(targets), is_deciding=tune)
         num_in_sync, errors = await push_live(workers, targets, plan.update)
         push = PushOutcome(num_in_sync, len(targets), errors)
+        prefill = await prefill_round(workers, spec, targets, prefill_targets)
         stamp = now_iso()
 
         def mutate(status: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
             generation = fresh["metadata"].get("generation")
-            return status_patch(
+            patch = status_patch(
                 spec, plan, push, status, observed_generation=generation, now_text=stamp
             )
+            # Merged into status.prefill beside the mirror's counts, while the tier exists.
+            if prefill is not None and (fresh.get("spec") or {}).get("prefill") is not None:
+                patch["prefill"] = prefill.to_status()
+            return patch
 
         await update_status(kube, namespace, name, mutate)
         if plan.decision.scaling is not None and is_autoscaled(spec):
@@ -142,4 +177,4 @@ async def run_round(
             num_scrape_errors=len(targets) - len(lines),
             seconds=time.perf_counter() - started,
         )
-    return RoundReport(plan, push)
+    return RoundReport(plan, push, prefill)

@@ -13,6 +13,7 @@ from genpool_core.plan import GenPlan
 from genpool_core.request import FinishReason
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import EngineRequest
+from tests.polling import wait_for
 from tests.worker.conftest import RunningWorker, run_worker
 
 Factory = Callable[..., RunningWorker]
@@ -88,5 +89,12 @@ def test_block_exhaustion_loses_nothing_and_changes_no_text(
     assert worker.engine.model_info.num_kv_blocks == 12
     assert _complete_all(worker) == unconstrained
     assert observer.passes > 0, "the run never waited for blocks"
-    stats = worker.engine.snapshot.stats
-    assert stats.kv_blocks_used == 0 and stats.completed == len(PROMPTS)
+    # A reply is sent during the pass that finishes its request; that pass's snapshot
+    # (published at its end) is the first without it.
+    stats = wait_for(
+        lambda: (s := worker.engine.snapshot.stats).completed == len(PROMPTS) and s,
+        "the snapshot after the last request's finish",
+        10,
+        interval=0.02,
+    )
+    assert stats.kv_blocks_used == 0

@@ -21,11 +21,11 @@ from genpool_core.admission import QueueFullError
 from genpool_core.live import LiveUpdate
 from genpool_core.names import RECENT_STAT_LINES
 from genpool_core.plan import GenPlan
-from genpool_core.request import FinishReason, GenRequest
+from genpool_core.request import FinishReason
 from genpool_core.scheduler import GenScheduler
 from genpool_core.statline import StatLine, make_statline
+from genpool_worker.config_view import config_view
 from genpool_worker.engine_io import (
-    Arrival,
     Coordinator,
     EngineObserver,
     EngineRequest,
@@ -37,7 +37,7 @@ from genpool_worker.engine_io import (
 )
 from genpool_worker.events import Accepted, Failed, Rejected
 from genpool_worker.output_processor import OutputProcessor
-from genpool_worker.pd.exports import ExportRegistry
+from genpool_worker.pd.engine_side import KVHandoff
 
 STAT_LOGGER = logging.getLogger("genpool.gen_preemption")
 log = logging.getLogger("genpool.worker")
@@ -69,9 +69,7 @@ class GenEngine:
         self._inbox: list[EngineRequest] = []
         self._aborts: list[str] = []
         self._kv_releases: list[str] = []
-        # Set by the server on a worker that exports KV (docs/pd.md): finished prefill
-        # legs register here, and its sweep releases what nobody pulled in time.
-        self.exports: ExportRegistry | None = None
+        self.kv_handoff = KVHandoff(scheduler.kv, runner.info, self.release_kv)  # docs/pd.md
         self._configs: list[tuple[LiveUpdate, Future[dict[str, Any]]]] = []
         self._config_futures: list[Future[dict[str, Any]]] = []
         self._requests: dict[str, EngineRequest] = {}
@@ -165,8 +163,7 @@ class GenEngine:
         if not (self.scheduler.num_residents or self.scheduler.num_waiting or self._inbox):
             self._wake.wait(IDLE_PASS_S)
             self._wake.clear()
-        if self.exports is not None:
-            self.exports.sweep()  # into _kv_releases, taken just below
+        self.kv_handoff.sweep()  # into _kv_releases, taken just below
         with self._lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
@@ -200,9 +197,9 @@ class GenEngine:
         for request_id in plan.prefill_ids:  # a prefill leg's handle reports these
             self._requests[request_id].prefill_started_at = plan.now
         for request_id in tokens:  # the first token this worker produced (P/D's TTFT parts)
-            produced = self._requests[request_id]
-            if produced.first_token_at is None:
-                produced.first_token_at = self._prev_end
+            self._requests[request_id].first_token_at = (
+                self._requests[request_id].first_token_at or self._prev_end
+            )
         # The next pass postprocesses at this step's end (``prev_end``): no extra wait here.
         if tokens:
             self._pending = (plan, tokens)
@@ -232,15 +229,8 @@ class GenEngine:
     def _stop_ids(self, tokens: dict[str, int]) -> tuple[str, ...]:
         """Requests whose last token is EOS or completed one of their stop strings."""
         eos = self.model_info.eos_token_id
-        requests = self._requests
         return tuple(
-            request_id
-            for request_id, token in tokens.items()
-            if (
-                token == eos
-                and len(requests[request_id].output_ids) >= requests[request_id].arrival.min_tokens
-            )
-            or requests[request_id].is_stop_matched
+            rid for rid, token in tokens.items() if self._requests[rid].is_stopped_by(token, eos)
         )
 
     def _apply(self, inputs: PassInputs) -> None:
@@ -266,23 +256,11 @@ class GenEngine:
 
     def _admit_to_queue(self, request: EngineRequest, now: float) -> None:
         arrival = request.arrival
-        if arrival.kv_import is not None and self._is_done_at_first(arrival):
+        if self.kv_handoff.is_done_at_first(arrival):
             self._answer_from_first_token(request)
             return
-        gen = GenRequest(
-            request_id=arrival.request_id,
-            prompt_len=len(arrival.prompt_ids),
-            max_tokens=arrival.max_tokens,
-            arrival_time=None if arrival.arrival_time is None else min(arrival.arrival_time, now),
-            first_token_time=arrival.first_token_time,
-            # An imported request's first token is the prefill tier's (docs/pd.md).
-            num_output_tokens=0 if arrival.kv_import is None else 1,
-            slo_ttft_s=arrival.slo_ttft_s,
-            target_output_tps=arrival.target_output_tps,
-            holds_kv_at_finish=arrival.kv_export is not None,
-        )
         try:
-            self.scheduler.add_request(gen, now)
+            self.scheduler.add_request(arrival.gen_request(now), now)
         except (QueueFullError, ValueError) as exc:
             self._requests.pop(arrival.request_id, None)
             with self._lock:
@@ -296,11 +274,6 @@ class GenEngine:
         if arrival.kv_import is not None:  # the client gets the first token at once
             self.output.on_token(request, arrival.kv_import.first_token)
 
-    def _is_done_at_first(self, arrival: Arrival) -> bool:
-        assert arrival.kv_import is not None
-        is_eos = arrival.kv_import.first_token == self.model_info.eos_token_id
-        return arrival.max_tokens <= 1 or (is_eos and arrival.min_tokens <= 1)
-
     def _answer_from_first_token(self, request: EngineRequest) -> None:
         """A pulled request whose first token ends it never queues (nothing to decode)."""
         assert request.arrival.kv_import is not None
@@ -308,9 +281,9 @@ class GenEngine:
         self._requests.pop(request.request_id, None)
         request.emit(Accepted())
         self.output.on_token(request, first)
-        is_stop = first == self.model_info.eos_token_id or request.is_stop_matched
         with self._lock:
             self._inflight -= 1
+        is_stop = self.kv_handoff.is_stop_at_first(request)
         self.output.on_finished(request, FinishReason.STOP if is_stop else FinishReason.LENGTH)
 
     def _finish(self, request_id: str, reason: FinishReason) -> None:
@@ -321,42 +294,15 @@ class GenEngine:
         with self._lock:
             self._inflight -= 1
         if request.arrival.kv_export is not None and reason is not FinishReason.ABORT:
-            self._export(request)
+            self.kv_handoff.on_finished(request)
         if self._observer is not None:
             self._observer.on_finished(request, reason)
         self.output.on_finished(request, reason)
 
-    def _export(self, request: EngineRequest) -> None:
-        """A finished prefill leg's held blocks become an export for its decode worker."""
-        arrival = request.arrival
-        assert arrival.kv_export is not None
-        blocks = self.scheduler.kv.held_blocks(arrival.request_id)
-        if self.exports is None or not request.output_ids or not blocks:
-            self.release_kv(arrival.request_id)  # nobody can pull it
-            return
-        block_size = self.model_info.kv_block_size
-        num_prompt = len(arrival.prompt_ids)
-        prompt_blocks = blocks[: -(-num_prompt // block_size)]
-        self.exports.add(arrival.kv_export, arrival.request_id, prompt_blocks, num_prompt,
-                         request.output_ids[0])  # fmt: skip
-
     # -- views ------------------------------------------------------------------------
 
     def config(self) -> dict[str, Any]:
-        scheduler = self.scheduler
-        headroom, cap = scheduler.capacity_in_force()
-        target = scheduler.queue.target
-        return {
-            "generation": scheduler.live_config().generation,
-            "mode": scheduler.policy.mode.value,
-            "resident_headroom": scheduler.slots.resident_headroom(),
-            "max_resident_headroom": scheduler.slots.max_resident_headroom(),
-            "paused_cap": scheduler.knobs.paused_cap,
-            "slack_s": scheduler.queue.slack_s,
-            "admission_target_min_s": target.x_min,
-            "admission_target_max_s": target.x_max,
-            "in_force": {"resident_headroom": headroom, "paused_cap": cap},
-        }
+        return config_view(self.scheduler)
 
     def _make_snapshot(self, now: float) -> EngineSnapshot:
         stats = self.scheduler.make_stats(now)

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from genpool_core.live import LiveUpdate
 from genpool_core.plan import GenPlan
-from genpool_core.request import FinishReason
+from genpool_core.request import FinishReason, GenRequest
 from genpool_core.statline import StatLine, format_statline
 from genpool_core.stats import SchedulerStats
 from genpool_worker.events import EngineEvent
@@ -75,6 +75,21 @@ class Arrival:
     kv_export: str | None = None
     kv_import: KVImport | None = None
 
+    def gen_request(self, now: float) -> GenRequest:
+        """What the scheduler queues (an arrival stamped later than ``now`` is clamped)."""
+        return GenRequest(
+            request_id=self.request_id,
+            prompt_len=len(self.prompt_ids),
+            max_tokens=self.max_tokens,
+            arrival_time=None if self.arrival_time is None else min(self.arrival_time, now),
+            first_token_time=self.first_token_time,
+            # A pulled request's first token is the prefill tier's (docs/pd.md).
+            num_output_tokens=0 if self.kv_import is None else 1,
+            slo_ttft_s=self.slo_ttft_s,
+            target_output_tps=self.target_output_tps,
+            holds_kv_at_finish=self.kv_export is not None,
+        )
+
 
 class ModelRunner(Protocol):
     """Owns the model: prefill, decode, sampling and each request's generator."""
@@ -123,6 +138,11 @@ class EngineRequest:
     @property
     def request_id(self) -> str:
         return self.arrival.request_id
+
+    def is_stopped_by(self, token: int, eos: int | None) -> bool:
+        """Its latest token ends it: EOS once ``min_tokens`` are out, or a stop string."""
+        is_eos = token == eos and len(self.output_ids) >= self.arrival.min_tokens
+        return is_eos or self.is_stop_matched
 
     def emit(self, event: EngineEvent) -> None:
         if self.loop is not None:

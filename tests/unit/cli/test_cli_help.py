@@ -31,6 +31,7 @@ from genpool_worker.worker_config import build_parser as worker_parser
 SIM_FLAGS: dict[str, tuple[type, str]] = {
     "--workers": (ClusterConfig, "workers"),
     "--ctx-servers": (ClusterConfig, "ctx_servers"),
+    "--kv-transfer-s-per-token": (ClusterConfig, "kv_transfer_s_per_token"),
     "--paused-cap-fraction": (ClusterConfig, "paused_cap_fraction"),
     "--kv-blocks": (ClusterConfig, "kv_blocks"),
     "--kv-block-size": (ClusterConfig, "kv_block_size"),

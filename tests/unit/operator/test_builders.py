@@ -56,6 +56,14 @@ POOLS: dict[str, dict[str, Any]] = {
         "resources": {"requests": {"cpu": "2", "memory": "3Gi"}, "limits": {"memory": "3Gi"}},
         "engine": {"kvBlockSize": 32},
     },
+    "pd": {  # a prefill tier beside the GEN tier (docs/pd.md), its memory limit its own
+        "replicas": 2,
+        "model": "smollm2-135m",
+        "accelerator": "none",
+        "resources": {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
+        "preemption": {"mode": "TargetOutputTps", "targetOutputTps": 8},
+        "prefill": {"replicas": 1, "resources": {"limits": {"memory": "3Gi"}}},
+    },
     "pod-template": {
         "accelerator": "none",
         "preemption": {"mode": "TpotBudget", "tpotBudget": 0.2},

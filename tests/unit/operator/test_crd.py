@@ -180,7 +180,7 @@ def test_scale_and_status_subresources(crd: dict[str, Any]) -> None:
     }
     columns = {c["name"]: c.get("priority", 0) for c in version["additionalPrinterColumns"]}
     assert columns == {
-        "Mode": 0, "Ready": 0, "Below-T": 0, "Credit": 0, "Headroom": 0, "Cap": 0,
+        "Mode": 0, "Ready": 0, "Prefill": 0, "Below-T": 0, "Credit": 0, "Headroom": 0, "Cap": 0,
         "Paused": 0, "Desired": 0, "SLO": 0, "Age": 0, "Victims": 1, "InSync": 1,
         "Last-Tune": 1, "TTFT-P90": 1, "Scaling": 1,
     }  # fmt: skip

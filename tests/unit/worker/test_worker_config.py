@@ -27,3 +27,12 @@ def test_windows_that_far_apart_keep_distinct_ends_once_printed() -> None:
     ends = [1000.0 + k * MIN_STAT_INTERVAL_S + 0.04 for k in range(50)]
     assert len({printed_t(t) for t in ends}) == len(ends)
     assert printed_t(1000.02) == printed_t(1000.04)  # closer than that: one window's end
+
+
+def test_the_role_flag_takes_the_roles_core_names() -> None:
+    from typing import get_args
+
+    from genpool_core.names import WORKER_ROLES
+    from genpool_worker.worker_config import WorkerConfig
+
+    assert get_args(WorkerConfig.model_fields["role"].annotation) == WORKER_ROLES

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from genpool_core.names import BOTH_ROLE, DECODE_ROLE, PREFILL_ROLE
 from genpool_worker.pd.endpoints import Prefillers
 from genpool_worker.pd.exports import ExportRegistry
 from genpool_worker.pd.layout import KVLayout
@@ -21,9 +22,9 @@ PREFILL_RETRIES = 3  # llm-d's sidecar retries 502/503/504 too
 
 
 class Role(enum.Enum):
-    BOTH = "both"
-    PREFILL = "prefill"
-    DECODE = "decode"
+    BOTH = BOTH_ROLE
+    PREFILL = PREFILL_ROLE
+    DECODE = DECODE_ROLE
 
     @property
     def exports(self) -> bool:

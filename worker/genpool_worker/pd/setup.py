@@ -41,5 +41,5 @@ def build_pd_context(engine: GenEngine, metrics: WorkerMetrics, settings: PDSett
             timeout_s=settings.kv_export_timeout_s,
             on_outcome=pd_metrics.count_export,
         )
-        engine.exports = exports
+        engine.kv_handoff.exports = exports
     return PDContext(settings.role, layout, pd_metrics, exports, Prefillers(settings.prefillers))

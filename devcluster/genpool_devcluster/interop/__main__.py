@@ -1,0 +1,5 @@
+import sys
+
+from genpool_devcluster.interop.cli import main
+
+sys.exit(main())
