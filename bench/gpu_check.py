@@ -25,9 +25,11 @@ read back through our ``config.json`` reader). Measured, each in its own try/exc
   its datasheet).
 
 A time budget (``--budget-s``) skips what would not fit. ``--quick`` runs a tiny
-shape (on the CPU when there is no GPU) to prove the script end to end.
+shape (on the CPU when there is no GPU) to prove the script end to end. ``--serving``
+then runs the serving check (``bench/gpu_serving.py``: a real worker over HTTP, its
+own JSON).
 
-    python3 bench/gpu_check.py --out bench/results/gpu_check.json
+    python3 bench/gpu_check.py --out bench/results/gpu_check.json [--serving]
 """
 
 from __future__ import annotations
@@ -267,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=420.0, help="skip what would not fit")
     parser.add_argument("--bandwidth-tbs", type=float, default=4.8, help="HBM bandwidth, TB/s")
     parser.add_argument("--skip-compiled", action="store_true", help="no compiled transformers")
+    parser.add_argument("--serving", action="store_true", help="then bench/gpu_serving.py")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     result = run(args)
@@ -276,6 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(format_summary(result))
     print(f"wrote {out}")
+    if args.serving:  # its own JSON; the models above are garbage once run() returned
+        from bench.gpu_serving import main as serving
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        quick = ["--smoke"] if args.quick else []
+        return serving(quick + (["--device", args.device] if args.device else []))
     return 0
 
 

@@ -20,10 +20,14 @@ class GenPlan:
     """What one pass decided. Per-slot consumers must keep ``paused_in_place`` slots.
 
     ``prefill_ids`` are the batch members with no output token yet (this worker does
-    their prefill; its token is their token for the pass). ``admitted_blocks`` is each
-    admitted request's KV block table (aligned with ``admitted_ids``; empty without a KV
-    budget): the runner writes their KV there until they finish. ``finish_reasons`` is
-    aligned with ``finished_ids``. ``stat`` is the pass's stat line, when one is due.
+    their prefill, or its last chunk; its token is their token for the pass).
+    ``prefill_chunks`` (chunked prefill only, else empty): ``(request id, start, end)``
+    prompt positions each prefilling request runs this pass, oldest first; a request
+    whose chunk ends short of its prompt is in no other field and gets no token.
+    ``admitted_blocks`` is each admitted request's KV block table (aligned with
+    ``admitted_ids``; empty without a KV budget): the runner writes their KV there until
+    they finish. ``finish_reasons`` is aligned with ``finished_ids``. ``stat`` is the
+    pass's stat line, when one is due.
     """
 
     now: float
@@ -39,6 +43,7 @@ class GenPlan:
     finished_ids: tuple[str, ...]
     finish_reasons: tuple[FinishReason, ...]
     stat: StatLine | None = None
+    prefill_chunks: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def stat_line(self) -> str | None:

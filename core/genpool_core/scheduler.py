@@ -27,6 +27,7 @@ from genpool_core.preemption import (
     Victim,
     create_gen_preemption,
 )
+from genpool_core.prefill_budget import PrefillChunk, PrefillQueue
 from genpool_core.request import FinishReason, GenRequest, RequestStatus, is_valid_time
 from genpool_core.scheduler_views import SchedulerViews
 from genpool_core.scheduler_views import UnknownRequestError as UnknownRequestError
@@ -42,6 +43,9 @@ class SchedulerConfig:
     guard_factor: float = 2.0
     target_quantile: float = 0.9
     kv_budget: KVBudget | None = None  # None: no KV memory limit, only B and H bound residents
+    # Prompt tokens prefilled per pass (chunked prefill, genpool_core.prefill_budget);
+    # None: each prompt whole in the pass that admits it.
+    max_prefill_tokens_per_pass: int | None = None
 
 
 class GenScheduler(SchedulerViews):
@@ -70,6 +74,8 @@ class GenScheduler(SchedulerViews):
         )
         self._active: dict[str, GenRequest] = {}
         self._residents: dict[str, GenRequest] = {}
+        budget = self.config.max_prefill_tokens_per_pass
+        self._prefill = None if budget is None else PrefillQueue(budget)
         self._pending_finish: dict[str, FinishReason] = {}
         self._last_now: float | None = None
         self._last_plan: GenPlan | None = None
@@ -190,28 +196,51 @@ class GenScheduler(SchedulerViews):
         paused, at_risk_admitted = self._pause_for_at_risk(now)
         resumed += swapped_in + self._resume(now, due_only=False)
         paused = swapped_out + paused
+        admitted_ids = tuple(admitted + at_risk_admitted)
+        chunks, prefill_ids = self._hand_out_prefill(admitted_ids)
         active = self._active
         paused_now = list(self.pausing)
-        admitted_ids = tuple(admitted + at_risk_admitted)
         plan = GenPlan(
             now=now,
             batch_ids=tuple(active),  # keys are the request ids, in batch order
             batch_slots=tuple([r.slot for r in active.values() if r.slot is not None]),
-            # postprocess gives every batch member a token, so a member without one
-            # joined in this pass (admitted; admissions stay in the batch all pass).
-            prefill_ids=tuple(i for i in admitted_ids if active[i].num_output_tokens == 0),
+            prefill_ids=prefill_ids,
             paused_in_place_ids=tuple([r.request_id for r in paused_now]),
             paused_in_place_slots=tuple([r.slot for r in paused_now if r.slot is not None]),
             admitted_ids=admitted_ids,
-            admitted_blocks=tuple(active[i].blocks for i in admitted_ids),
+            admitted_blocks=tuple(self._residents[i].blocks for i in admitted_ids),
             resumed_ids=tuple(resumed),
             paused_ids=tuple(paused),
             finished_ids=tuple(request_id for request_id, _ in finished),
             finish_reasons=tuple(reason for _, reason in finished),
             stat=self._maybe_stat_line(now),
+            prefill_chunks=tuple(chunks),
         )
         self._last_plan = plan
         return plan
+
+    def _hand_out_prefill(
+        self, admitted_ids: tuple[str, ...]
+    ) -> tuple[list[PrefillChunk], tuple[str, ...]]:
+        """This pass's prefill chunks and the requests whose prefill completes in it."""
+        if self._prefill is None:
+            # postprocess gives every batch member a token, so a member without one
+            # joined in this pass (admitted; admissions stay in the batch all pass).
+            active = self._active
+            return [], tuple(i for i in admitted_ids if active[i].num_output_tokens == 0)
+        chunks, completed = self._prefill.hand_out(is_decoding=bool(self._active))
+        for request in completed:  # after every pause: a new member is no victim this pass
+            self._enter_batch(request)
+        return chunks, tuple(r.request_id for r in completed)
+
+    def _num_positions(self) -> int:
+        """Batch positions taken: members, and requests mid-prefill (each keeps one for
+        the pass its prefill completes in)."""
+        return len(self._active) + len(self.prefilling_ids())
+
+    def prefilling_ids(self) -> tuple[str, ...]:
+        """Residents mid-prefill (chunked prefill), oldest first: not batch members."""
+        return () if self._prefill is None else self._prefill.ids()
 
     def _observe(self, now: float) -> list[tuple[str, FinishReason]]:
         finished = list(self._pending_finish.items())
@@ -221,6 +250,8 @@ class GenScheduler(SchedulerViews):
             self.pausing.release(request, now)
             if request_id in self._active:
                 self._leave_batch(request)
+            elif self._prefill is not None and request_id in self._prefill:
+                self._prefill.remove(request_id)  # aborted mid-prefill
             assert request.slot is not None
             self.slots.free(request.slot)
             if request.holds_kv_at_finish and reason is not FinishReason.ABORT:
@@ -242,7 +273,7 @@ class GenScheduler(SchedulerViews):
         """Due resumes take free batch positions first; later, idle positions go early."""
         resumed: list[str] = []
         lane = self.pausing
-        while len(self._active) < self.max_batch_size and (
+        while self._num_positions() < self.max_batch_size and (
             lane.is_head_due(now) if due_only else len(lane) > 0
         ):
             request = lane.peek()
@@ -297,7 +328,7 @@ class GenScheduler(SchedulerViews):
         everyone behind it (no small request overtakes it and starves it)."""
         admitted: list[str] = []
         while (
-            len(self._active) < self.max_batch_size
+            self._num_positions() < self.max_batch_size
             and self.slots.can_allocate()
             and self.kv.can_fit(self.queue.peek())
         ):
@@ -313,7 +344,10 @@ class GenScheduler(SchedulerViews):
         request.tokens_at_admission = request.num_output_tokens
         request.is_slo_counted = request.is_keyed and (is_after_warmup or request.has_own_slo)
         self.pausing.start_run(request, now)
-        self._enter_batch(request)
+        if self._prefill is not None and request.num_output_tokens == 0:
+            self._prefill.add(request)  # joins the batch when its last chunk runs
+        else:
+            self._enter_batch(request)
         self._residents[request.request_id] = request
         return request.request_id
 
@@ -333,7 +367,7 @@ class GenScheduler(SchedulerViews):
         while (
             len(paused) < budget
             and self.queue.is_head_at_risk(now)
-            and len(self._active) >= self.max_batch_size
+            and self._num_positions() >= self.max_batch_size
             and self.kv.can_fit(self.queue.peek())
         ):
             victim = next(victims, None)

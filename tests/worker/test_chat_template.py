@@ -29,8 +29,8 @@ CHATS = [
         {"role": "user", "content": "Bye"},
     ],
 ]
-REAL = ModelInfo("real", is_synthetic=False, max_seq_len=512, eos_token_id=2)
-SYNTHETIC = ModelInfo("synthetic:test", is_synthetic=True, max_seq_len=512, eos_token_id=0)
+REAL = ModelInfo("real", is_synthetic=False, max_seq_len=512, eos_token_ids=(2,))
+SYNTHETIC = ModelInfo("synthetic:test", is_synthetic=True, max_seq_len=512, eos_token_ids=(0,))
 
 
 @pytest.mark.parametrize("chat", CHATS)

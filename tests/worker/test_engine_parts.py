@@ -21,6 +21,7 @@ from genpool_worker.engine_io import Arrival, EngineRequest
 from genpool_worker.events import EngineEvent, Finished, Rejected, TokenDelta, Usage
 from genpool_worker.model_runner import TorchModelRunner
 from genpool_worker.output_processor import OutputProcessor
+from genpool_worker.sampling_params import SamplingParams
 
 VOCAB = 8
 
@@ -30,7 +31,7 @@ class RecordingModel:
 
     name = "fake"
     is_synthetic = True
-    eos_token_id = 0
+    eos_token_ids = (0,)
     max_seq_len = 64
     num_blocks = 16
     block_size = 4
@@ -68,24 +69,25 @@ def test_runner_prefills_the_plans_prefill_ids_and_decodes_the_rest() -> None:
     runner = TorchModelRunner(model)
     runner.add_request(Arrival("a", [3, 4], 8))
     runner.add_request(Arrival("b", [5], 8))
-    assert runner.execute(plan(("a",), (0,), ("a",), {"a": (2, 0)})) == {"a": 5}
-    assert runner.execute(plan(("a", "b"), (0, 1), ("b",), {"b": (1, 3)})) == {"b": 6, "a": 6}
+    assert runner.execute(plan(("a",), (0,), ("a",), {"a": (2, 0)})).tokens == {"a": 5}
+    mixed = plan(("a", "b"), (0, 1), ("b",), {"b": (1, 3)})
+    assert runner.execute(mixed).tokens == {"b": 6, "a": 6}
     assert model.calls == [
         ("prefill", ((2, 0), [3, 4])),
         ("prefill", ((1, 3), [5])),
         ("decode", ([(2, 0)], [5], [2])),  # a's first output token sits at position 2
     ]
     runner.remove_request("a")
-    assert runner.execute(plan(("b",), (1,), ())) == {"b": 7}
+    assert runner.execute(plan(("b",), (1,), ())).tokens == {"b": 7}
     assert model.calls[-1] == ("decode", ([(1, 3)], [6], [1]))
 
 
 def test_seeded_sampling_is_reproducible_per_request() -> None:
     def draw(seed: int | None) -> list[int]:
         runner = TorchModelRunner(RecordingModel())
-        runner.add_request(Arrival("r", [1], 8, temperature=2.0, seed=seed))
-        tokens = [runner.execute(plan(("r",), (0,), ("r",), {"r": (0,)}))["r"]]
-        tokens += [runner.execute(plan(("r",), (0,), ()))["r"] for _ in range(5)]
+        runner.add_request(Arrival("r", [1], 8, SamplingParams(temperature=2.0, seed=seed)))
+        tokens = [runner.execute(plan(("r",), (0,), ("r",), {"r": (0,)})).tokens["r"]]
+        tokens += [runner.execute(plan(("r",), (0,), ())).tokens["r"] for _ in range(5)]
         return tokens
 
     assert draw(7) == draw(7)
@@ -113,7 +115,7 @@ def test_output_waits_for_complete_utf8_and_closes_with_the_plans_reason() -> No
     loop = asyncio.new_event_loop()
     try:
         request = EngineRequest(Arrival("r", [65], 5), loop=loop)
-        output = OutputProcessor(ByteTokenizer(), eos_token_id=0)
+        output = OutputProcessor(ByteTokenizer(), eos_token_ids=(0,))
         for token in [104, 0xC3, 0xA9, 0]:  # "h", then "é" in two bytes, then EOS
             output.on_token(request, token)
         output.on_finished(request, FinishReason.STOP)

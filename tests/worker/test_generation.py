@@ -61,7 +61,7 @@ async def drain(pieces: Pieces) -> list[str | End]:
 
 
 def test_the_output_processor_ends_the_text_before_a_stop_string_and_marks_the_match() -> None:
-    output = OutputProcessor(ByteTokenizer(), eos_token_id=0)
+    output = OutputProcessor(ByteTokenizer(), eos_token_ids=(0,))
     collected = Collected(stops=("##",))
     for token in b"abc##de":
         output.on_token(collected.request, token)
@@ -74,7 +74,7 @@ def test_the_output_processor_ends_the_text_before_a_stop_string_and_marks_the_m
 
 
 def test_without_a_match_held_back_text_is_flushed_at_the_end() -> None:
-    output = OutputProcessor(ByteTokenizer(), eos_token_id=0)
+    output = OutputProcessor(ByteTokenizer(), eos_token_ids=(0,))
     collected = Collected(stops=("##",))
     for token in b"a#":
         output.on_token(collected.request, token)
@@ -87,7 +87,7 @@ def test_without_a_match_held_back_text_is_flushed_at_the_end() -> None:
 def test_pieces_pass_the_text_and_the_engine_reason() -> None:
     usage = Usage(1, 2)
     pieces, engine = pieces_of([TokenDelta("a#"), Finished(FinishReason.STOP, usage)])
-    assert asyncio.run(drain(pieces)) == ["a#", End("stop", usage)]
+    assert asyncio.run(drain(pieces)) == [TokenDelta("a#"), End("stop", usage)]
     assert engine.aborted == []
 
 

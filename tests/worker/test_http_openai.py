@@ -140,8 +140,8 @@ BAD_CHATS: list[object] = [
     CHAT | {"max_tokens": 0}, CHAT | {"max_completion_tokens": -1},
     CHAT | {"max_tokens": 5, "max_completion_tokens": 6}, CHAT | {"max_tokens": 10**6},
     CHAT | {"stop": ["a", "b", "c", "d", "e"]}, CHAT | {"stop": [""]}, CHAT | {"stop": 5},
-    CHAT | {"stream_options": {"include_usage": "yes"}}, CHAT | {"n": 2}, CHAT | {"top_p": 0.9},
-    CHAT | {"frequency_penalty": 1}, CHAT | {"logprobs": True},
+    CHAT | {"stream_options": {"include_usage": "yes"}}, CHAT | {"n": 17}, CHAT | {"top_p": 0},
+    CHAT | {"frequency_penalty": 3}, CHAT | {"top_logprobs": 2}, CHAT | {"tools": []},
     CHAT | {"temperature": 3}, CHAT | {"slo": {"ttft_ms": -1}}, CHAT | {"slo": 5},
 ]  # fmt: skip
 

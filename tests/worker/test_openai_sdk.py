@@ -116,7 +116,8 @@ ERRORS: list[tuple[dict[str, Any], type[openai.APIStatusError], str]] = [
     ({"extra_headers": {ARRIVAL_HEADER: "yesterday"}}, openai.BadRequestError, ARRIVAL_HEADER),
     ({"extra_headers": {ARRIVAL_HEADER: "-1"}}, openai.BadRequestError, ARRIVAL_HEADER),
     ({"extra_body": {"slo": {"tpot_ms": -5}}}, openai.BadRequestError, "slo.tpot_ms"),
-    ({"top_p": 0.5}, openai.UnprocessableEntityError, "top_p=0.5 is not supported"),
+    ({"top_p": 1.5}, openai.UnprocessableEntityError, "top_p"),
+    ({"model": "gpt-4"}, openai.NotFoundError, "The model `gpt-4` does not exist"),
     ({"extra_body": {"bogus": 1}}, openai.UnprocessableEntityError, "bogus"),
     ({"extra_headers": {ARRIVAL_HEADER: "FUTURE"}}, openai.UnprocessableEntityError,
      f"{ARRIVAL_HEADER} is"),
@@ -133,10 +134,10 @@ def test_errors_surface_as_the_sdks_exceptions_with_our_message(
     with sdk(worker) as client:
 
         def create(**kw: Any) -> object:
-            kw.setdefault("max_tokens", 3)
+            kw = {"max_tokens": 3, "model": MODEL} | kw
             if endpoint == "chat":
-                return client.chat.completions.create(model=MODEL, messages=HELLO, **kw)
-            return client.completions.create(model=MODEL, prompt="hello", **kw)
+                return client.chat.completions.create(messages=HELLO, **kw)
+            return client.completions.create(prompt="hello", **kw)
 
         for kwargs, expected, text in ERRORS:
             headers = kwargs.get("extra_headers", {})

@@ -7,13 +7,30 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from genpool_worker.sampling_params import MAX_LOGPROBS, SamplingParams
+
 MAX_BODY_BYTES = 1 << 20
 MAX_TEMPERATURE = 2.0
 # Clients and workers do not share a clock: an arrival stamped this far in the
 # future is clamped to now; further is a client bug and rejected.
 ARRIVAL_SKEW_TOLERANCE_S = 5.0
 MAX_STOP_STRINGS = 4  # OpenAI's limit
-NEUTRAL_ONLY = {"n": 1, "top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+MAX_CHOICES = 16  # n, and n x prompts of one completions request
+MAX_STOP_TOKEN_IDS = 64
+# OpenAI fields this server refuses on purpose, and why (a 422 that says so).
+UNSUPPORTED = {
+    "response_format": "structured output is not supported (text only)",
+    "tools": "tool calling is not supported",
+    "tool_choice": "tool calling is not supported",
+    "functions": "function calling is not supported",
+    "function_call": "function calling is not supported",
+    "parallel_tool_calls": "tool calling is not supported",
+    "logit_bias": "logit_bias is not supported",
+    "suffix": "suffix (insertion) is not supported",
+    "best_of": "best_of is not supported (use n)",
+}
+FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                "repetition_penalty")  # fmt: skip
 
 
 def _finite_time(value: float | None, name: str) -> float | None:
@@ -50,6 +67,15 @@ class GenerationRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     temperature: float = Field(default=0.0, ge=0.0, le=MAX_TEMPERATURE)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=-1)  # 0 or -1 (vLLM's spelling): off
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    ignore_eos: bool = False  # EOS never ends the reply (its length limit does)
+    stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     stream: bool = False
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     stop: str | list[str] | None = None
@@ -62,23 +88,25 @@ class GenerationRequest(BaseModel):
     # genpool_worker.pd.handle (a malformed handle is a 400 naming its field).
     kv_transfer_params: dict[str, object] | None = None
     min_tokens: int = Field(default=0, ge=0)  # EOS does not end the reply before this many
-    # OpenAI knobs the worker does not implement: SDKs send them explicitly, so their
-    # neutral values (``NEUTRAL_ONLY``) are accepted and anything else is refused.
-    n: int = 1
-    top_p: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    # Refused on purpose (``UNSUPPORTED`` says why); a None is accepted (SDKs send it).
+    response_format: object | None = None
+    tools: object | None = None
+    tool_choice: object | None = None
+    functions: object | None = None
+    function_call: object | None = None
+    parallel_tool_calls: object | None = None
+    logit_bias: object | None = None
 
-    @field_validator("temperature", mode="before")
+    @field_validator(*FLOAT_FIELDS, mode="before")
     @classmethod
-    def _int_temperature(cls, value: object) -> object:
+    def _int_is_float(cls, value: object) -> object:
         return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
-    @field_validator("temperature")
+    @field_validator(*FLOAT_FIELDS)
     @classmethod
-    def _finite_temperature(cls, value: float) -> float:
+    def _finite(cls, value: float) -> float:
         if not math.isfinite(value):
-            raise ValueError("temperature must be finite")
+            raise ValueError("must be finite")
         return value
 
     @field_validator("stop")
@@ -92,24 +120,62 @@ class GenerationRequest(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _neutral_only(self) -> GenerationRequest:
-        for name, neutral in NEUTRAL_ONLY.items():
-            if getattr(self, name) != neutral:
-                raise ValueError(
-                    f"{name}={getattr(self, name)!r} is not supported (only {neutral})"
-                )
+    def _refused(self) -> GenerationRequest:
+        for name, why in UNSUPPORTED.items():
+            if getattr(self, name, None) is not None:
+                raise ValueError(f"{name}: {why}")
         return self
 
     def stop_strings(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
+    def num_logprobs(self) -> int | None:
+        """Alternatives per token the reply reports (None: no logprobs); per route."""
+        return None
+
+    def sampling_params(self, choice: int = 0) -> SamplingParams:
+        """Choice ``choice`` of ``n`` draws with ``seed + choice`` (choices differ, each
+        reproducible)."""
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0),
+            min_p=self.min_p, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            seed=None if self.seed is None else (self.seed + choice) % 2**63,
+            num_logprobs=self.num_logprobs(),
+        )  # fmt: skip
+
 
 class CompletionRequest(GenerationRequest):
-    """OpenAI ``/v1/completions`` subset."""
+    """OpenAI ``/v1/completions`` subset: one prompt (text or token ids) or a list of them."""
 
-    prompt: str | list[int]
+    prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int = Field(default=16, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)  # llm-d's sidecar sets it
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    suffix: object | None = None
+    best_of: int | None = None
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt of the request (a list of strings or of token-id lists is several)."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+            return [prompt]  # type: ignore[list-item]
+        return list(prompt)
+
+    @model_validator(mode="after")
+    def _choices(self) -> CompletionRequest:
+        if len(self.prompts()) * self.n > MAX_CHOICES:
+            raise ValueError(f"prompts x n must be at most {MAX_CHOICES}")
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs (prompt logprobs) is not supported")
+        if self.best_of not in (None, self.n):
+            raise ValueError("best_of is not supported (use n)")
+        return self
 
     @model_validator(mode="after")
     def _one_length_limit(self) -> CompletionRequest:
@@ -122,8 +188,10 @@ class CompletionRequest(GenerationRequest):
 
     @field_validator("prompt")
     @classmethod
-    def _non_empty(cls, value: str | list[int]) -> str | list[int]:
-        if len(value) == 0:
+    def _non_empty(
+        cls, value: str | list[int] | list[str] | list[list[int]]
+    ) -> str | list[int] | list[str] | list[list[int]]:
+        if len(value) == 0 or any(len(p) == 0 for p in value if not isinstance(p, int)):
             raise ValueError("prompt must not be empty")
         return value
 
@@ -163,12 +231,19 @@ class ChatCompletionRequest(GenerationRequest):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     stream_options: StreamOptions | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @model_validator(mode="after")
     def _one_length_limit(self) -> ChatCompletionRequest:
         limits = {self.max_tokens, self.max_completion_tokens} - {None}
         if len(limits) > 1:
             raise ValueError("max_tokens and max_completion_tokens differ: send one")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
         return self
 
     def length_limit(self) -> int | None:

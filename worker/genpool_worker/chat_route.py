@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -14,17 +13,11 @@ from fastapi.responses import JSONResponse, Response
 
 from genpool_worker.api import ChatCompletionRequest
 from genpool_worker.chat_template import ChatTemplateError
-from genpool_worker.generation import (
-    End,
-    Pieces,
-    PiecesResponse,
-    Started,
-    kv_transfer_fields,
-    pieces,
-    start,
-)
-from genpool_worker.http_common import ApiError, context_of, read_json, sse
-from genpool_worker.metrics import RequestTimer
+from genpool_worker.choices import Choices, Collected, check_model, start_choices
+from genpool_worker.events import TokenDelta, Usage
+from genpool_worker.generation import End, PiecesResponse, kv_transfer_fields
+from genpool_worker.http_common import ApiError, ServerContext, context_of, read_json, sse
+from genpool_worker.logprobs_format import chat_logprobs
 
 router = APIRouter()
 STARTED = int(time.time())  # ``created`` of the served model
@@ -43,65 +36,93 @@ async def models(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     context = context_of(request)
     body = await read_json(request, ChatCompletionRequest)
+    check_model(context, body.model)
     try:
         ids = context.chat.prompt_ids([m.as_template_input() for m in body.messages])
     except ChatTemplateError as exc:
         raise ApiError(400, f"messages: {exc}") from None
     max_seq_len = context.engine.model_info.max_seq_len
     max_tokens = body.length_limit() or max(1, max_seq_len - len(ids))
-    timer = RequestTimer(context.metrics)
-    started = await start(context, body, ids, max_tokens, request, id_prefix="chatcmpl")
-    reply = _Reply(started.arrival.request_id, body.model or context.engine.model_info.name)
-    source = pieces(context, started, timer)
+    choices = await start_choices(context, body, [ids], lambda _: max_tokens, request,
+                                  id_prefix="chatcmpl")  # fmt: skip
+    reply = _Reply(context, body, choices)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return PiecesResponse(stream(source, reply, include_usage), source)
-    return await collect(source, reply, request, started)
+        return PiecesResponse(stream(reply, include_usage), choices)
+    return await collect(reply, request)
 
 
 class _Reply:
     """The fields every object of one reply repeats."""
 
-    def __init__(self, request_id: str, model: str) -> None:
-        self.request_id, self.model, self.created = request_id, model, int(time.time())
+    def __init__(
+        self, context: ServerContext, body: ChatCompletionRequest, choices: Choices
+    ) -> None:
+        self.context, self.body, self.choices = context, body, choices
+        self.request_id, self.created = choices.request_id, int(time.time())
+        self.model = context.engine.model_info.name  # what /v1/models lists
 
     def head(self, kind: str) -> dict[str, Any]:
         return {"id": self.request_id, "object": kind, "created": self.created,
                 "model": self.model}  # fmt: skip
 
-    def chunk(self, delta: dict[str, str], finish: str | None = None) -> dict[str, Any]:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+    def logprobs(self, tokens: Any) -> dict[str, Any] | None:
+        if not self.body.logprobs:
+            return None
+        return chat_logprobs(self.context.tokenizer, tokens)
+
+    def chunk(self, index: int, delta: dict[str, str], finish: str | None = None,
+              tokens: Any = ()) -> dict[str, Any]:  # fmt: skip
+        choice = {"index": index, "delta": delta, "finish_reason": finish,
+                  "logprobs": self.logprobs(tokens) if tokens else None}  # fmt: skip
         return self.head("chat.completion.chunk") | {"choices": [choice]}
 
 
-async def stream(source: Pieces, reply: _Reply, include_usage: bool) -> AsyncIterator[bytes]:
-    """Role first, then content deltas, then the finish reason (with usage), ``[DONE]``.
-    ``stream_options.include_usage`` adds OpenAI's usage-only chunk before ``[DONE]``."""
+def _usage(ends: list[End]) -> dict[str, int]:
+    """The prompt once (the n choices share it), every choice's output."""
+    return Usage(
+        ends[0].usage.prompt_tokens, sum(e.usage.completion_tokens for e in ends)
+    ).as_dict()
+
+
+async def stream(reply: _Reply, include_usage: bool) -> AsyncIterator[bytes]:
+    """Each choice's role first, then content deltas, then its finish reason (the last
+    with the usage), ``[DONE]``. ``stream_options.include_usage`` adds OpenAI's usage-only
+    chunk before ``[DONE]``."""
+    ends: list[End] = []
     try:
-        yield sse(reply.chunk({"role": "assistant", "content": ""})).encode()
-        async for piece in source:
-            if not isinstance(piece, End):
-                yield sse(reply.chunk({"content": piece})).encode()
+        for index in range(len(reply.choices.started)):
+            yield sse(reply.chunk(index, {"role": "assistant", "content": ""})).encode()
+        async for index, piece in reply.choices.stream():
+            if isinstance(piece, TokenDelta):
+                chunk = reply.chunk(index, {"content": piece.text}, tokens=piece.logprobs)
+                yield sse(chunk).encode()
                 continue
-            usage = {"usage": piece.usage.as_dict()}
-            text = sse(reply.chunk({}, piece.finish_reason) | usage)
+            ends.append(piece)
+            chunk = reply.chunk(index, {}, piece.finish_reason)
+            if len(ends) < len(reply.choices.started):
+                yield sse(chunk).encode()
+                continue
+            usage = {"usage": _usage(ends)}
+            text = sse(chunk | usage)
             if include_usage:
                 text += sse(reply.head("chat.completion.chunk") | {"choices": []} | usage)
-            yield (text + "data: [DONE]\n\n").encode()
+            yield text.encode()
+        yield b"data: [DONE]\n\n"
     except ApiError as exc:
         yield sse({"error": {"message": exc.message, "type": exc.kind}}).encode()
 
 
-async def collect(source: Pieces, reply: _Reply, request: Request, started: Started) -> Response:
-    parts: list[str] = []
-    async with aclosing(source):
-        async for piece in source:
-            if isinstance(piece, End):
-                message = {"role": "assistant", "content": "".join(parts)}
-                choice = {"index": 0, "message": message, "finish_reason": piece.finish_reason,
-                          "logprobs": None}  # fmt: skip
-                body = reply.head("chat.completion") | {"choices": [choice]}
-                extra = kv_transfer_fields(context_of(request), request, started)
-                return JSONResponse(body | {"usage": piece.usage.as_dict()} | extra)
-            parts.append(piece)
-    raise ApiError(500, "the engine ended the request without finishing it", "engine_error")
+async def collect(reply: _Reply, request: Request) -> Response:
+    results: list[Collected] = await reply.choices.collect()
+    choices = []
+    for index, result in enumerate(results):
+        assert result.end is not None
+        message = {"role": "assistant", "content": result.text}
+        choices.append({"index": index, "message": message,
+                        "finish_reason": result.end.finish_reason,
+                        "logprobs": reply.logprobs(result.logprobs)})  # fmt: skip
+    body = reply.head("chat.completion") | {"choices": choices}
+    body["usage"] = _usage([r.end for r in results if r.end])
+    extra = kv_transfer_fields(reply.context, request, reply.choices.started[0])
+    return JSONResponse(body | extra)

@@ -1,89 +1,115 @@
-"""``POST /v1/completions``: validate, submit to the engine, serialize its text pieces
-(one JSON body, or server-sent events when ``stream`` is set)."""
+"""``POST /v1/completions``: validate, submit each prompt's ``n`` choices to the engine,
+serialize their text pieces (one JSON body, or server-sent events when ``stream`` is set),
+with ``echo`` and ``logprobs`` in OpenAI's shapes."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from genpool_worker.api import CompletionRequest
-from genpool_worker.generation import (
-    End,
-    Pieces,
-    PiecesResponse,
-    Started,
-    kv_transfer_fields,
-    pieces,
-    start,
-)
+from genpool_worker.choices import Choices, Collected, check_model, start_choices
+from genpool_worker.events import TokenDelta, Usage
+from genpool_worker.generation import End, PiecesResponse, kv_transfer_fields
 from genpool_worker.http_common import ApiError, ServerContext, context_of, read_json, sse
-from genpool_worker.metrics import RequestTimer
+from genpool_worker.logprobs_format import completion_logprobs
 
 router = APIRouter()
 
 
-def prompt_ids(context: ServerContext, body: CompletionRequest) -> list[int]:
-    if isinstance(body.prompt, str):
-        return context.tokenizer.encode(body.prompt)
+def prompt_ids(context: ServerContext, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+        return context.tokenizer.encode(prompt)
     vocab = context.engine.model_info.vocab_size
-    bad = [t for t in body.prompt if t < 0 or (vocab is not None and t >= vocab)]
+    bad = [t for t in prompt if t < 0 or (vocab is not None and t >= vocab)]
     if bad:
         raise ApiError(400, f"token ids out of range [0, {vocab}): {bad[:5]}")
-    return list(body.prompt)
+    return list(prompt)
+
+
+class _Reply:
+    """What every object of one reply repeats, and each choice's running text offset."""
+
+    def __init__(self, context: ServerContext, body: CompletionRequest, choices: Choices) -> None:
+        self.context, self.body, self.choices = context, body, choices
+        self.request_id = choices.request_id
+        self.model = context.engine.model_info.name  # what /v1/models lists
+        self.created = int(time.time())
+        self.offsets = [0] * len(choices.started)
+
+    def echo(self, index: int) -> str:
+        """The prompt text ``echo`` puts before the choice's text ("" without echo)."""
+        if not self.body.echo:
+            return ""
+        return self.context.tokenizer.decode(self.choices.started[index].arrival.prompt_ids)
+
+    def choice(self, index: int, text: str, tokens: Any, finish: str | None) -> dict[str, Any]:
+        logprobs = None
+        if self.body.logprobs is not None:
+            logprobs = completion_logprobs(self.context.tokenizer, tokens, self.offsets[index])
+        self.offsets[index] += len(text)
+        return {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
+
+    def body_of(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.request_id, "object": "text_completion", "created": self.created,
+                "model": self.model, "choices": choices}  # fmt: skip
+
+
+def total_usage(choices: Choices, ends: list[End], n: int) -> dict[str, int]:
+    """Each prompt's tokens once (its ``n`` choices share it), every choice's output."""
+    prompt_tokens = sum(len(started.arrival.prompt_ids) for started in choices.started[::n])
+    completion = sum(end.usage.completion_tokens for end in ends)
+    return Usage(prompt_tokens, completion).as_dict()
 
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
     context = context_of(request)
     body = await read_json(request, CompletionRequest)
-    ids = prompt_ids(context, body)
-    timer = RequestTimer(context.metrics)
-    started = await start(context, body, ids, body.max_tokens, request, id_prefix="cmpl")
-    request_id = started.arrival.request_id
-    name = body.model or context.engine.model_info.name
-    source = pieces(context, started, timer)
+    check_model(context, body.model)
+    prompts = [prompt_ids(context, prompt) for prompt in body.prompts()]
+    choices = await start_choices(context, body, prompts, lambda ids: body.max_tokens, request,
+                                  id_prefix="cmpl")  # fmt: skip
+    reply = _Reply(context, body, choices)
     if body.stream:
-        return PiecesResponse(stream(source, request_id, name), source)
-    return await collect(source, request_id, name, request, started)
+        return PiecesResponse(stream(reply), choices)
+    return await collect(reply, request)
 
 
-def _chunk(request_id: str, name: str, text: str, finish: str | None) -> dict[str, Any]:
-    return {
-        "id": request_id,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": name,
-        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
-    }
-
-
-async def stream(source: Pieces, request_id: str, name: str) -> AsyncIterator[bytes]:
+async def stream(reply: _Reply) -> AsyncIterator[bytes]:
+    """Each choice's echo first, then its pieces; the last finish carries the usage."""
+    ends: list[End] = []
     try:
-        async for piece in source:
-            if isinstance(piece, End):
-                chunk = _chunk(request_id, name, "", piece.finish_reason)
-                usage = {"usage": piece.usage.as_dict()}
-                yield (sse(chunk | usage) + "data: [DONE]\n\n").encode()
-            else:
-                yield sse(_chunk(request_id, name, piece, None)).encode()
+        for index in range(len(reply.choices.started)):
+            if echo := reply.echo(index):
+                yield sse(reply.body_of([reply.choice(index, echo, (), None)])).encode()
+        async for index, piece in reply.choices.stream():
+            if isinstance(piece, TokenDelta):
+                choice = reply.choice(index, piece.text, piece.logprobs, None)
+                yield sse(reply.body_of([choice])).encode()
+                continue
+            ends.append(piece)
+            chunk = reply.body_of([reply.choice(index, "", (), piece.finish_reason)])
+            if len(ends) == len(reply.choices.started):
+                chunk["usage"] = total_usage(reply.choices, ends, reply.body.n)
+            yield sse(chunk).encode()
+        yield b"data: [DONE]\n\n"
     except ApiError as exc:
         yield sse({"error": {"message": exc.message, "type": exc.kind}}).encode()
 
 
-async def collect(
-    source: Pieces, request_id: str, name: str, request: Request, started: Started
-) -> Response:
-    parts: list[str] = []
-    async with aclosing(source):
-        async for piece in source:
-            if isinstance(piece, End):
-                body = _chunk(request_id, name, "".join(parts), piece.finish_reason)
-                extra = kv_transfer_fields(context_of(request), request, started)
-                return JSONResponse(body | {"usage": piece.usage.as_dict()} | extra)
-            parts.append(piece)
-    raise ApiError(500, "the engine ended the request without finishing it", "engine_error")
+async def collect(reply: _Reply, request: Request) -> Response:
+    results: list[Collected] = await reply.choices.collect()
+    choices = []
+    for index, result in enumerate(results):
+        assert result.end is not None
+        text = reply.echo(index) + result.text
+        choices.append(reply.choice(index, text, result.logprobs, result.end.finish_reason))
+    body = reply.body_of(choices)
+    body["usage"] = total_usage(reply.choices, [r.end for r in results if r.end], reply.body.n)
+    extra = kv_transfer_fields(reply.context, request, reply.choices.started[0])
+    return JSONResponse(body | extra)

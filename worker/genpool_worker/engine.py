@@ -33,6 +33,7 @@ from genpool_worker.engine_io import (
     LocalCoordinator,
     ModelRunner,
     PassInputs,
+    StepResult,
     Tokenizer,
 )
 from genpool_worker.events import Accepted, Failed, Rejected
@@ -60,7 +61,7 @@ class GenEngine:
         self.model_info = runner.info
         self.scheduler = scheduler
         self.coordinator: Coordinator = coordinator or LocalCoordinator()
-        self.output = OutputProcessor(tokenizer, runner.info.eos_token_id)
+        self.output = OutputProcessor(tokenizer, runner.info.eos_token_ids)
         self._clock = clock
         self._on_step = on_step
         self._observer = observer
@@ -192,10 +193,14 @@ class GenEngine:
         self._apply(inputs)
         plan = self._schedule(inputs.now)
         started = time.perf_counter()
-        tokens = self.runner.execute(plan) if plan.batch_ids else {}
+        result = self.runner.execute(plan) if plan.batch_ids else StepResult({})
+        tokens = result.tokens
         self._prev_end = self._now()
-        for request_id in plan.prefill_ids:  # a prefill leg's handle reports these
-            self._requests[request_id].prefill_started_at = plan.now
+        # A prefill leg's handle reports when its prefill began (its first chunk's pass).
+        first_chunks = [rid for rid, start, _ in plan.prefill_chunks if start == 0]
+        for request_id in (*plan.prefill_ids, *first_chunks):
+            prefilling = self._requests[request_id]
+            prefilling.prefill_started_at = prefilling.prefill_started_at or plan.now
         for request_id in tokens:  # the first token this worker produced (P/D's TTFT parts)
             self._requests[request_id].first_token_at = (
                 self._requests[request_id].first_token_at or self._prev_end
@@ -206,7 +211,7 @@ class GenEngine:
         else:
             self.scheduler.postprocess(plan, inputs.now)
         for request_id, token in tokens.items():
-            self.output.on_token(self._requests[request_id], token)
+            self.output.on_token(self._requests[request_id], token, result.logprobs.get(request_id))
         self._tokens_total += len(tokens)
         self._passes += 1
         if plan.batch_ids and self._on_step is not None:
@@ -228,7 +233,7 @@ class GenEngine:
 
     def _stop_ids(self, tokens: dict[str, int]) -> tuple[str, ...]:
         """Requests whose last token is EOS or completed one of their stop strings."""
-        eos = self.model_info.eos_token_id
+        eos = self.model_info.eos_token_ids
         return tuple(
             rid for rid, token in tokens.items() if self._requests[rid].is_stopped_by(token, eos)
         )

@@ -16,6 +16,7 @@ from genpool_core.statline import StatLine, format_statline
 from genpool_core.stats import SchedulerStats
 from genpool_worker.events import EngineEvent
 from genpool_worker.pd.layout import KVLayout
+from genpool_worker.sampling_params import SamplingParams, TokenLogprobs
 from genpool_worker.stop_strings import StopMatcher
 
 
@@ -35,10 +36,18 @@ class ModelInfo:
     name: str
     is_synthetic: bool
     max_seq_len: int
-    eos_token_id: int | None
+    eos_token_ids: tuple[int, ...]  # every id that ends a generation, the primary first
     vocab_size: int | None = None
     num_kv_blocks: int = 0  # the KV cache's blocks (0: a runner without a paged cache)
     kv_block_size: int = 0  # tokens per block
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """One pass's output: a token for every batch member, and the logprobs asked for."""
+
+    tokens: dict[str, int]
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -64,14 +73,15 @@ class Arrival:
     request_id: str
     prompt_ids: list[int]
     max_tokens: int
-    temperature: float = 0.0
-    seed: int | None = None
+    sampling: SamplingParams = SamplingParams()  # noqa: RUF009 (frozen: one shared default)
     arrival_time: float | None = None
     first_token_time: float | None = None
     slo_ttft_s: float | None = None
     target_output_tps: float | None = None
     stop: tuple[str, ...] = ()
     min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
     kv_export: str | None = None
     kv_import: KVImport | None = None
 
@@ -100,7 +110,7 @@ class ModelRunner(Protocol):
 
     def remove_request(self, request_id: str) -> None: ...
 
-    def execute(self, plan: GenPlan) -> dict[str, int]:
+    def execute(self, plan: GenPlan) -> StepResult:
         """One token for every batch member: ``plan.prefill_ids`` prefill, the rest decode."""
         ...
 
@@ -123,6 +133,8 @@ class EngineRequest:
     output_ids: list[int] = field(default_factory=list)
     text_sent: int = 0  # characters of the decoded output already through the matcher
     stop_matcher: StopMatcher | None = field(init=False, default=None)
+    # Sampled tokens (and logprobs) whose text has not gone out yet (logprobs asked for).
+    unsent_logprobs: list[tuple[int, TokenLogprobs | None]] = field(default_factory=list)
     received_at: float = 0.0  # Unix s of the HTTP receipt (a prefill leg's handle ages)
     prefill_started_at: float | None = None  # Unix s, set by the engine (prefill legs)
     first_token_at: float | None = None
@@ -139,10 +151,16 @@ class EngineRequest:
     def request_id(self) -> str:
         return self.arrival.request_id
 
-    def is_stopped_by(self, token: int, eos: int | None) -> bool:
-        """Its latest token ends it: EOS once ``min_tokens`` are out, or a stop string."""
-        is_eos = token == eos and len(self.output_ids) >= self.arrival.min_tokens
-        return is_eos or self.is_stop_matched
+    def is_stopped_by(self, token: int, eos: tuple[int, ...]) -> bool:
+        """Its latest token ends it: a stop string, or once ``min_tokens`` are out, EOS
+        (any of the model's ``eos`` ids, unless ``ignore_eos``) or one of its
+        ``stop_token_ids``."""
+        arrival = self.arrival
+        if self.is_stop_matched:
+            return True
+        if len(self.output_ids) < arrival.min_tokens:
+            return False
+        return (token in eos and not arrival.ignore_eos) or token in arrival.stop_token_ids
 
     def emit(self, event: EngineEvent) -> None:
         if self.loop is not None:

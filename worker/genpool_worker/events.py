@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from genpool_core.request import FinishReason
+from genpool_worker.sampling_params import TokenLogprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,9 +25,12 @@ class Rejected:
 
 @dataclass(frozen=True, slots=True)
 class TokenDelta:
-    """Newly decoded text (complete UTF-8 only)."""
+    """Newly decoded text (complete UTF-8 only), and the tokens it completes with their
+    logprobs when the request asked for them (None: a token whose logprob is not known
+    here, e.g. a pulled request's first token)."""
 
     text: str
+    logprobs: tuple[tuple[int, TokenLogprobs | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

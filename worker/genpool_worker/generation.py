@@ -1,6 +1,7 @@
 """What both completion endpoints share: an ``Arrival`` from a validated body, the
-submit-and-wait-for-admission handshake, and the engine's events as text pieces with
-``stop`` strings applied. The routes only format these pieces (text or chat)."""
+submit-and-wait-for-admission handshake, and the engine's events as text pieces (with
+their tokens' logprobs) with ``stop`` strings applied. The routes only format these
+pieces (text or chat); ``choices`` runs several of them as one reply."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -54,8 +55,9 @@ class Started:
 
 
 async def start(context: ServerContext, body: GenerationRequest, ids: list[int], max_tokens: int,
-                request: Request, *, id_prefix: str) -> Started:  # fmt: skip
-    """Check, resolve P/D (docs/pd.md), submit; raises ``ApiError`` for what it cannot serve."""
+                request: Request, *, id_prefix: str, choice: int = 0) -> Started:  # fmt: skip
+    """Check, resolve P/D (docs/pd.md), submit choice ``choice`` of ``body.n``; raises
+    ``ApiError`` for what it cannot serve."""
     received_at = time.time()
     if body.min_tokens > max_tokens:
         raise ApiError(
@@ -65,7 +67,7 @@ async def start(context: ServerContext, body: GenerationRequest, ids: list[int],
     kv = await plan_kv(context.pd, body, ids, request.headers, request.url.path)
     arrival = make_arrival(context, body, ids, 1 if kv.kv_export else max_tokens,
                            request.headers, id_prefix=id_prefix, kv=kv,
-                           received_at=received_at)  # fmt: skip
+                           received_at=received_at, choice=choice)  # fmt: skip
     # A pulled request's clock here starts once its KV is in (the gen_wait part).
     accepted_from = received_at if kv.kv_import is None else time.time()
     submitted = await submit(context, arrival, accepted_from)
@@ -89,6 +91,7 @@ def make_arrival(
     id_prefix: str,
     kv: KVPlan = KVPlan(),  # noqa: B008 (frozen: one shared empty plan is safe)
     received_at: float | None = None,
+    choice: int = 0,
 ) -> Arrival:
     """The request as the engine sees it. A pulled request is the specification's GEN
     waiter: keyed at its receipt here (its pull counts in its wait), its first token as
@@ -108,14 +111,15 @@ def make_arrival(
         request_id=f"{id_prefix}-{uuid.uuid4().hex[:24]}",
         prompt_ids=ids,
         max_tokens=max_tokens,
-        temperature=body.temperature,
-        seed=body.seed,
+        sampling=body.sampling_params(choice),
         arrival_time=arrival,
         first_token_time=first_token_time,
         slo_ttft_s=slo.ttft_s,
         target_output_tps=slo.target_output_tps,
         stop=body.stop_strings(),
         min_tokens=body.min_tokens,
+        ignore_eos=body.ignore_eos,
+        stop_token_ids=tuple(body.stop_token_ids or ()),
         kv_export=kv.kv_export,
         kv_import=kv.kv_import,
     )
@@ -175,13 +179,13 @@ class Pieces:
     ) -> None:
         self._engine, self._request, self._timer = engine, request, timer
         self._on_finished = on_finished
-        self._ready: deque[str | End] = deque()
+        self._ready: deque[TokenDelta | End] = deque()
         self._is_done = False
 
     def __aiter__(self) -> Pieces:
         return self
 
-    async def __anext__(self) -> str | End:
+    async def __anext__(self) -> TokenDelta | End:
         while not self._ready:
             if self._is_done:
                 raise StopAsyncIteration
@@ -196,7 +200,7 @@ class Pieces:
     def _on_event(self, event: EngineEvent) -> None:
         if isinstance(event, TokenDelta):
             self._timer.text()
-            self._ready.append(event.text)
+            self._ready.append(event)
         elif isinstance(event, Finished):
             self._is_done = True
             self._timer.done(event.usage.completion_tokens)
@@ -208,12 +212,16 @@ class Pieces:
             raise ApiError(500, event.message, "engine_error")
 
 
+class Closable(Protocol):
+    async def aclose(self) -> None: ...
+
+
 class PiecesResponse(StreamingResponse):
     """Server-sent events of ``source``; however the response ends (done, client gone,
     even before the first event was produced), ``source`` is closed, so an unfinished
     request is aborted."""
 
-    def __init__(self, events: AsyncIterator[bytes], source: Pieces) -> None:
+    def __init__(self, events: AsyncIterator[bytes], source: Closable) -> None:
         super().__init__(events, media_type="text/event-stream")
         self._source = source
 

@@ -33,11 +33,17 @@ class ServerContext:
     pd: PDContext
     admin_token: str | None = None
     stamp_arrival: bool = True  # docs/design.md#keyed-by-default
+    aliases: tuple[str, ...] = ()  # names a request's ``model`` may give besides the served one
     config_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     chat: ChatPrompter = field(init=False)  # the model's chat template, compiled once
 
     def __post_init__(self) -> None:
         self.chat = chat_prompter(self.tokenizer, self.engine.model_info)
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """What ``model`` may say: the served id (``/v1/models``) or an alias (``--model``)."""
+        return (self.engine.model_info.name, *self.aliases)
 
 
 def context_of(request: Request) -> ServerContext:

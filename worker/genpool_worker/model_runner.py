@@ -15,7 +15,8 @@ from typing import Protocol
 import torch
 
 from genpool_core.plan import GenPlan
-from genpool_worker.engine_io import Arrival, KVImport, ModelInfo
+from genpool_worker.engine_io import Arrival, KVImport, ModelInfo, StepResult
+from genpool_worker.model.sampler import SampleRow, sample
 from genpool_worker.pd.layout import KVLayout
 
 
@@ -27,7 +28,7 @@ class DecodeModel(Protocol):
     def is_synthetic(self) -> bool: ...
 
     @property
-    def eos_token_id(self) -> int | None: ...
+    def eos_token_ids(self) -> tuple[int, ...]: ...
 
     @property
     def max_seq_len(self) -> int: ...
@@ -38,7 +39,9 @@ class DecodeModel(Protocol):
     @property
     def block_size(self) -> int: ...
 
-    def prefill(self, blocks: Sequence[int], token_ids: list[int]) -> torch.Tensor: ...
+    def prefill(
+        self, blocks: Sequence[int], token_ids: list[int], start: int = 0
+    ) -> torch.Tensor: ...
 
     def decode(
         self, block_tables: Sequence[Sequence[int]], token_ids: list[int], positions: list[int]
@@ -54,20 +57,29 @@ class DecodeModel(Protocol):
 @dataclass
 class _RunState:
     prompt_ids: list[int]
-    temperature: float
-    generator: torch.Generator | None
+    sample: SampleRow
     blocks: tuple[int, ...] = ()  # the KV block table, from the plan that admitted it
     kv_import: KVImport | None = None  # another worker's prefill, written at admission
     num_output_tokens: int = 0
+    num_prefilled: int = 0  # prompt tokens whose KV is written (chunked prefill)
     last_token: int | None = field(default=None)
 
+    def took(self, token: int) -> None:
+        self.last_token = token
+        self.num_output_tokens += 1
+        if self.sample.params.has_penalties:  # only penalties read the output so far
+            self.sample.output_ids.append(token)
 
-def _generator(arrival: Arrival) -> torch.Generator | None:
-    if arrival.temperature <= 0.0:
-        return None
-    # A stable seed (not hash()): every rank must draw the same tokens.
-    seed = arrival.seed if arrival.seed is not None else zlib.crc32(arrival.request_id.encode())
-    return torch.Generator().manual_seed(seed)
+
+def _sample_row(arrival: Arrival) -> SampleRow:
+    params = arrival.sampling
+    generator = None
+    if not params.is_greedy:
+        # A stable seed (not hash()): every rank must draw the same tokens. The generator
+        # is a CPU one on every device: it only draws one uniform number per step.
+        seed = params.seed if params.seed is not None else zlib.crc32(arrival.request_id.encode())
+        generator = torch.Generator().manual_seed(seed)
+    return SampleRow(params, generator, arrival.prompt_ids, [])
 
 
 class TorchModelRunner:
@@ -78,7 +90,7 @@ class TorchModelRunner:
             name=model.name,
             is_synthetic=model.is_synthetic,
             max_seq_len=model.max_seq_len,
-            eos_token_id=model.eos_token_id,
+            eos_token_ids=tuple(model.eos_token_ids),
             vocab_size=vocab_size if isinstance(vocab_size, int) else None,
             num_kv_blocks=model.num_blocks,
             kv_block_size=model.block_size,
@@ -87,41 +99,68 @@ class TorchModelRunner:
 
     def add_request(self, arrival: Arrival) -> None:
         self._states[arrival.request_id] = _RunState(
-            list(arrival.prompt_ids), arrival.temperature, _generator(arrival),
-            kv_import=arrival.kv_import,
-        )  # fmt: skip
+            list(arrival.prompt_ids), _sample_row(arrival), kv_import=arrival.kv_import
+        )
 
     def remove_request(self, request_id: str) -> None:
         self._states.pop(request_id, None)
 
-    def execute(self, plan: GenPlan) -> dict[str, int]:
-        """Prefill ``plan.prefill_ids`` (their token this pass), decode the rest; each
-        request's KV goes to the block table its admission's plan gave it."""
+    def execute(self, plan: GenPlan) -> StepResult:
+        """Run ``plan.prefill_chunks`` (chunked prefill), prefill ``plan.prefill_ids``
+        (their token this pass; their last chunk), decode the rest; each request's KV
+        goes to the block table its admission's plan gave it. The whole batch is
+        sampled in one call; a request still mid-prefill has no row."""
         for request_id, blocks in zip(plan.admitted_ids, plan.admitted_blocks, strict=True):
             self._admit(self._states[request_id], blocks)
-        logits: dict[str, torch.Tensor] = {}
+        rows: list[torch.Tensor] = []
+        order: list[str] = []
         prefill = set(plan.prefill_ids)
-        tables: list[tuple[int, ...]] = []
-        last, positions, ids = [], [], []
+        ends = {rid: end for rid, _, end in plan.prefill_chunks}
+        for request_id, _, _ in plan.prefill_chunks:
+            if request_id not in prefill:  # a chunk short of the prompt: no row
+                self._prefill(self._states[request_id], ends[request_id])
         for request_id in plan.batch_ids:
-            state = self._states[request_id]
             if request_id in prefill:
-                logits[request_id] = self.model.prefill(state.blocks, state.prompt_ids)
-                continue
+                state = self._states[request_id]
+                row = self._prefill(state, ends.get(request_id, len(state.prompt_ids)))
+                rows.append(row[None, :])
+                order.append(request_id)
+        decoding = [rid for rid in plan.batch_ids if rid not in prefill]
+        if decoding:
+            rows.append(self._decode(decoding))
+            order.extend(decoding)
+        if not order:  # only chunks short of their prompts ran: no token this pass
+            return StepResult({})
+        states = [self._states[rid] for rid in order]
+        tokens, logprobs = sample(torch.cat(rows), [state.sample for state in states])
+        for state, token in zip(states, tokens, strict=True):
+            state.took(token)
+        return StepResult(
+            dict(zip(order, tokens, strict=True)),
+            {rid: lp for rid, lp in zip(order, logprobs, strict=True) if lp is not None},
+        )
+
+    def _prefill(self, state: _RunState, end: int) -> torch.Tensor:
+        """Its prompt from where its KV ends up to ``end``; last-position logits.
+
+        From its own count, not the chunk's start: a pass the engine did not run (no
+        batch member, chunks only) is caught up here rather than leaving a KV gap.
+        """
+        start, state.num_prefilled = state.num_prefilled, end
+        chunk = state.prompt_ids[start:end]
+        if start == 0:  # a whole prefill calls the model as it always did
+            return self.model.prefill(state.blocks, chunk)
+        return self.model.prefill(state.blocks, chunk, start)
+
+    def _decode(self, request_ids: list[str]) -> torch.Tensor:
+        tables, last, positions = [], [], []
+        for request_id in request_ids:
+            state = self._states[request_id]
             assert state.last_token is not None, f"{request_id} decodes before its prefill"
-            ids.append(request_id)
             tables.append(state.blocks)
             last.append(state.last_token)
             positions.append(len(state.prompt_ids) + state.num_output_tokens - 1)
-        if ids:
-            batch_logits = self.model.decode(tables, last, positions)
-            logits.update(zip(ids, batch_logits, strict=True))
-        tokens = {rid: self._sample(self._states[rid], row) for rid, row in logits.items()}
-        for request_id, token in tokens.items():
-            state = self._states[request_id]
-            state.last_token = token
-            state.num_output_tokens += 1
-        return tokens
+        return self.model.decode(tables, last, positions)
 
     def _admit(self, state: _RunState, blocks: tuple[int, ...]) -> None:
         """Its blocks; an imported request's pulled KV goes into the first of them and it
@@ -130,17 +169,10 @@ class TorchModelRunner:
         imported, state.kv_import = state.kv_import, None
         if imported is not None and not state.num_output_tokens:
             self.model.write_kv(blocks[: imported.num_blocks], imported.data)
-            state.last_token, state.num_output_tokens = imported.first_token, 1
+            state.took(imported.first_token)
 
     def kv_layout(self) -> KVLayout | None:
         return self.model.kv_layout()
 
     def read_kv(self, blocks: Sequence[int]) -> Iterator[bytes]:
         return self.model.read_kv(blocks)
-
-    @staticmethod
-    def _sample(state: _RunState, logits: torch.Tensor) -> int:
-        if state.temperature <= 0.0:
-            return int(torch.argmax(logits))
-        probs = torch.softmax(logits.float() / state.temperature, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=state.generator))

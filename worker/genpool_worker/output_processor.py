@@ -8,20 +8,28 @@ from __future__ import annotations
 from genpool_core.request import FinishReason
 from genpool_worker.engine_io import EngineRequest, Tokenizer
 from genpool_worker.events import Finished, TokenDelta, Usage
+from genpool_worker.sampling_params import TokenLogprobs
 
 INCOMPLETE_UTF8 = "\ufffd"  # what a decoder shows for a partial UTF-8 sequence
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Tokenizer, eos_token_id: int | None) -> None:
+    def __init__(self, tokenizer: Tokenizer, eos_token_ids: tuple[int, ...]) -> None:
+        """``eos_token_ids``: every id that ends a generation; none of them is text."""
         self.tokenizer = tokenizer
-        self.eos_token_id = eos_token_id
+        self.eos_token_ids = frozenset(eos_token_ids)
 
-    def on_token(self, request: EngineRequest, token: int) -> None:
-        """Append ``token`` and send the text that is new and complete."""
+    def on_token(
+        self, request: EngineRequest, token: int, logprobs: TokenLogprobs | None = None
+    ) -> None:
+        """Append ``token`` and send the text that is new and complete (with the tokens'
+        logprobs when the request asked for them)."""
         request.output_ids.append(token)
-        ids = request.output_ids
-        if ids[-1] == self.eos_token_id:
+        if request.arrival.sampling.num_logprobs is not None and token not in self.eos_token_ids:
+            request.unsent_logprobs.append((token, logprobs))
+        # No EOS id is text (one before min_tokens included), nor a final stop token.
+        ids = [t for t in request.output_ids if t not in self.eos_token_ids]
+        if token in request.arrival.stop_token_ids and token not in self.eos_token_ids:
             ids = ids[:-1]
         text = self.tokenizer.decode(ids)
         if text.endswith(INCOMPLETE_UTF8):  # wait for the rest of the sequence
@@ -36,16 +44,23 @@ class OutputProcessor:
         if matcher is not None:
             text = matcher.feed(text)
         if text:
-            request.emit(TokenDelta(text))
+            request.emit(TokenDelta(text, tuple(request.unsent_logprobs)))
+            request.unsent_logprobs.clear()
 
     def on_finished(self, request: EngineRequest, reason: FinishReason) -> None:
         """Flush any held-back text, then close the stream with the plan's reason."""
-        ids = [t for t in request.output_ids if t != self.eos_token_id]
+        ids = [t for t in request.output_ids if t not in self.eos_token_ids]
+        if ids and reason is FinishReason.STOP and ids[-1] in request.arrival.stop_token_ids:
+            ids = ids[:-1]  # a stop token ends the text, as EOS does
         text = self.tokenizer.decode(ids)
         if len(text) > request.text_sent:
             self._send(request, text[request.text_sent :])
             request.text_sent = len(text)
         if request.stop_matcher is not None and (tail := request.stop_matcher.flush()):
-            request.emit(TokenDelta(tail))
+            request.emit(TokenDelta(tail, tuple(request.unsent_logprobs)))
+            request.unsent_logprobs.clear()
+        if request.unsent_logprobs:  # tokens whose text the stop matcher dropped
+            request.emit(TokenDelta("", tuple(request.unsent_logprobs)))
+            request.unsent_logprobs.clear()
         usage = Usage(len(request.arrival.prompt_ids), len(request.output_ids))
         request.emit(Finished(reason, usage))

@@ -61,11 +61,12 @@ def create_app(
     admin_token: str | None = None,
     stamp_arrival: bool = True,
     pd: PDSettings | None = None,
+    aliases: tuple[str, ...] = (),
 ) -> FastAPI:
     app = FastAPI(title="GenPool GEN worker", docs_url=None, redoc_url=None)
     pd_context = build_pd_context(engine, metrics, pd or PDSettings())
     app.state.context = ServerContext(
-        engine, tokenizer, metrics, pd_context, admin_token, stamp_arrival
+        engine, tokenizer, metrics, pd_context, admin_token, stamp_arrival, aliases
     )
     metrics.attach(engine)
     app.add_exception_handler(ApiError, _api_error)

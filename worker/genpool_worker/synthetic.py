@@ -57,7 +57,7 @@ class SyntheticModel:
         self.block_size = block_size
         self.max_seq_len = max_seq_len
         self.vocab_size = SYNTHETIC_VOCAB
-        self.eos_token_id = SYNTHETIC_EOS
+        self.eos_token_ids = (SYNTHETIC_EOS,)
         self._step_model = step_model
         self._time_scale = time_scale
         # K and V: [2, num_blocks + 1, block_size] token ids (block num_blocks: padding).
@@ -92,10 +92,11 @@ class SyntheticModel:
         logits[torch.arange(len(previous)), nxt] = 0.0
         return logits
 
-    def prefill(self, blocks: Sequence[int], token_ids: list[int]) -> torch.Tensor:
+    def prefill(self, blocks: Sequence[int], token_ids: list[int], start: int = 0) -> torch.Tensor:
+        """Positions ``start..`` (a chunked prefill's chunk), at the chunk's prefill time."""
         time.sleep(self._time_scale * self._step_model.prefill_time(len(token_ids)))
         if blocks:
-            self._store(blocks, 0, token_ids)
+            self._store(blocks, start, token_ids)
         return self._logits_for([token_ids[-1]])[0]
 
     def decode(

@@ -8,6 +8,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
@@ -22,11 +23,13 @@ from genpool_worker.metrics import WorkerMetrics
 from genpool_worker.termination_log import report_fatal
 from genpool_worker.worker_config import (
     ConfigEnvError,
+    MaxSeqLenError,
     WorkerConfig,
     build_parser,
     build_scheduler,
     config_from_env,
     parse_config,
+    resolve_max_seq_len,
 )
 
 if TYPE_CHECKING:
@@ -50,29 +53,44 @@ def torch_threads(tensor_parallel_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // tensor_parallel_size)
 
 
-def default_num_blocks(config: WorkerConfig, num_slots: int) -> int | None:
+def default_num_blocks(config: WorkerConfig, num_slots: int, max_seq_len: int) -> int | None:
     """Blocks when no budget is given: off CUDA, room for ``num_slots`` requests of
     ``max_seq_len`` (the memory the static slot cache took); on CUDA None (the GPU share)."""
     if config.kv_cache_memory is not None or config.gpu_memory_utilization is not None:
         return None
     if config.device.startswith("cuda"):
         return None
-    return num_slots * -(-config.max_seq_len // config.kv_block_size)
+    return num_slots * -(-max_seq_len // config.kv_block_size)
+
+
+def model_max_seq_len(config: WorkerConfig) -> int:
+    """``--max-seq-len`` against the model's own context, read from its ``config.json``
+    or GGUF header before any weight (``resolve_max_seq_len``: unset is that context,
+    capped; a larger value is a ``MaxSeqLenError``)."""
+    if config.model.startswith("synthetic:"):
+        return resolve_max_seq_len(config.max_seq_len, None)
+    from genpool_worker.model.gguf_weights import find_smollm2_gguf, gguf_context
+    from genpool_worker.model.hf_config import hf_context
+
+    path = find_smollm2_gguf() if config.model == "smollm2-135m" else Path(config.model)
+    context = hf_context(path) if path.is_dir() else gguf_context(path)
+    return resolve_max_seq_len(config.max_seq_len, context, config.device)
 
 
 def build_model(
     config: WorkerConfig, num_slots: int, tp_rank: int = 0
 ) -> tuple[DecodeModel, Tokenizer]:
     """The model and its KV cache; ``num_slots`` (B + max headroom) sizes the default cache."""
-    num_blocks = default_num_blocks(config, num_slots)
+    max_seq_len = model_max_seq_len(config)
+    num_blocks = default_num_blocks(config, num_slots, max_seq_len)
     if config.model.startswith("synthetic:"):
         from genpool_worker.synthetic import SyntheticModel, SyntheticTokenizer
 
         model = SyntheticModel(
             config.model.split(":", 1)[1] or "default",
-            num_blocks=num_blocks or synthetic_num_blocks(config),
+            num_blocks=num_blocks or synthetic_num_blocks(config, max_seq_len),
             block_size=config.kv_block_size,
-            max_seq_len=config.max_seq_len,
+            max_seq_len=max_seq_len,
             time_scale=config.synthetic_time_scale,
         )
         return model, SyntheticTokenizer()
@@ -86,7 +104,7 @@ def build_model(
     path = find_smollm2_gguf() if config.model == "smollm2-135m" else config.model
     llama = LlamaModel.load(  # a GGUF file or a Hugging Face checkpoint directory
         path,
-        max_seq_len=config.max_seq_len,
+        max_seq_len=max_seq_len,
         num_blocks=num_blocks,
         block_size=config.kv_block_size,
         kv_cache_memory=config.kv_cache_memory,
@@ -99,7 +117,7 @@ def build_model(
     return llama, load_tokenizer(path)
 
 
-def synthetic_num_blocks(config: WorkerConfig) -> int:
+def synthetic_num_blocks(config: WorkerConfig, max_seq_len: int) -> int:
     """A synthetic model's blocks from ``--kv-cache-memory`` at a nominal KV size per
     token (it has no weights); too small for one ``max_seq_len`` request is refused."""
     from genpool_worker.synthetic import SYNTHETIC_KV_BYTES_PER_TOKEN
@@ -107,12 +125,12 @@ def synthetic_num_blocks(config: WorkerConfig) -> int:
     memory = config.kv_cache_memory or 0
     block_bytes = SYNTHETIC_KV_BYTES_PER_TOKEN * config.kv_block_size
     count = max(0, memory // block_bytes - 1)  # the dummy block is in the budget
-    need = -(-config.max_seq_len // config.kv_block_size)
+    need = -(-max_seq_len // config.kv_block_size)
     if count < need:
         raise ValueError(
             f"--kv-cache-memory={memory} bytes holds {count} KV blocks of "
             f"{config.kv_block_size} tokens ({block_bytes} bytes each, synthetic); one request "
-            f"of --max-seq-len={config.max_seq_len} needs {need}"
+            f"of --max-seq-len={max_seq_len} needs {need}"
         )
     return count
 
@@ -146,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _config_error([str(exc)])
     try:
         return _run(config, scheduler)
+    except MaxSeqLenError as exc:  # known once the model's context is read
+        return _config_error([str(exc)])
     except Exception as exc:  # model load, engine set-up: the cause goes to the pod's status
         log.exception("worker failed")
         report_fatal(f"{type(exc).__name__}: {exc}", _traceback_tail())
@@ -228,6 +248,7 @@ def _serve(
         admin_token=os.environ.get("GENPOOL_ADMIN_TOKEN") or None,
         stamp_arrival=config.stamp_arrival,
         pd=PDSettings.from_config(config),
+        aliases=(config.model,),
     )
     engine.start()
     try:
@@ -279,6 +300,7 @@ __all__ = [
     "build_scheduler",
     "config_from_env",
     "main",
+    "model_max_seq_len",
     "parse_config",
 ]
 

@@ -35,6 +35,36 @@ DESCRIPTION = "One GEN worker process: model, engine and HTTP API."
 CONFIG_ENV = "GENPOOL_WORKER_CONFIG"
 Mode = Literal["off", "tpot_budget", "target_output_tps"]
 DEFAULT_KV_EXPORT_TIMEOUT_S = 30.0  # a prefill leg's KV waits this long for its pull
+# --max-seq-len unset: the model's context, at most this (tokens). Off CUDA the default KV
+# cache is B + max headroom requests of it, so the CPU cap keeps that memory bounded.
+MAX_SEQ_LEN_CAP = 2048
+MAX_SEQ_LEN_CAP_CUDA = 8192
+SYNTHETIC_MAX_SEQ_LEN = 2048  # a synthetic model has no context of its own
+
+
+class MaxSeqLenError(ValueError):
+    """``--max-seq-len`` is more than the model's context (a configuration error)."""
+
+
+def resolve_max_seq_len(
+    given: int | None, context: tuple[int, str] | None, device: str = "cpu"
+) -> int:
+    """``--max-seq-len`` once the model is known: ``context`` is its (tokens, the key they
+    came from), None for a synthetic model. A given value past the context is refused,
+    naming the flag; unset is the context capped (``MAX_SEQ_LEN_CAP``, on CUDA
+    ``MAX_SEQ_LEN_CAP_CUDA``)."""
+    if context is None:
+        return SYNTHETIC_MAX_SEQ_LEN if given is None else given
+    tokens, source = context
+    if given is None:
+        cap = MAX_SEQ_LEN_CAP_CUDA if device.startswith("cuda") else MAX_SEQ_LEN_CAP
+        return min(tokens, cap)
+    if given > tokens:
+        raise MaxSeqLenError(
+            f"--max-seq-len={given} is more than the model's context of {tokens} tokens"
+            f" ({source}); set --max-seq-len <= {tokens}, or leave it unset for the model's own"
+        )
+    return given
 
 
 def check_tensor_parallel_size(model: str, size: int) -> None:
@@ -82,17 +112,30 @@ class WorkerConfig(BaseModel):
     max_num_active_requests: int | None = Field(
         default=None, ge=1, description=describe(GenCapacity, "max_num_active_requests")
     )
-    max_seq_len: int = Field(
-        default=2048,
+    max_seq_len: int | None = Field(
+        default=None,
         ge=16,
         le=1 << 20,
-        description="most prompt plus output tokens of one request (a KV slot's length), tokens",
+        description="most prompt plus output tokens of one request (a KV slot's length),"
+        " tokens; at most the model's context; default: the model's context (an HF"
+        " checkpoint's max_position_embeddings or shorter sliding window, a GGUF's"
+        f" <arch>.context_length) capped at {MAX_SEQ_LEN_CAP_CUDA} on CUDA and"
+        f" {MAX_SEQ_LEN_CAP} elsewhere (the CPU's default KV cache holds B + max headroom"
+        f" requests of it); synthetic models: {SYNTHETIC_MAX_SEQ_LEN}",
     )
     kv_block_size: int = Field(
         default=DEFAULT_KV_BLOCK_SIZE,
         ge=1,
         le=1024,
         description="tokens per KV-cache block (the unit of KV memory a request holds), tokens",
+    )
+    max_prefill_tokens_per_pass: int | None = Field(
+        default=None,
+        ge=1,
+        description="chunked prefill: most prompt tokens prefilled in one pass, tokens; a"
+        " longer prompt is prefilled over several passes while the batch keeps decoding"
+        " (a pass costs one decode step plus at most this many prefill tokens); default:"
+        " each prompt whole in the pass that admits it",
     )
     kv_cache_memory: int | None = Field(
         default=None,
@@ -284,5 +327,6 @@ def build_scheduler(config: WorkerConfig, kv_budget: KVBudget | None = None) -> 
             max_queue_length=config.max_queue_length,
             stat_interval_s=config.stat_interval_s,
             kv_budget=kv_budget,
+            max_prefill_tokens_per_pass=config.max_prefill_tokens_per_pass,
         ),
     )

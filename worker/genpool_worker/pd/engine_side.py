@@ -28,12 +28,14 @@ class KVHandoff:
         """A pulled request with nothing to decode: one token, or an EOS it may stop at."""
         if arrival.kv_import is None:
             return False
-        is_eos = arrival.kv_import.first_token == self._info.eos_token_id
-        return arrival.max_tokens <= 1 or (is_eos and arrival.min_tokens <= 1)
+        is_eos = arrival.kv_import.first_token in self._info.eos_token_ids
+        return arrival.max_tokens <= 1 or (
+            is_eos and arrival.min_tokens <= 1 and not arrival.ignore_eos
+        )
 
     def is_stop_at_first(self, request: EngineRequest) -> bool:
         assert request.arrival.kv_import is not None
-        is_eos = request.arrival.kv_import.first_token == self._info.eos_token_id
+        is_eos = request.arrival.kv_import.first_token in self._info.eos_token_ids
         return is_eos or request.is_stop_matched
 
     def on_finished(self, request: EngineRequest) -> None:
