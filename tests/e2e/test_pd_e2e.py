@@ -72,7 +72,8 @@ def _ready_tiers(api: client.ApiClient, namespace: str, pool: str, num_prefill: 
 
 def _complete(url: str, prompt: str, max_tokens: int = 16) -> str:
     sdk = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    reply = sdk.completions.create(model="any", prompt=prompt, max_tokens=max_tokens, temperature=0)
+    model = sdk.models.list().data[0].id  # a model the worker does not serve is a 404
+    reply = sdk.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0)
     return reply.choices[0].text
 
 
