@@ -50,6 +50,9 @@ class StatCadence:
             return False
         while self._next_at <= now:
             self._next_at += self.interval_s
+        # A pass that came late must not cut the next line at once: lines are known by
+        # their time printed to 0.1 s, so two lines stay at least 0.75 intervals apart.
+        self._next_at = max(self._next_at, now + 0.75 * self.interval_s)
         return True
 
     def line(self, stats: SchedulerStats) -> StatLine:
