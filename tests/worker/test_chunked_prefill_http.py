@@ -9,6 +9,7 @@ import asyncio
 from genpool_core.plan import GenPlan
 from genpool_core.request import FinishReason
 from genpool_worker.engine_io import EngineRequest
+from tests.polling import wait_for_async
 from tests.worker.conftest import run_worker
 
 PROMPTS = [
@@ -38,14 +39,20 @@ def _answers(budget: int | None, recorder: ChunkRecorder | None = None) -> list[
         async def all_at_once() -> list[str]:
             async with worker.async_client() as client:
 
-                async def one(prompt: str, delay: float) -> str:
-                    await asyncio.sleep(delay)  # the first decodes while later ones prefill
+                async def one(prompt: str, index: int) -> str:
+                    # Each prompt goes in once the ones before it are decoding, so later
+                    # prefills run beside running decodes.
+                    await wait_for_async(
+                        lambda: worker.engine.snapshot.tokens_total >= index or None,
+                        f"{index} tokens out before prompt {index} is sent",
+                        60,
+                    )
                     body = {"prompt": prompt, "max_tokens": 16}
                     reply = await client.post("/v1/completions", json=body)
                     assert reply.status_code == 200, reply.text
                     return str(reply.json()["choices"][0]["text"])
 
-                return list(await asyncio.gather(*(one(p, 0.3 * i) for i, p in enumerate(PROMPTS))))
+                return list(await asyncio.gather(*(one(p, i) for i, p in enumerate(PROMPTS))))
 
         return asyncio.run(all_at_once())
 
