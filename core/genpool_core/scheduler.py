@@ -233,15 +233,6 @@ class GenScheduler(SchedulerViews):
             self._enter_batch(request)
         return chunks, tuple(r.request_id for r in completed)
 
-    def _num_positions(self) -> int:
-        """Batch positions taken: members, and requests mid-prefill (each keeps one for
-        the pass its prefill completes in)."""
-        return len(self._active) + len(self.prefilling_ids())
-
-    def prefilling_ids(self) -> tuple[str, ...]:
-        """Residents mid-prefill (chunked prefill), oldest first: not batch members."""
-        return () if self._prefill is None else self._prefill.ids()
-
     def _observe(self, now: float) -> list[tuple[str, FinishReason]]:
         finished = list(self._pending_finish.items())
         self._pending_finish.clear()

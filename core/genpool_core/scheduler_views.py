@@ -11,6 +11,7 @@ from genpool_core.admission import AdmissionQueue
 from genpool_core.knobs import Knobs
 from genpool_core.kv_blocks import KVAccount
 from genpool_core.preemption import PauseLane, PreemptionPolicy
+from genpool_core.prefill_budget import PrefillQueue
 from genpool_core.request import GenRequest
 from genpool_core.slots import SlotPool
 from genpool_core.statperiod import LoadCounters
@@ -32,10 +33,20 @@ class SchedulerViews:
     _active: dict[str, GenRequest]
     _residents: dict[str, GenRequest]
     _counts: LoadCounters
+    _prefill: PrefillQueue | None
 
     @property
     def num_active(self) -> int:
         return len(self._active)
+
+    def _num_positions(self) -> int:
+        """Batch positions taken: members, and requests mid-prefill (each keeps one for
+        the pass its prefill completes in)."""
+        return len(self._active) + len(self.prefilling_ids())
+
+    def prefilling_ids(self) -> tuple[str, ...]:
+        """Residents mid-prefill (chunked prefill), oldest first: not batch members."""
+        return () if self._prefill is None else self._prefill.ids()
 
     @property
     def num_paused(self) -> int:
