@@ -8,7 +8,7 @@ from typing import Any
 
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Arrival, EngineRequest
-from genpool_worker.multirank import DistCoordinator, init_process_group
+from genpool_worker.multirank import DistCoordinator, close_process_group, init_process_group
 from genpool_worker.worker_cli import WorkerConfig, build_runner, build_scheduler
 from tests.polling import wait_for
 from tests.worker.recording import PlanRecorder
@@ -26,6 +26,11 @@ SETTINGS: dict[str, Any] = {
     "synthetic_time_scale": 0.05,
     "max_seq_len": 256,
 }
+# A long run's hysteresis is 2 % of its span (max_tokens / T): it finishes past it only
+# if it decodes slower than T / 0.02 tok/s. Synthetic steps are ~3 ms, so T = 5 put that
+# bound (250 tok/s) at the synthetic speed itself and a fast moment paused nothing; at
+# T = 50 the bound is 2500 tok/s. Slower runs become below-target victims: both pause.
+SYNTHETIC_TARGET_OUTPUT_TPS = 50.0
 PROMPTS = ["The capital of France is", "One, two, three,", "Water boils at", "def add(a, b):"]
 
 
@@ -61,9 +66,10 @@ def run_rank(
     model: str,
     results: multiprocessing.Queue,  # type: ignore[type-arg]
 ) -> None:
-    config = WorkerConfig.model_validate(
-        {**SETTINGS, "model": model, "tensor_parallel_size": world_size}
-    )
+    settings = {**SETTINGS, "model": model, "tensor_parallel_size": world_size}
+    if model.startswith("synthetic"):
+        settings["target_output_tps"] = SYNTHETIC_TARGET_OUTPUT_TPS
+    config = WorkerConfig.model_validate(settings)
     if world_size > 1:
         init_process_group(rank, world_size, port)
     pool_size = build_scheduler(config).slots.pool_size
@@ -84,3 +90,5 @@ def run_rank(
     stats = scheduler.make_stats(0.0)
     error = engine.error or failure
     results.put((rank, recorder.plan_digests, recorder.completed, stats.pauses, error))
+    if world_size > 1:
+        close_process_group()

@@ -66,6 +66,20 @@ def init_process_group(rank: int, world_size: int, port: int, backend: str = "gl
     )
 
 
+def close_process_group() -> None:
+    """Leave the process group before the interpreter exits: a group destroyed at exit
+    with its transport threads still joinable aborts the process (SIGABRT, "terminate
+    called without an active exception"). The barrier lets every rank finish reading
+    the last broadcast first; a peer already gone only costs the collective timeout."""
+    if not dist.is_initialized():
+        return
+    try:
+        dist.barrier()
+    except RuntimeError as exc:  # a dead peer: nothing left to wait for
+        log.warning("process group barrier at exit failed: %s", exc)
+    dist.destroy_process_group()
+
+
 def spawn_followers(
     world_size: int, port: int, target: Callable[..., None], args: tuple[Any, ...]
 ) -> list[multiprocessing.process.BaseProcess]:

@@ -258,6 +258,10 @@ def _serve(
     if engine.error:
         report_fatal(f"engine failed: {engine.error}")
         return 1
+    if config.tensor_parallel_size > 1:  # the followers saw the stop: leave together
+        from genpool_worker.multirank import close_process_group
+
+        close_process_group()
     return 0
 
 
@@ -274,7 +278,12 @@ def follower_main(
     rank: int, world_size: int, port: int, leader_pid: int, config: dict[str, object]
 ) -> None:
     """Ranks > 0: same scheduler, same model shard, inputs from rank 0, no HTTP."""
-    from genpool_worker.multirank import DistCoordinator, init_process_group, watch_leader
+    from genpool_worker.multirank import (
+        DistCoordinator,
+        close_process_group,
+        init_process_group,
+        watch_leader,
+    )
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(name)s %(message)s")
     watch_leader(leader_pid)
@@ -289,6 +298,7 @@ def follower_main(
         report_fatal(f"tensor-parallel rank {rank}: {type(exc).__name__}: {exc}", _traceback_tail())
         raise
     GenEngine(runner, tokenizer, scheduler, coordinator=DistCoordinator(rank)).run()
+    close_process_group()
 
 
 __all__ = [
