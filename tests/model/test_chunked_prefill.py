@@ -1,4 +1,5 @@
-"""Chunked prefill's greedy text equals whole prefill's (issue 25 item 6).
+"""Chunked prefill's greedy text equals whole prefill's (issue 25 item 6); identical
+prompts admitted together share one prefill and decode what each would alone.
 
 The model: a prompt run in chunks of 7 (``prefill(..., start)``) into scattered blocks
 decodes exactly the tokens of the same prompt prefilled whole. The runner under the
@@ -57,11 +58,14 @@ def test_chunked_prefill_text_equals_whole(model: Any, tokenizer: Any) -> None:
         pool.give_back(blocks)
 
 
-def _serve(model: Any, prompts: list[list[int]], budget: int | None) -> dict[str, list[int]]:
-    """Every request through GenScheduler and TorchModelRunner: one arrives per pass."""
+def _serve(
+    model: Any, prompts: list[list[int]], budget: int | None, per_pass: int = 1
+) -> tuple[dict[str, list[int]], int]:
+    """Every request through GenScheduler and TorchModelRunner, ``per_pass`` arriving each
+    pass: each request's tokens, and the prompt tokens the runner did not recompute."""
     scheduler = GenScheduler.from_settings(
         {},
-        GenCapacity(max_batch_size=3),
+        GenCapacity(max_batch_size=4),
         SchedulerConfig(
             kv_budget=KVBudget(model.num_blocks, model.block_size),
             max_prefill_tokens_per_pass=budget,
@@ -69,29 +73,45 @@ def _serve(model: Any, prompts: list[list[int]], budget: int | None) -> dict[str
     )
     runner = TorchModelRunner(model)
     out: dict[str, list[int]] = {}
+    num_shared = 0
     now, pending = 0.0, [(f"r{i}", p) for i, p in enumerate(prompts)]
     while pending or scheduler.num_residents or scheduler.num_waiting:
-        if pending:
-            request_id, prompt = pending.pop(0)
+        for request_id, prompt in pending[:per_pass]:
             arrival = Arrival(request_id, prompt, NEW_TOKENS, arrival_time=now)
             scheduler.add_request(arrival.gen_request(now), now)
             runner.add_request(arrival)
             out[request_id] = []
+        del pending[:per_pass]
         plan = scheduler.step(now)
         for request_id in plan.finished_ids:
             runner.remove_request(request_id)
-        tokens = runner.execute(plan).tokens if plan.batch_ids or plan.prefill_chunks else {}
+        result = runner.execute(plan) if plan.batch_ids or plan.prefill_chunks else None
+        tokens = result.tokens if result else {}
+        num_shared += result.num_shared_prefill_tokens if result else 0
         assert set(tokens) == set(plan.batch_ids)
         for request_id, token in tokens.items():
             out[request_id].append(token)
         scheduler.postprocess(plan, now + 0.01)
         now += 0.02
-    return out
+    return out, num_shared
 
 
 def test_runner_chunked_prefill_text_equals_whole(model: Any, tokenizer: Any) -> None:
     prompts = _prompts(tokenizer) * 2
-    whole = _serve(model, prompts, None)
-    chunked = _serve(model, prompts, CHUNK)
+    whole, _ = _serve(model, prompts, None)
+    chunked, _ = _serve(model, prompts, CHUNK)
     assert all(len(tokens) == NEW_TOKENS for tokens in whole.values())
     assert chunked == whole
+
+
+def test_identical_prompts_admitted_together_share_one_prefill(model: Any, tokenizer: Any) -> None:
+    """``n`` choices: three copies of a prompt and one other arrive in one pass; the
+    copies' KV is one prefill copied into their own blocks, and each decodes the tokens
+    the prompt decodes alone (the copies then write only their own blocks)."""
+    shared_prompt, other = _prompts(tokenizer)[1:3]
+    alone, saved_alone = _serve(model, [shared_prompt, other], None)
+    together, saved = _serve(model, [shared_prompt, other, shared_prompt, shared_prompt],
+                             None, per_pass=4)  # fmt: skip
+    assert saved_alone == 0 and saved == 2 * len(shared_prompt)
+    assert together["r0"] == together["r2"] == together["r3"] == alone["r0"]
+    assert together["r1"] == alone["r1"]

@@ -10,6 +10,7 @@ import math
 import openai
 import pytest
 
+from tests.worker.pd_support import metric
 from tests.worker.sdk_support import HELLO, MODEL, Factory, sdk
 
 
@@ -24,8 +25,12 @@ def test_sampling_knobs_are_accepted_and_seeded(worker_factory: Factory) -> None
 
 
 def test_n_choices_of_each_prompt(worker_factory: Factory) -> None:
-    client = sdk(worker_factory())
+    worker = worker_factory()
+    client = sdk(worker)
     reply = client.completions.create(model=MODEL, prompt=["hello", "world"], n=2, max_tokens=4)
+    # submitted together, admitted in one pass: each prompt's second choice copies the
+    # first one's KV (5 tokens each) instead of prefilling again
+    assert metric(worker.url, "genpool_prefill_tokens_shared_total") == 10
     assert [c.index for c in reply.choices] == [0, 1, 2, 3]
     texts = [c.text for c in reply.choices]
     assert texts[0] == texts[1] and texts[2] == texts[3] and texts[0] != texts[2]  # greedy

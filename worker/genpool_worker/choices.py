@@ -12,7 +12,7 @@ from fastapi import Request
 
 from genpool_worker.api import GenerationRequest
 from genpool_worker.events import TokenDelta
-from genpool_worker.generation import End, Pieces, Started, pieces, start
+from genpool_worker.generation import End, Pieces, Started, accepted, pieces, start, submit
 from genpool_worker.http_common import ApiError, ServerContext
 from genpool_worker.metrics import RequestTimer
 from genpool_worker.sampling_params import TokenLogprobs
@@ -33,13 +33,18 @@ async def start_choices(
     *,
     id_prefix: str,
 ) -> Choices:
-    """Choice ``p * n + j`` is prompt ``p``'s ``j``-th; one refused aborts the others."""
+    """Choice ``p * n + j`` is prompt ``p``'s ``j``-th; one refused aborts the others.
+    All are submitted at once, before any acceptance is awaited, so one pass admits them
+    together and a prompt's choices share its prefill."""
     started: list[Started] = []
     try:
         for ids in prompts:
             for j in range(body.n):
                 started.append(await start(context, body, ids, max_tokens_of(ids), request,
                                            id_prefix=id_prefix, choice=j))  # fmt: skip
+        submit(context, started)
+        for queued in started:
+            await accepted(context, queued)
     except ApiError:
         for done in started:
             context.engine.abort(done.arrival.request_id)

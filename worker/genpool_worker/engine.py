@@ -79,6 +79,7 @@ class GenEngine:
         self._last_now = 0.0
         self._inflight = 0
         self._tokens_total = 0
+        self._shared_prefill_tokens_total = 0
         self._passes = 0
         # The periodic lines a controller has not necessarily read: it counts each once.
         self._recent_stats: tuple[StatLine, ...] = ()
@@ -108,10 +109,11 @@ class GenEngine:
     def inflight(self) -> int:
         return self._inflight
 
-    def submit(self, request: EngineRequest) -> None:
+    def submit(self, *requests: EngineRequest) -> None:
+        """Queue ``requests`` together: the next pass reads all of them or none."""
         with self._lock:
-            self._inbox.append(request)
-            self._inflight += 1
+            self._inbox.extend(requests)
+            self._inflight += len(requests)
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
@@ -213,6 +215,7 @@ class GenEngine:
         for request_id, token in tokens.items():
             self.output.on_token(self._requests[request_id], token, result.logprobs.get(request_id))
         self._tokens_total += len(tokens)
+        self._shared_prefill_tokens_total += result.num_shared_prefill_tokens
         self._passes += 1
         if plan.batch_ids and self._on_step is not None:
             self._on_step(time.perf_counter() - started, len(plan.batch_ids))
@@ -315,5 +318,5 @@ class GenEngine:
         stat = recent[-1] if recent else make_statline(stats, None)
         return EngineSnapshot(
             stats, stat, self.config(), self._inflight, self._tokens_total, self._passes,
-            self._recent_stats,
+            self._recent_stats, self._shared_prefill_tokens_total,
         )  # fmt: skip

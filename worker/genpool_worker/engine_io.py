@@ -48,6 +48,8 @@ class StepResult:
 
     tokens: dict[str, int]
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    # Prompt tokens not computed: identical prompts admitted in one pass prefilled once.
+    num_shared_prefill_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -221,6 +223,7 @@ class EngineSnapshot:
     tokens_total: int
     passes: int
     recent: tuple[StatLine, ...] = ()  # the last periodic lines, oldest first
+    shared_prefill_tokens_total: int = 0
 
     @property
     def recent_lines(self) -> str:

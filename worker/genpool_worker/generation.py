@@ -9,7 +9,7 @@ import asyncio
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -47,7 +47,8 @@ class End:
 
 @dataclass(frozen=True, slots=True)
 class Started:
-    """A request the engine accepted, with what P/D made of it (``kv``)."""
+    """A request built for the engine (``submit`` queues it, ``accepted`` waits for the
+    scheduler's answer), with what P/D made of it (``kv``)."""
 
     arrival: Arrival
     submitted: EngineRequest
@@ -56,8 +57,9 @@ class Started:
 
 async def start(context: ServerContext, body: GenerationRequest, ids: list[int], max_tokens: int,
                 request: Request, *, id_prefix: str, choice: int = 0) -> Started:  # fmt: skip
-    """Check, resolve P/D (docs/pd.md), submit choice ``choice`` of ``body.n``; raises
-    ``ApiError`` for what it cannot serve."""
+    """Check, resolve P/D (docs/pd.md) and build choice ``choice`` of ``body.n``; raises
+    ``ApiError`` for what it cannot serve. Not yet submitted: ``submit`` hands a reply's
+    choices to the engine at once, so one pass admits them together (they share a prefill)."""
     received_at = time.time()
     if body.min_tokens > max_tokens:
         raise ApiError(
@@ -70,8 +72,8 @@ async def start(context: ServerContext, body: GenerationRequest, ids: list[int],
                            received_at=received_at, choice=choice)  # fmt: skip
     # A pulled request's clock here starts once its KV is in (the gen_wait part).
     accepted_from = received_at if kv.kv_import is None else time.time()
-    submitted = await submit(context, arrival, accepted_from)
-    return Started(arrival, submitted, kv)
+    loop = asyncio.get_running_loop()
+    return Started(arrival, EngineRequest(arrival, loop=loop, received_at=accepted_from), kv)
 
 
 def _check_length(context: ServerContext, ids: list[int], max_tokens: int) -> None:
@@ -125,20 +127,23 @@ def make_arrival(
     )
 
 
-async def submit(context: ServerContext, arrival: Arrival, received_at: float) -> EngineRequest:
-    """Queue ``arrival``; returns once the scheduler accepted it, else raises the 4xx/5xx."""
+def submit(context: ServerContext, started: Sequence[Started]) -> None:
+    """Hand every one of ``started`` to the engine in one inbox write (``accepted`` then
+    waits for each); refused while draining."""
     if context.engine.is_draining:
         raise ApiError(503, "worker is draining", "unavailable")
-    submitted = EngineRequest(arrival, loop=asyncio.get_running_loop(), received_at=received_at)
-    context.engine.submit(submitted)
-    first = await submitted.events.get()
+    context.engine.submit(*(each.submitted for each in started))
+
+
+async def accepted(context: ServerContext, started: Started) -> None:
+    """Returns once the scheduler accepted ``started``, else raises the 4xx/5xx."""
+    first = await started.submitted.events.get()
     if not isinstance(first, Accepted):
         context.metrics.count_request("rejected")
         status = first.status if isinstance(first, Rejected) else 500
         message = first.message if isinstance(first, (Rejected, Failed)) else repr(first)
         raise ApiError(status, message, "overloaded" if status == 429 else "error")
     context.metrics.count_request("ok")
-    return submitted
 
 
 def kv_transfer_fields(

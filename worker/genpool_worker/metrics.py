@@ -106,6 +106,9 @@ class WorkerMetrics(Collector):
         s = snap.stats
         yield from self.model_server_gauges(s)
         yield counter("genpool_tokens", "Output tokens produced", snap.tokens_total)
+        yield counter("genpool_prefill_tokens_shared",
+                      "Prompt tokens not recomputed: identical prompts (n choices) admitted in"
+                      " one pass share one prefill", snap.shared_prefill_tokens_total)  # fmt: skip
         yield gauge("genpool_queue_length", "Waiters in the admission queue", s.waiters)
         yield gauge("genpool_residents", "Resident requests (active + paused)", s.residents)
         yield gauge("genpool_active", "Requests in the batch", s.active)

@@ -53,6 +53,8 @@ class DecodeModel(Protocol):
 
     def write_kv(self, blocks: Sequence[int], data: bytes) -> None: ...
 
+    def copy_kv(self, source: Sequence[int], target: Sequence[int]) -> None: ...
+
 
 @dataclass
 class _RunState:
@@ -119,10 +121,14 @@ class TorchModelRunner:
         for request_id, _, _ in plan.prefill_chunks:
             if request_id not in prefill:  # a chunk short of the prompt: no row
                 self._prefill(self._states[request_id], ends[request_id])
+        done: dict[tuple[int, ...], tuple[_RunState, torch.Tensor]] = {}
+        num_shared = 0
         for request_id in plan.batch_ids:
             if request_id in prefill:
                 state = self._states[request_id]
-                row = self._prefill(state, ends.get(request_id, len(state.prompt_ids)))
+                end = ends.get(request_id, len(state.prompt_ids))
+                row, shared = self._prefill_once(state, end, done)
+                num_shared += shared
                 rows.append(row[None, :])
                 order.append(request_id)
         decoding = [rid for rid in plan.batch_ids if rid not in prefill]
@@ -138,7 +144,32 @@ class TorchModelRunner:
         return StepResult(
             dict(zip(order, tokens, strict=True)),
             {rid: lp for rid, lp in zip(order, logprobs, strict=True) if lp is not None},
+            num_shared,
         )
+
+    def _prefill_once(
+        self,
+        state: _RunState,
+        end: int,
+        done: dict[tuple[int, ...], tuple[_RunState, torch.Tensor]],
+    ) -> tuple[torch.Tensor, int]:
+        """A whole prefill of a prompt another request prefilled whole in this pass (the
+        ``n`` choices of one prompt) copies that one's KV blocks and reuses its logits
+        (each samples its own token from them); returns the row and the tokens saved."""
+        if state.num_prefilled or end != len(state.prompt_ids):
+            return self._prefill(state, end), 0
+        key = tuple(state.prompt_ids)
+        first = done.get(key)
+        if first is None:
+            row = self._prefill(state, end)
+            done[key] = (state, row)
+            return row, 0
+        source, row = first
+        num_blocks = -(-end // self.info.kv_block_size)
+        if num_blocks and state.blocks:
+            self.model.copy_kv(source.blocks[:num_blocks], state.blocks[:num_blocks])
+        state.num_prefilled = end
+        return row, end
 
     def _prefill(self, state: _RunState, end: int) -> torch.Tensor:
         """Its prompt from where its KV ends up to ``end``; last-position logits.

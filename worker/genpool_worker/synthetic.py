@@ -79,6 +79,11 @@ class SyntheticModel:
         index = torch.tensor(list(blocks), dtype=torch.long)
         self._kv.index_copy_(1, index, values.view(2, len(blocks), self.block_size))
 
+    def copy_kv(self, source: Sequence[int], target: Sequence[int]) -> None:
+        src = torch.tensor(list(source), dtype=torch.long)
+        self._kv.index_copy_(1, torch.tensor(list(target), dtype=torch.long),
+                             self._kv.index_select(1, src))  # fmt: skip
+
     def _store(self, blocks: Sequence[int], start: int, token_ids: Sequence[int]) -> None:
         for offset, token in enumerate(token_ids):
             position = start + offset

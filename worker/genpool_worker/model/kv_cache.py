@@ -69,6 +69,14 @@ class KVCache:
             part = raw[i * per_tensor : (i + 1) * per_tensor].view(tensor.dtype).view(shape)
             tensor.index_copy_(1, index, part.to(tensor.device))
 
+    def copy_blocks(self, source: Sequence[int], target: Sequence[int]) -> None:
+        """``source``'s K and V into ``target`` (as many blocks), every layer."""
+        device = self.k[0].device
+        src = torch.tensor(list(source), device=device)
+        dst = torch.tensor(list(target), device=device)
+        for tensor in (*self.k, *self.v):
+            tensor.index_copy_(1, dst, tensor.index_select(1, src))
+
     def token_rows(self, blocks: Sequence[int], num_tokens: int) -> list[int]:
         """Flat rows of a request's positions ``0..num_tokens-1`` (its blocks in order)."""
         bs = self.block_size

@@ -304,6 +304,9 @@ class LlamaModel:
     def write_kv(self, blocks: Sequence[int], data: bytes) -> None:
         self.kv_cache.write_blocks(blocks, data)
 
+    def copy_kv(self, source: Sequence[int], target: Sequence[int]) -> None:
+        self.kv_cache.copy_blocks(source, target)
+
     def capture_decode_graphs(self) -> None:
         """Capture every decode batch bucket's CUDA graph now (else on first use)."""
         if self._fast is not None:
