@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,23 +131,26 @@ def value_at(run: dict[str, Any], key: str) -> float | None:
     return value if isinstance(value, int | float) else None
 
 
-def medians(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def medians(runs: list[dict[str, Any]], setups: Iterable[str] = SETUPS,
+            keys: Iterable[str] = KEYS) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Per setup and key: the median over its runs, and each run's value (the spread)."""
-    out: dict[str, dict[str, Any]] = {setup: {} for setup in SETUPS}
-    for setup, key in itertools.product(SETUPS, KEYS):
+    out: dict[str, dict[str, Any]] = {setup: {} for setup in setups}
+    for setup, key in itertools.product(out, keys):
         values = [v for r in runs if r["setup"] == setup if (v := value_at(r, key)) is not None]
         if values:
             out[setup][key] = {"median": round(statistics.median(values), 4), "runs": values}
     return out
 
 
-def paired(runs: list[dict[str, Any]], key: str = "gap_ms_burst.p99") -> dict[str, Any]:
-    """P/D over colocated within each repetition (back-to-back runs share the machine)."""
+def paired(runs: list[dict[str, Any]], key: str = "gap_ms_burst.p99", setup: str = "pd",
+           baseline: str = "colocated") -> dict[str, Any]:  # fmt: skip
+    """``setup`` over ``baseline`` within each repetition (back-to-back runs share the
+    machine): the per-repetition ratios of ``key`` and their median."""
     ratios = []
     for rep in sorted({r["rep"] for r in runs}):
         pair = {r["setup"]: value_at(r, key) for r in runs if r["rep"] == rep}
-        pd, colocated = pair.get("pd"), pair.get("colocated")
-        if pd is not None and colocated:
-            ratios.append(round(pd / colocated, 4))
+        value, base = pair.get(setup), pair.get(baseline)
+        if value is not None and base:
+            ratios.append(round(value / base, 4))
     median = round(statistics.median(ratios), 4) if ratios else None
     return {"key": key, "per_rep": ratios, "median": median}

@@ -1,0 +1,133 @@
+"""Chunked prefill on one CPU core: decode gaps while a burst of 2k-token prompts arrives.
+
+    .venv/bin/python -m bench.chunked_prefill [--quick] [--reps 3]
+
+Three real ``genpool-worker --role both`` processes (SmolLM2-135M, CPU,
+``OMP_NUM_THREADS=1``), all pinned to core 0, differing only in the per-pass prefill
+budget: ``whole`` (each prompt prefilled in the pass that admits it, the default),
+``chunk512`` and ``chunk128`` (``--max-prefill-tokens-per-pass``). The bench's own
+clients run on core 1. Runs alternate the setups (the idle workers wait). Each run:
+4 closed-loop streaming clients (short prompts, 64 tokens, greedy) and, after a warm-up
+and a quiet window, 4 prompts of 2000 tokens (8 tokens each) sent at once. Measured: the
+steady streams' inter-token gaps (decode TPOT as a client sees it) inside the burst
+window (burst start to the last long prompt's end) and outside it, the long prompts'
+TTFT, tokens/s, failures, the mean pass time. Writes ``bench/results/chunked_prefill.json``
+(``--quick``: a smoke run, to /tmp); docs/results.md explains the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.pd_report import mean_between, medians, paired, summarize, value_at
+from bench.serving_load import Load, burst_run, pinned, wait_ready, warm_up
+from genpool_core.names import WORKER_PORT
+
+RESULTS = Path(__file__).resolve().parent / "results" / "chunked_prefill.json"
+QUICK_RESULTS = Path("/tmp/genpool-bench-chunked-prefill-quick.json")
+LOG = "/tmp/genpool-bench-chunked-{name}.log"
+WORKER_CORE, CLIENT_CORE = 0, 1
+# setup -> (host, per-pass prefill budget); outside the pod runner's 127.0/16.
+WORKERS: dict[str, tuple[str, int | None]] = {
+    "whole": ("127.1.0.31", None),
+    "chunk512": ("127.1.0.32", 512),
+    "chunk128": ("127.1.0.33", 128),
+}
+BASELINE = "whole"
+WORKER_ARGS = ("--max-batch-size", "12", "--max-seq-len", "2304", "--stat-interval-s", "30")
+LOAD = Load(clients=4, steady_tokens=64, long_prompts=4, long_tokens=2000, long_max_tokens=8,
+            warmup_s=3.0, quiet_s=5.0, after_s=3.0)  # fmt: skip
+QUICK = Load(clients=2, steady_tokens=16, long_prompts=2, long_tokens=512, warmup_s=2.0,
+             quiet_s=2.0, after_s=1.0)  # fmt: skip
+KEYS = ("burst_window_s", "gap_ms_burst.p50", "gap_ms_burst.p99", "gap_ms_burst.max",
+        "gap_ms_outside.p50", "gap_ms_outside.p99", "gap_ms_quiet.p50", "long_ttft_s.p50",
+        "long_ttft_s.max", "steady_ttft_s_burst.max", "tokens_per_s", "steady_tokens_per_s_burst",
+        "steady_tokens_per_s_outside", "step_ms", "failed")  # fmt: skip
+PAIRED = ("gap_ms_burst.p99", "gap_ms_burst.max", "long_ttft_s.p50", "burst_window_s",
+          "tokens_per_s")  # fmt: skip
+
+
+def _url(name: str) -> str:
+    return f"http://{WORKERS[name][0]}:{WORKER_PORT}"
+
+
+def _start(name: str) -> subprocess.Popen[bytes]:
+    host, budget = WORKERS[name]
+    cmd = [sys.executable, "-m", "genpool_worker.worker_cli", "--model", "smollm2-135m",
+           "--host", host, "--port", str(WORKER_PORT), *WORKER_ARGS]  # fmt: skip
+    if budget is not None:
+        cmd += ["--max-prefill-tokens-per-pass", str(budget)]
+    with Path(LOG.format(name=name)).open("wb") as log:  # the worker's own log
+        return pinned(cmd, WORKER_CORE, stdout=log, stderr=subprocess.STDOUT)
+
+
+async def _measure(setup: str, load: Load, seed: int) -> dict[str, Any]:
+    loadavg = os.getloadavg()[0]
+    run = await burst_run([_url(setup)], {setup: _url(setup)}, load, seed)
+    result: dict[str, Any] = {"setup": setup, "loadavg_1m": [loadavg, os.getloadavg()[0]]}
+    result |= summarize(run.streams, run.times)
+    before, after = run.scrapes["t0"][setup], run.scrapes["t1"][setup]
+    result["step_ms"] = mean_between(before, after, "genpool_step_seconds", 1e3)
+    return result
+
+
+def _run_all(load: Load, reps: int) -> list[dict[str, Any]]:
+    procs, runs = {name: _start(name) for name in WORKERS}, []
+    try:
+        wait_ready(procs, {n: _url(n) for n in procs}, LOG)
+        asyncio.run(warm_up([_url(n) for n in WORKERS]))
+        for rep, setup in itertools.product(range(reps), WORKERS):  # A, B, C, A, B, C, ...
+            runs.append(asyncio.run(_measure(setup, load, seed=rep)) | {"rep": rep})
+            shown = {k: value_at(runs[-1], k) for k in ("rep", *KEYS)}
+            print(setup, json.dumps(shown), flush=True)
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+        for proc in procs.values():
+            proc.wait(timeout=30)
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.chunked_prefill", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smoke run: small, 1 repetition")
+    parser.add_argument("--reps", type=int, default=None, help="runs per setup (default 3)")
+    args = parser.parse_args(argv)
+    load, reps = (QUICK, args.reps or 1) if args.quick else (LOAD, args.reps or 3)
+    if not 1 <= reps <= 10:
+        parser.error("--reps 1..10")
+    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > CLIENT_CORE:
+        os.sched_setaffinity(0, {CLIENT_CORE})  # the clients off the workers' core
+    started = time.monotonic()
+    runs = _run_all(load, reps)
+    config = {"load": vars(load), "reps": reps, "worker_args": WORKER_ARGS, "workers": WORKERS,
+              "worker_core": WORKER_CORE, "client_core": CLIENT_CORE,
+              "taskset": shutil.which("taskset") is not None, "cpus": os.cpu_count(),
+              "wall_s": round(time.monotonic() - started, 1)}  # fmt: skip
+    table = medians(runs, WORKERS, KEYS)
+    ratios = {f"{setup}/{BASELINE}": {key: paired(runs, key, setup, BASELINE) for key in PAIRED}
+              for setup in WORKERS if setup != BASELINE}  # fmt: skip
+    result = {"config": config, "runs": runs, "medians": table, "paired": ratios}
+    path = QUICK_RESULTS if args.quick else RESULTS
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    for setup, key in itertools.product(WORKERS, KEYS):
+        if (cell := table[setup].get(key)) is not None:
+            print(f"{setup:9} {key:30} {cell['median']:>12} {cell['runs']}")
+    for name, by_key in ratios.items():
+        print(name, json.dumps({k: v["median"] for k, v in by_key.items()}))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
