@@ -225,6 +225,8 @@ class GenPoolSpec(Section):
             "stat_interval_s": float(self.tuning.interval_seconds),
             **self.live_config(),
         }
+        if engine.max_prefill_tokens_per_pass is not None:
+            config["max_prefill_tokens_per_pass"] = engine.max_prefill_tokens_per_pass
         # The worker refuses both parameters at once: only the mode's own one goes in.
         if preemption.kind is PreemptionMode.TPOT_BUDGET:
             config["tpot_budget"] = preemption.tpot_budget

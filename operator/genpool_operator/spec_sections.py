@@ -62,6 +62,9 @@ class Engine(Section):
     kv_block_size: int = Field(default=DEFAULT_KV_BLOCK_SIZE, ge=1, le=1024)
     kv_cache_memory: int | str | None = None
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    # Chunked prefill (docs/design.md#chunked-prefill); 0: each prompt whole; None: the
+    # worker's default for its device.
+    max_prefill_tokens_per_pass: int | None = Field(default=None, ge=0, le=1048576)
 
     @field_validator("kv_cache_memory")
     @classmethod

@@ -30,10 +30,10 @@ class ChunkRecorder:
         pass
 
 
-def _answers(budget: int | None, recorder: ChunkRecorder | None = None) -> list[str]:
-    overrides: dict[str, object] = {"model": "smollm2-135m", "max_seq_len": 512}
-    if budget is not None:
-        overrides["max_prefill_tokens_per_pass"] = budget
+def _answers(budget: int, recorder: ChunkRecorder | None = None) -> list[str]:
+    """``budget`` 0: every prompt prefilled whole."""
+    overrides: dict[str, object] = {"model": "smollm2-135m", "max_seq_len": 512,
+                                    "max_prefill_tokens_per_pass": budget}  # fmt: skip
     with run_worker(observer=recorder, **overrides) as worker:
 
         async def all_at_once() -> list[str]:
@@ -59,7 +59,7 @@ def _answers(budget: int | None, recorder: ChunkRecorder | None = None) -> list[
 
 def test_chunked_prefill_answers_equal_whole_prefill() -> None:
     recorder = ChunkRecorder()
-    whole = _answers(None)
+    whole = _answers(0)
     chunked = _answers(16, recorder)
     assert chunked == whole
     for plan in recorder.plans:  # over the budget only for a prompt alone in its pass

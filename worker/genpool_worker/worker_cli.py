@@ -22,6 +22,7 @@ from genpool_worker.engine_io import Tokenizer
 from genpool_worker.metrics import WorkerMetrics
 from genpool_worker.termination_log import report_fatal
 from genpool_worker.worker_config import (
+    SYNTHETIC_PREFIX,
     ConfigEnvError,
     MaxSeqLenError,
     WorkerConfig,
@@ -67,7 +68,7 @@ def model_max_seq_len(config: WorkerConfig) -> int:
     """``--max-seq-len`` against the model's own context, read from its ``config.json``
     or GGUF header before any weight (``resolve_max_seq_len``: unset is that context,
     capped; a larger value is a ``MaxSeqLenError``)."""
-    if config.model.startswith("synthetic:"):
+    if config.model.startswith(SYNTHETIC_PREFIX):
         return resolve_max_seq_len(config.max_seq_len, None)
     from genpool_worker.model.gguf_weights import find_smollm2_gguf, gguf_context
     from genpool_worker.model.hf_config import hf_context
@@ -83,7 +84,7 @@ def build_model(
     """The model and its KV cache; ``num_slots`` (B + max headroom) sizes the default cache."""
     max_seq_len = model_max_seq_len(config)
     num_blocks = default_num_blocks(config, num_slots, max_seq_len)
-    if config.model.startswith("synthetic:"):
+    if config.model.startswith(SYNTHETIC_PREFIX):
         from genpool_worker.synthetic import SyntheticModel, SyntheticTokenizer
 
         model = SyntheticModel(

@@ -39,7 +39,14 @@ DEFAULT_KV_EXPORT_TIMEOUT_S = 30.0  # a prefill leg's KV waits this long for its
 # cache is B + max headroom requests of it, so the CPU cap keeps that memory bounded.
 MAX_SEQ_LEN_CAP = 2048
 MAX_SEQ_LEN_CAP_CUDA = 8192
+SYNTHETIC_PREFIX = "synthetic:"  # --model synthetic:<name>: no weights (synthetic.py)
 SYNTHETIC_MAX_SEQ_LEN = 2048  # a synthetic model has no context of its own
+# --max-prefill-tokens-per-pass unset (tokens). CPU: measured, SmolLM2 on one core
+# (docs/results.md#chunked-prefill-on-cpu): 128 kept decode gaps near 1 s under 2k-token
+# prompts where whole prefills stalled them 42 s. CUDA: unmeasured, vLLM's long-standing
+# default token budget for a pass.
+PREFILL_TOKENS_PER_PASS = 128
+PREFILL_TOKENS_PER_PASS_CUDA = 2048
 
 
 class MaxSeqLenError(ValueError):
@@ -131,11 +138,13 @@ class WorkerConfig(BaseModel):
     )
     max_prefill_tokens_per_pass: int | None = Field(
         default=None,
-        ge=1,
+        ge=0,
         description="chunked prefill: most prompt tokens prefilled in one pass, tokens; a"
         " longer prompt is prefilled over several passes while the batch keeps decoding"
-        " (a pass costs one decode step plus at most this many prefill tokens); default:"
-        " each prompt whole in the pass that admits it",
+        " (a pass costs one decode step plus at most this many prefill tokens); 0: each"
+        f" prompt whole in the pass that admits it; default: {PREFILL_TOKENS_PER_PASS_CUDA}"
+        f" on CUDA, {PREFILL_TOKENS_PER_PASS} elsewhere, 0 for a synthetic model (it"
+        " stands in for the simulator's GEN worker, whose prompts come prefilled)",
     )
     kv_cache_memory: int | None = Field(
         default=None,
@@ -254,6 +263,16 @@ class WorkerConfig(BaseModel):
             raise ValueError("--prefillers is for a decode worker, not --role prefill")
         parse_endpoints(self.prefillers.split(","))
 
+    def prefill_budget(self) -> int | None:
+        """The scheduler's per-pass prefill budget: None for whole prefills (``0``)."""
+        given = self.max_prefill_tokens_per_pass
+        if given is None:
+            if self.model.startswith(SYNTHETIC_PREFIX):
+                return None
+            on_cuda = self.device.startswith("cuda")
+            return PREFILL_TOKENS_PER_PASS_CUDA if on_cuda else PREFILL_TOKENS_PER_PASS
+        return given or None
+
     def prefiller_endpoints(self) -> tuple[str, ...]:
         return parse_endpoints(self.prefillers.split(","))
 
@@ -327,6 +346,6 @@ def build_scheduler(config: WorkerConfig, kv_budget: KVBudget | None = None) -> 
             max_queue_length=config.max_queue_length,
             stat_interval_s=config.stat_interval_s,
             kv_budget=kv_budget,
-            max_prefill_tokens_per_pass=config.max_prefill_tokens_per_pass,
+            max_prefill_tokens_per_pass=config.prefill_budget(),
         ),
     )

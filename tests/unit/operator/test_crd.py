@@ -255,7 +255,8 @@ def test_the_crd_and_the_model_take_the_same_kv_cache_memory_strings(text: str) 
     "engine",
     [{"gpuMemoryUtilization": share} for share in (0, 1e-9, 0.5, 1, 1.0000001, -1, "0.5")]
     + [{"kvBlockSize": size} for size in (0, 1, 16, 1024, 1025, 16.0, "16")]
-    + [{"kvCacheMemory": value} for value in (1, 8589934592, 1.5, True, [1])],
+    + [{"kvCacheMemory": value} for value in (1, 8589934592, 1.5, True, [1])]
+    + [{"maxPrefillTokensPerPass": n} for n in (-1, 0, 1, 512, 1048576, 1048577, 64.0, "64")],
 )
 def test_the_crd_and_the_model_take_the_same_budget_values(engine: dict[str, Any]) -> None:
     spec = {"engine": engine}

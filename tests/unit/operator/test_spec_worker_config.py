@@ -29,6 +29,7 @@ CPU = {"accelerator": "none"}
         {**CPU, "engine": {"kvCacheMemory": "512Mi"}},
         {"engine": {"kvCacheMemory": 8589934592}},
         {"engine": {"gpuMemoryUtilization": 0.75}},
+        {**CPU, "engine": {"maxPrefillTokensPerPass": 256}},
     ],
 )  # fmt: skip
 def test_the_worker_accepts_worker_config(fields: dict[str, Any]) -> None:
@@ -44,3 +45,11 @@ def test_the_worker_reads_the_kv_budget_the_operator_writes() -> None:
     assert config.gpu_memory_utilization is None
     gpu = WorkerConfig.model_validate(GenPoolSpec.from_body({}).worker_config())
     assert gpu.device == "cuda" and gpu.gpu_memory_utilization == 0.9
+
+
+def test_chunked_prefill_reaches_the_worker_only_when_asked_for() -> None:
+    spec = GenPoolSpec.from_body({**CPU, "engine": {"maxPrefillTokensPerPass": 512}})
+    config = WorkerConfig.model_validate(spec.worker_config())
+    assert config.max_prefill_tokens_per_pass == 512
+    assert build_scheduler(config).config.max_prefill_tokens_per_pass == 512
+    assert "max_prefill_tokens_per_pass" not in GenPoolSpec.from_body(CPU).worker_config()

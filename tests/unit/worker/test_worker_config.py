@@ -7,7 +7,12 @@ from pydantic import ValidationError
 
 from genpool_core.stat_fields import MIN_STAT_INTERVAL_S
 from genpool_core.statline import StatLine, format_statline, parse_statline
-from genpool_worker.worker_config import WorkerConfig
+from genpool_worker.worker_config import (
+    PREFILL_TOKENS_PER_PASS,
+    PREFILL_TOKENS_PER_PASS_CUDA,
+    WorkerConfig,
+    build_scheduler,
+)
 
 
 def test_a_stat_interval_below_the_lines_time_resolution_is_refused() -> None:
@@ -36,3 +41,28 @@ def test_the_role_flag_takes_the_roles_core_names() -> None:
     from genpool_worker.worker_config import WorkerConfig
 
     assert get_args(WorkerConfig.model_fields["role"].annotation) == WORKER_ROLES
+
+
+@pytest.mark.parametrize(
+    ("fields", "budget"),
+    [
+        ({"model": "smollm2-135m"}, PREFILL_TOKENS_PER_PASS),
+        ({"model": "smollm2-135m", "device": "cuda"}, PREFILL_TOKENS_PER_PASS_CUDA),
+        ({"model": "smollm2-135m", "device": "cuda:1"}, PREFILL_TOKENS_PER_PASS_CUDA),
+        ({"model": "smollm2-135m", "max_prefill_tokens_per_pass": 0}, None),  # whole prompts
+        ({"model": "smollm2-135m", "max_prefill_tokens_per_pass": 64}, 64),
+        ({"model": "synthetic:test"}, None),  # the simulator's GEN worker: prompts come prefilled
+        ({"model": "synthetic:test", "max_prefill_tokens_per_pass": 32}, 32),
+    ],
+)
+def test_chunked_prefill_is_on_by_default_for_real_models(
+    fields: dict[str, object], budget: int | None
+) -> None:
+    config = WorkerConfig.model_validate(fields)
+    assert config.prefill_budget() == budget
+    assert build_scheduler(config).config.max_prefill_tokens_per_pass == budget
+
+
+def test_a_negative_prefill_budget_is_refused() -> None:
+    with pytest.raises(ValidationError, match="max_prefill_tokens_per_pass"):
+        WorkerConfig.model_validate({"model": "smollm2-135m", "max_prefill_tokens_per_pass": -1})
