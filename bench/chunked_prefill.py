@@ -4,8 +4,8 @@
 
 Three real ``genpool-worker --role both`` processes (SmolLM2-135M, CPU,
 ``OMP_NUM_THREADS=1``), all pinned to core 0, differing only in the per-pass prefill
-budget: ``whole`` (each prompt prefilled in the pass that admits it, the default),
-``chunk512`` and ``chunk128`` (``--max-prefill-tokens-per-pass``). The bench's own
+budget (``--max-prefill-tokens-per-pass``): ``whole`` (0: each prompt prefilled in the
+pass that admits it), ``chunk512`` and ``chunk128`` (the default off CUDA). The bench's own
 clients run on core 1. Runs alternate the setups (the idle workers wait). Each run:
 4 closed-loop streaming clients (short prompts, 64 tokens, greedy) and, after a warm-up
 and a quiet window, 4 prompts of 2000 tokens (8 tokens each) sent at once. Measured: the
@@ -18,7 +18,6 @@ TTFT, tokens/s, failures, the mean pass time. Writes ``bench/results/chunked_pre
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import os
@@ -29,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.pd_report import mean_between, medians, paired, summarize, value_at
-from bench.serving_load import Load, burst_run, pinned, wait_ready, warm_up
+from bench.pd_report import mean_between, medians, paired, summarize
+from bench.serving_load import Load, burst_run, pinned, run_setups
 from genpool_core.names import WORKER_PORT
 
 RESULTS = Path(__file__).resolve().parent / "results" / "chunked_prefill.json"
@@ -38,8 +37,8 @@ QUICK_RESULTS = Path("/tmp/genpool-bench-chunked-prefill-quick.json")
 LOG = "/tmp/genpool-bench-chunked-{name}.log"
 WORKER_CORE, CLIENT_CORE = 0, 1
 # setup -> (host, per-pass prefill budget); outside the pod runner's 127.0/16.
-WORKERS: dict[str, tuple[str, int | None]] = {
-    "whole": ("127.1.0.31", None),
+WORKERS: dict[str, tuple[str, int]] = {
+    "whole": ("127.1.0.31", 0),
     "chunk512": ("127.1.0.32", 512),
     "chunk128": ("127.1.0.33", 128),
 }
@@ -64,9 +63,8 @@ def _url(name: str) -> str:
 def _start(name: str) -> subprocess.Popen[bytes]:
     host, budget = WORKERS[name]
     cmd = [sys.executable, "-m", "genpool_worker.worker_cli", "--model", "smollm2-135m",
-           "--host", host, "--port", str(WORKER_PORT), *WORKER_ARGS]  # fmt: skip
-    if budget is not None:
-        cmd += ["--max-prefill-tokens-per-pass", str(budget)]
+           "--host", host, "--port", str(WORKER_PORT), *WORKER_ARGS,
+           "--max-prefill-tokens-per-pass", str(budget)]  # fmt: skip
     with Path(LOG.format(name=name)).open("wb") as log:  # the worker's own log
         return pinned(cmd, WORKER_CORE, stdout=log, stderr=subprocess.STDOUT)
 
@@ -81,23 +79,6 @@ async def _measure(setup: str, load: Load, seed: int) -> dict[str, Any]:
     return result
 
 
-def _run_all(load: Load, reps: int) -> list[dict[str, Any]]:
-    procs, runs = {name: _start(name) for name in WORKERS}, []
-    try:
-        wait_ready(procs, {n: _url(n) for n in procs}, LOG)
-        asyncio.run(warm_up([_url(n) for n in WORKERS]))
-        for rep, setup in itertools.product(range(reps), WORKERS):  # A, B, C, A, B, C, ...
-            runs.append(asyncio.run(_measure(setup, load, seed=rep)) | {"rep": rep})
-            shown = {k: value_at(runs[-1], k) for k in ("rep", *KEYS)}
-            print(setup, json.dumps(shown), flush=True)
-    finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            proc.wait(timeout=30)
-    return runs
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.chunked_prefill", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smoke run: small, 1 repetition")
@@ -109,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > CLIENT_CORE:
         os.sched_setaffinity(0, {CLIENT_CORE})  # the clients off the workers' core
     started = time.monotonic()
-    runs = _run_all(load, reps)
+    procs = {name: _start(name) for name in WORKERS}
+    runs = run_setups(procs, {n: _url(n) for n in procs}, tuple(WORKERS), tuple(WORKERS), reps,
+                      lambda setup, rep: _measure(setup, load, seed=rep), KEYS, LOG)  # fmt: skip
     config = {"load": vars(load), "reps": reps, "worker_args": WORKER_ARGS, "workers": WORKERS,
               "worker_core": WORKER_CORE, "client_core": CLIENT_CORE,
               "taskset": shutil.which("taskset") is not None, "cpus": os.cpu_count(),

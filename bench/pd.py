@@ -18,7 +18,6 @@ what one core does alone and with the other busy. Writes ``bench/results/pd.json
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import os
@@ -37,9 +36,8 @@ from bench.pd_report import (
     paired,
     pd_window,
     summarize,
-    value_at,
 )
-from bench.serving_load import Load, burst_run, pinned, wait_ready, warm_up
+from bench.serving_load import Load, burst_run, pinned, run_setups
 from genpool_core.names import WORKER_PORT
 
 RESULTS = Path(__file__).resolve().parent / "results" / "pd.json"
@@ -49,7 +47,10 @@ LOG = "/tmp/genpool-bench-pd-{name}.log"
 WORKERS = {"both0": ("127.1.0.21", 0, "both"), "both1": ("127.1.0.22", 1, "both"),
            "prefill": ("127.1.0.23", 0, "prefill"),
            "decode": ("127.1.0.24", 1, "decode")}  # fmt: skip
-WORKER_ARGS = ("--max-batch-size", "12", "--max-seq-len", "1600", "--stat-interval-s", "30")
+# Whole prefills (0), as when docs/results.md's P/D table was measured (before chunked
+# prefill was the default; docs/results.md#chunked-prefill-on-cpu).
+WORKER_ARGS = ("--max-batch-size", "12", "--max-seq-len", "1600", "--stat-interval-s", "30",
+               "--max-prefill-tokens-per-pass", "0")  # fmt: skip
 QUICK = Load(clients=2, steady_tokens=16, long_prompts=2, long_tokens=256, warmup_s=2.0,
              quiet_s=2.0, after_s=1.0)  # fmt: skip
 
@@ -113,19 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= reps <= 10:
         parser.error("--reps 1..10")
     started, probe = time.monotonic(), core_probe()
-    procs, runs = {name: _start(name) for name in WORKERS}, []
-    try:
-        wait_ready(procs, {n: _url(n) for n in procs}, LOG)
-        asyncio.run(warm_up([_url(n) for n in ("both0", "both1", "decode")]))
-        for rep, setup in itertools.product(range(reps), SETUPS):  # A, B, A, B, ...
-            runs.append(asyncio.run(_measure(setup, load, seed=rep)) | {"rep": rep})
-            shown = {k: value_at(runs[-1], k) for k in ("rep", *KEYS[:11])}
-            print(setup, json.dumps(shown), flush=True)
-    finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            proc.wait(timeout=30)
+    procs = {name: _start(name) for name in WORKERS}
+    entries = ("both0", "both1", "decode")
+    runs = run_setups(procs, {n: _url(n) for n in procs}, entries, tuple(SETUPS), reps,
+                      lambda setup, rep: _measure(setup, load, seed=rep), KEYS[:11],
+                      LOG)  # fmt: skip
     config = {"load": vars(load), "reps": reps, "worker_args": WORKER_ARGS, "workers": WORKERS,
               "taskset": shutil.which("taskset") is not None, "cpus": os.cpu_count(),
               "core_probe": probe, "wall_s": round(time.monotonic() - started, 1)}  # fmt: skip

@@ -7,19 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import random
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import openai
 
-from bench.pd_report import Stream
+from bench.pd_report import Stream, value_at
 
 MODEL = "smollm2-135m"
 STEADY_PROMPTS = (  # about 30 tokens each
@@ -185,3 +186,26 @@ async def warm_up(urls: list[str], long_tokens: int = 256) -> None:
         await each.close()
     if failed:
         raise SystemExit(f"warm-up failed: {failed}")
+
+
+def run_setups(procs: dict[str, subprocess.Popen[bytes]], urls: dict[str, str],
+               entries: Sequence[str], setups: Sequence[str], reps: int,
+               measure: Callable[[str, int], Coroutine[Any, Any, dict[str, Any]]],
+               shown: Sequence[str], log: str) -> list[dict[str, Any]]:  # fmt: skip
+    """Once the workers are ready and warm (a request through each of ``entries``): the
+    setups in turn, ``reps`` times (A, B, A, B, ...), each run printed as it ends (its
+    ``shown`` keys); the workers are stopped however it ends."""
+    runs: list[dict[str, Any]] = []
+    try:
+        wait_ready(procs, urls, log)
+        asyncio.run(warm_up([urls[name] for name in entries]))
+        for rep, setup in itertools.product(range(reps), setups):
+            runs.append(asyncio.run(measure(setup, rep)) | {"rep": rep})
+            print(setup, json.dumps({k: value_at(runs[-1], k) for k in ("rep", *shown)}),
+                  flush=True)  # fmt: skip
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+        for proc in procs.values():
+            proc.wait(timeout=30)
+    return runs

@@ -115,3 +115,20 @@ def test_identical_prompts_admitted_together_share_one_prefill(model: Any, token
     assert saved_alone == 0 and saved == 2 * len(shared_prompt)
     assert together["r0"] == together["r2"] == together["r3"] == alone["r0"]
     assert together["r1"] == alone["r1"]
+
+
+def test_identical_prompts_prefilled_in_chunks_copy_what_a_twin_has(
+    model: Any, tokenizer: Any
+) -> None:
+    """The same with a budget of 7 tokens a pass: the first copy is prefilled whole
+    (nobody decodes yet); the later copies' chunks, one after the other beside it
+    decoding, copy the blocks of a copy still resident, and each recomputes only its
+    prompt's last position (the logits it copies from are an earlier pass's). A prompt's
+    copy that finished is no twin: what it had is gone."""
+    shared_prompt, other = _prompts(tokenizer)[1:3]
+    alone, _ = _serve(model, [shared_prompt, other], None)
+    together, saved = _serve(model, [shared_prompt, shared_prompt, shared_prompt, other],
+                             CHUNK, per_pass=4)  # fmt: skip
+    assert saved == 2 * (len(shared_prompt) - 1)
+    assert together["r0"] == together["r1"] == together["r2"] == alone["r0"]
+    assert together["r3"] == alone["r1"]

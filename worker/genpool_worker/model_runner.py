@@ -118,16 +118,18 @@ class TorchModelRunner:
         order: list[str] = []
         prefill = set(plan.prefill_ids)
         ends = {rid: end for rid, _, end in plan.prefill_chunks}
+        last_rows: dict[tuple[int, ...], torch.Tensor] = {}  # prompt -> its logits, this pass
+        num_shared = 0
         for request_id, _, _ in plan.prefill_chunks:
             if request_id not in prefill:  # a chunk short of the prompt: no row
-                self._prefill(self._states[request_id], ends[request_id])
-        done: dict[tuple[int, ...], tuple[_RunState, torch.Tensor]] = {}
-        num_shared = 0
+                state = self._states[request_id]
+                num_shared += self._prefill_or_copy(state, ends[request_id], last_rows)[1]
         for request_id in plan.batch_ids:
             if request_id in prefill:
                 state = self._states[request_id]
                 end = ends.get(request_id, len(state.prompt_ids))
-                row, shared = self._prefill_once(state, end, done)
+                row, shared = self._prefill_or_copy(state, end, last_rows)
+                assert row is not None, f"{request_id}: a prompt's end has its logits"
                 num_shared += shared
                 rows.append(row[None, :])
                 order.append(request_id)
@@ -147,29 +149,40 @@ class TorchModelRunner:
             num_shared,
         )
 
-    def _prefill_once(
-        self,
-        state: _RunState,
-        end: int,
-        done: dict[tuple[int, ...], tuple[_RunState, torch.Tensor]],
-    ) -> tuple[torch.Tensor, int]:
-        """A whole prefill of a prompt another request prefilled whole in this pass (the
-        ``n`` choices of one prompt) copies that one's KV blocks and reuses its logits
-        (each samples its own token from them); returns the row and the tokens saved."""
-        if state.num_prefilled or end != len(state.prompt_ids):
-            return self._prefill(state, end), 0
-        key = tuple(state.prompt_ids)
-        first = done.get(key)
-        if first is None:
+    def _prefill_or_copy(
+        self, state: _RunState, end: int, last_rows: dict[tuple[int, ...], torch.Tensor]
+    ) -> tuple[torch.Tensor | None, int]:
+        """Its prompt's KV up to ``end`` and the logits there; returns them and the prompt
+        tokens not recomputed. The ``n`` choices of a reply are requests with one prompt:
+        where another's KV already covers ``end`` this one copies those blocks. At the
+        prompt's end it reuses that one's logits if computed this pass (``last_rows``),
+        else recomputes the last position alone; short of it there are no logits (None)."""
+        start, key = state.num_prefilled, tuple(state.prompt_ids)
+        twin = self._twin(state, end)
+        if twin is None:
             row = self._prefill(state, end)
-            done[key] = (state, row)
+            if end == len(key):
+                last_rows[key] = row
             return row, 0
-        source, row = first
-        num_blocks = -(-end // self.info.kv_block_size)
-        if num_blocks and state.blocks:
-            self.model.copy_kv(source.blocks[:num_blocks], state.blocks[:num_blocks])
+        size = self.info.kv_block_size
+        first, last = start // size, -(-end // size)
+        self.model.copy_kv(twin.blocks[first:last], state.blocks[first:last])
         state.num_prefilled = end
-        return row, end
+        if end < len(key):  # a chunk short of the prompt: no logits wanted
+            return None, end - start
+        reused = last_rows.get(key)
+        if reused is not None:
+            return reused, end - start
+        state.num_prefilled = end - 1  # the logits at end - 1: one position computed
+        return self._prefill(state, end), end - start - 1
+
+    def _twin(self, state: _RunState, end: int) -> _RunState | None:
+        """Another admitted request with this prompt whose KV reaches ``end``."""
+        for other in self._states.values():
+            if (other is not state and other.blocks and other.num_prefilled >= end
+                    and other.prompt_ids == state.prompt_ids):  # fmt: skip
+                return other
+        return None
 
     def _prefill(self, state: _RunState, end: int) -> torch.Tensor:
         """Its prompt from where its KV ends up to ``end``; last-position logits.
