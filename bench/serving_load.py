@@ -87,7 +87,7 @@ def wait_ready(procs: dict[str, subprocess.Popen[bytes]], urls: dict[str, str], 
                 if httpx.get(urls[name] + "/ready", timeout=2).status_code == 200:
                     waiting.discard(name)
             except httpx.HTTPError:
-                pass
+                pass  # not listening yet: asked again next round
         time.sleep(0.5)
     if waiting:
         raise SystemExit(f"workers {sorted(waiting)} not ready within {timeout_s:.0f} s")

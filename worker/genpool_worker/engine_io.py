@@ -48,7 +48,7 @@ class StepResult:
 
     tokens: dict[str, int]
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
-    # Prompt tokens not computed: identical prompts admitted in one pass prefilled once.
+    # Prompt tokens not computed: copied from a resident with the same prompt (n choices).
     num_shared_prefill_tokens: int = 0
 
 

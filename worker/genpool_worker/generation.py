@@ -51,7 +51,7 @@ class Started:
     scheduler's answer), with what P/D made of it (``kv``)."""
 
     arrival: Arrival
-    submitted: EngineRequest
+    request: EngineRequest
     kv: KVPlan
 
 
@@ -132,12 +132,12 @@ def submit(context: ServerContext, started: Sequence[Started]) -> None:
     waits for each); refused while draining."""
     if context.engine.is_draining:
         raise ApiError(503, "worker is draining", "unavailable")
-    context.engine.submit(*(each.submitted for each in started))
+    context.engine.submit(*(each.request for each in started))
 
 
 async def accepted(context: ServerContext, started: Started) -> None:
     """Returns once the scheduler accepted ``started``, else raises the 4xx/5xx."""
-    first = await started.submitted.events.get()
+    first = await started.request.events.get()
     if not isinstance(first, Accepted):
         context.metrics.count_request("rejected")
         status = first.status if isinstance(first, Rejected) else 500
@@ -152,7 +152,7 @@ def kv_transfer_fields(
     """A prefill leg's response carries its handle (top-level, as vLLM's does)."""
     if started.kv.kv_export is None:
         return {}
-    params = handle_params(context.pd, request, started.submitted)
+    params = handle_params(context.pd, request, started.request)
     return {} if params is None else {"kv_transfer_params": params}
 
 
@@ -166,7 +166,7 @@ def pieces(context: ServerContext, started: Started, timer: RequestTimer) -> Pie
             context.pd.metrics.ttft_parts.labels("gen_wait").observe(gen_wait)
 
     is_pulled = started.kv.kv_import is not None
-    return Pieces(context.engine, started.submitted, timer, observe_gen_wait if is_pulled else None)
+    return Pieces(context.engine, started.request, timer, observe_gen_wait if is_pulled else None)
 
 
 class Pieces:

@@ -107,8 +107,8 @@ class WorkerMetrics(Collector):
         yield from self.model_server_gauges(s)
         yield counter("genpool_tokens", "Output tokens produced", snap.tokens_total)
         yield counter("genpool_prefill_tokens_shared",
-                      "Prompt tokens not recomputed: identical prompts (n choices) admitted in"
-                      " one pass share one prefill", snap.shared_prefill_tokens_total)  # fmt: skip
+                      "Prompt tokens not recomputed: KV copied from a resident request with the"
+                      " same prompt (n choices)", snap.shared_prefill_tokens_total)  # fmt: skip
         yield gauge("genpool_queue_length", "Waiters in the admission queue", s.waiters)
         yield gauge("genpool_residents", "Resident requests (active + paused)", s.residents)
         yield gauge("genpool_active", "Requests in the batch", s.active)

@@ -118,7 +118,7 @@ class TorchModelRunner:
         order: list[str] = []
         prefill = set(plan.prefill_ids)
         ends = {rid: end for rid, _, end in plan.prefill_chunks}
-        last_rows: dict[tuple[int, ...], torch.Tensor] = {}  # prompt -> its logits, this pass
+        last_rows: dict[int, torch.Tensor] = {}  # id(state) -> its prompt-end logits, this pass
         num_shared = 0
         for request_id, _, _ in plan.prefill_chunks:
             if request_id not in prefill:  # a chunk short of the prompt: no row
@@ -150,27 +150,27 @@ class TorchModelRunner:
         )
 
     def _prefill_or_copy(
-        self, state: _RunState, end: int, last_rows: dict[tuple[int, ...], torch.Tensor]
+        self, state: _RunState, end: int, last_rows: dict[int, torch.Tensor]
     ) -> tuple[torch.Tensor | None, int]:
         """Its prompt's KV up to ``end`` and the logits there; returns them and the prompt
         tokens not recomputed. The ``n`` choices of a reply are requests with one prompt:
         where another's KV already covers ``end`` this one copies those blocks. At the
-        prompt's end it reuses that one's logits if computed this pass (``last_rows``),
+        prompt's end it reuses that one's logits if it got them this pass (``last_rows``),
         else recomputes the last position alone; short of it there are no logits (None)."""
-        start, key = state.num_prefilled, tuple(state.prompt_ids)
+        start, num_prompt = state.num_prefilled, len(state.prompt_ids)
         twin = self._twin(state, end)
         if twin is None:
             row = self._prefill(state, end)
-            if end == len(key):
-                last_rows[key] = row
+            if end == num_prompt:
+                last_rows[id(state)] = row
             return row, 0
         size = self.info.kv_block_size
         first, last = start // size, -(-end // size)
         self.model.copy_kv(twin.blocks[first:last], state.blocks[first:last])
         state.num_prefilled = end
-        if end < len(key):  # a chunk short of the prompt: no logits wanted
+        if end < num_prompt:  # a chunk short of the prompt: no logits wanted
             return None, end - start
-        reused = last_rows.get(key)
+        reused = last_rows.get(id(twin))
         if reused is not None:
             return reused, end - start
         state.num_prefilled = end - 1  # the logits at end - 1: one position computed
