@@ -34,14 +34,19 @@ class LiveUpdate(BaseModel):
     generation: int = Field(ge=0)
     resident_headroom: int | None = Field(default=None, ge=0)
     paused_cap: int | None = Field(default=None, ge=0)
-    slack_s: float | None = Field(default=None, ge=0.0)
-    admission_target_min_s: float | None = Field(default=None, gt=0.0)
-    admission_target_max_s: float | None = Field(default=None, gt=0.0)
+    slack_s: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
+    admission_target_min_s: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    admission_target_max_s: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
 
     @field_validator("slack_s", "admission_target_min_s", "admission_target_max_s", mode="before")
     @classmethod
     def _int_ok(cls, value: object) -> object:
-        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                return float(value)
+            except OverflowError:  # an integer too large for a float: a 422, not a 500
+                raise ValueError("number too large") from None
+        return value
 
     def values(self) -> dict[str, float | int]:
         """The live fields it sets (no generation): the operator's ``liveConfig``."""

@@ -118,3 +118,28 @@ def test_bad_params_are_refused_naming_the_field() -> None:
                         ("repetition_penalty", 0.0), ("presence_penalty", 2.5)]:  # fmt: skip
         with pytest.raises(ValueError, match=name):
             SamplingParams(**{name: value})  # type: ignore[arg-type]
+
+
+def test_a_temperature_below_1e_5_is_greedy_not_nan() -> None:
+    # vLLM's rule: a temperature under 1e-5 is greedy. Dividing real logits by 1e-39
+    # overflowed to inf and the softmax to NaN: the draw was not the argmax.
+    logits = 10 * torch.randn(4, 50, generator=torch.Generator().manual_seed(3))
+    for tiny in (1e-39, 1e-6):
+        tokens, _ = sample(logits, [row(seed=i, temperature=tiny) for i in range(4)])
+        assert tokens == logits.argmax(dim=-1).tolist()
+
+
+def test_a_top_k_past_the_vocabulary_filters_nothing() -> None:
+    huge = draws(row(seed=9, temperature=1.0, top_k=2**31 - 1), n=400)
+    plain = draws(row(seed=9, temperature=1.0), n=400)
+    assert huge == plain
+
+
+def test_masked_tokens_are_never_drawn() -> None:
+    # min_tokens (vLLM): EOS and the stop tokens are masked until that many are out.
+    logits = torch.tensor([[5.0, 4.0, 1.0, 0.5]])
+    greedy = SampleRow(SamplingParams(), None, [], [], masked_ids=(0, 1))
+    assert sample(logits, [greedy])[0] == [2]
+    drawn = SampleRow(SamplingParams(temperature=2.0), torch.Generator().manual_seed(1), [], [],
+                      masked_ids=(0,))  # fmt: skip
+    assert 0 not in {sample(logits, [drawn])[0][0] for _ in range(200)}

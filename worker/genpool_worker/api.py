@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from genpool_worker.sampling_params import MAX_LOGPROBS, SamplingParams
+from genpool_worker.sampling_params import (
+    MAX_LOGPROBS,
+    MAX_REPETITION_PENALTY,
+    MAX_TOP_K,
+    MIN_REPETITION_PENALTY,
+    SamplingParams,
+)
 
 MAX_BODY_BYTES = 1 << 20
 MAX_TEMPERATURE = 2.0
@@ -17,6 +31,11 @@ ARRIVAL_SKEW_TOLERANCE_S = 5.0
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_CHOICES = 16  # n, and n x prompts of one completions request
 MAX_STOP_TOKEN_IDS = 64
+# Every count and token id a body carries is at most this (a 32-bit integer): a larger one
+# is a 422 at the edge, never an overflow in the engine. Token ids are also checked
+# against the served model's vocabulary (``EdgeLimits``).
+MAX_COUNT = 2**31 - 1
+MAX_SEED = 2**63 - 1  # a torch generator's seed is a signed 64-bit integer
 # OpenAI fields this server refuses on purpose, and why (a 422 that says so).
 UNSUPPORTED = {
     "response_format": "structured output is not supported (text only)",
@@ -31,6 +50,34 @@ UNSUPPORTED = {
 }
 FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                 "repetition_penalty")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeLimits:
+    """What the edge checks a body against besides its schema: the served model's
+    vocabulary (token ids; None: unknown). Passed as pydantic's validation context."""
+
+    vocab_size: int | None = None
+
+
+def int_as_float(value: object) -> object:
+    """JSON integers where a number is wanted; one too large for a float is refused."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValueError("number too large") from None
+    return value
+
+
+def check_token_ids(ids: list[int], info: ValidationInfo) -> list[int]:
+    """Token ids in [0, vocab) (the model's, when the context gives it; else MAX_COUNT)."""
+    limits = info.context if isinstance(info.context, EdgeLimits) else EdgeLimits()
+    bound = MAX_COUNT + 1 if limits.vocab_size is None else limits.vocab_size
+    bad = [t for t in ids if not 0 <= t < bound]
+    if bad:
+        raise ValueError(f"token ids out of range [0, {bound}): {bad[:5]}")
+    return ids
 
 
 def _finite_time(value: float | None, name: str) -> float | None:
@@ -52,13 +99,19 @@ class GenPoolTiming(BaseModel):
     @field_validator("arrival_time", "first_token_time", mode="before")
     @classmethod
     def _int_ok(cls, value: object) -> object:
-        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        return int_as_float(value)
 
     @model_validator(mode="after")
     def _times(self) -> GenPoolTiming:
         _finite_time(self.arrival_time, "arrival_time")
         _finite_time(self.first_token_time, "first_token_time")
         return self
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    include_usage: bool = False
 
 
 class GenerationRequest(BaseModel):
@@ -68,16 +121,18 @@ class GenerationRequest(BaseModel):
 
     temperature: float = Field(default=0.0, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=-1)  # 0 or -1 (vLLM's spelling): off
+    top_k: int = Field(default=0, ge=-1, le=MAX_TOP_K)  # 0 or -1 (vLLM's spelling): off
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    repetition_penalty: float = Field(
+        default=1.0, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY
+    )
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     ignore_eos: bool = False  # EOS never ends the reply (its length limit does)
     stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     stream: bool = False
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
     model: str | None = None
     user: str | None = None
@@ -87,7 +142,8 @@ class GenerationRequest(BaseModel):
     # llm-d's P/D protocol (docs/pd.md): a prefill leg, or the handle of one; checked by
     # genpool_worker.pd.handle (a malformed handle is a 400 naming its field).
     kv_transfer_params: dict[str, object] | None = None
-    min_tokens: int = Field(default=0, ge=0)  # EOS does not end the reply before this many
+    # EOS and stop tokens are masked until this many are out (vLLM's rule)
+    min_tokens: int = Field(default=0, ge=0, le=MAX_COUNT)
     # Refused on purpose (``UNSUPPORTED`` says why); a None is accepted (SDKs send it).
     response_format: object | None = None
     tools: object | None = None
@@ -100,7 +156,12 @@ class GenerationRequest(BaseModel):
     @field_validator(*FLOAT_FIELDS, mode="before")
     @classmethod
     def _int_is_float(cls, value: object) -> object:
-        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        return int_as_float(value)
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_ids_in_vocab(cls, value: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        return None if value is None else check_token_ids(value, info)
 
     @field_validator(*FLOAT_FIELDS)
     @classmethod
@@ -150,10 +211,13 @@ class CompletionRequest(GenerationRequest):
     """OpenAI ``/v1/completions`` subset: one prompt (text or token ids) or a list of them."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int = Field(default=16, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)  # llm-d's sidecar sets it
+    max_tokens: int = Field(default=16, ge=1, le=MAX_COUNT)
+    # llm-d's sidecar sets it
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
+    # OpenAI's and llm-d's sidecar send it here too; include_usage adds the usage chunk.
+    stream_options: StreamOptions | None = None
     suffix: object | None = None
     best_of: int | None = None
 
@@ -189,10 +253,13 @@ class CompletionRequest(GenerationRequest):
     @field_validator("prompt")
     @classmethod
     def _non_empty(
-        cls, value: str | list[int] | list[str] | list[list[int]]
+        cls, value: str | list[int] | list[str] | list[list[int]], info: ValidationInfo
     ) -> str | list[int] | list[str] | list[list[int]]:
         if len(value) == 0 or any(len(p) == 0 for p in value if not isinstance(p, int)):
             raise ValueError("prompt must not be empty")
+        for prompt in [value] if isinstance(value, str) or isinstance(value[0], int) else value:
+            if not isinstance(prompt, str):
+                check_token_ids(prompt, info)  # type: ignore[arg-type]
         return value
 
 
@@ -217,19 +284,13 @@ class ChatMessage(BaseModel):
         return {"role": self.role, "content": text}
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    include_usage: bool = False
-
-
 class ChatCompletionRequest(GenerationRequest):
     """OpenAI ``/v1/chat/completions`` subset. Without a length limit a reply may run
     to the model's context (``max_seq_len``), as OpenAI's does."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     stream_options: StreamOptions | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
@@ -258,4 +319,4 @@ class DrainRequest(BaseModel):
     @field_validator("timeout_s", mode="before")
     @classmethod
     def _int_ok(cls, value: object) -> object:
-        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        return int_as_float(value)

@@ -35,7 +35,7 @@ async def models(request: Request) -> Response:
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     context = context_of(request)
-    body = await read_json(request, ChatCompletionRequest)
+    body = await read_json(request, ChatCompletionRequest, limits=context.edge_limits)
     check_model(context, body.model)
     try:
         ids = context.chat.prompt_ids([m.as_template_input() for m in body.messages])

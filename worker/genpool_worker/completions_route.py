@@ -22,13 +22,8 @@ router = APIRouter()
 
 
 def prompt_ids(context: ServerContext, prompt: str | list[int]) -> list[int]:
-    if isinstance(prompt, str):
-        return context.tokenizer.encode(prompt)
-    vocab = context.engine.model_info.vocab_size
-    bad = [t for t in prompt if t < 0 or (vocab is not None and t >= vocab)]
-    if bad:
-        raise ApiError(400, f"token ids out of range [0, {vocab}): {bad[:5]}")
-    return list(prompt)
+    """Token ids as given (the edge checked them against the vocabulary), or encoded."""
+    return context.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
 
 class _Reply:
@@ -40,6 +35,8 @@ class _Reply:
         self.model = context.engine.model_info.name  # what /v1/models lists
         self.created = int(time.time())
         self.offsets = [0] * len(choices.started)
+        options = body.stream_options
+        self.include_usage = options is not None and options.include_usage
 
     def echo(self, index: int) -> str:
         """The prompt text ``echo`` puts before the choice's text ("" without echo)."""
@@ -69,7 +66,7 @@ def total_usage(choices: Choices, ends: list[End], n: int) -> dict[str, int]:
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
     context = context_of(request)
-    body = await read_json(request, CompletionRequest)
+    body = await read_json(request, CompletionRequest, limits=context.edge_limits)
     check_model(context, body.model)
     prompts = [prompt_ids(context, prompt) for prompt in body.prompts()]
     choices = await start_choices(context, body, prompts, lambda ids: body.max_tokens, request,
@@ -94,9 +91,14 @@ async def stream(reply: _Reply) -> AsyncIterator[bytes]:
                 continue
             ends.append(piece)
             chunk = reply.body_of([reply.choice(index, "", (), piece.finish_reason)])
-            if len(ends) == len(reply.choices.started):
-                chunk["usage"] = total_usage(reply.choices, ends, reply.body.n)
-            yield sse(chunk).encode()
+            if len(ends) < len(reply.choices.started):
+                yield sse(chunk).encode()
+                continue
+            usage = {"usage": total_usage(reply.choices, ends, reply.body.n)}
+            text = sse(chunk | usage)
+            if reply.include_usage:  # OpenAI's usage-only chunk before [DONE]
+                text += sse(reply.body_of([]) | usage)
+            yield text.encode()
         yield b"data: [DONE]\n\n"
     except ApiError as exc:
         yield sse({"error": {"message": exc.message, "type": exc.kind}}).encode()

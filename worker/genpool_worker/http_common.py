@@ -12,7 +12,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from genpool_worker.api import MAX_BODY_BYTES
+from genpool_worker.api import MAX_BODY_BYTES, EdgeLimits
 from genpool_worker.chat_template import ChatPrompter, chat_prompter
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
@@ -39,6 +39,10 @@ class ServerContext:
 
     def __post_init__(self) -> None:
         self.chat = chat_prompter(self.tokenizer, self.engine.model_info)
+
+    @property
+    def edge_limits(self) -> EdgeLimits:
+        return EdgeLimits(vocab_size=self.engine.model_info.vocab_size)
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -86,7 +90,11 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def read_json(request: Request, model: type[Body], *, optional: bool = False) -> Body:
+async def read_json(
+    request: Request, model: type[Body], *, optional: bool = False, limits: object = None
+) -> Body:
+    """The body as ``model`` (pydantic: the edge's one check), ``limits`` its validation
+    context (``api.EdgeLimits``); a 4xx names what is wrong."""
     body = await request.body()
     if len(body) > MAX_BODY_BYTES:
         raise ApiError(413, f"body larger than {MAX_BODY_BYTES} bytes")
@@ -101,9 +109,11 @@ async def read_json(request: Request, model: type[Body], *, optional: bool = Fal
     if not isinstance(data, dict):
         raise ApiError(400, "body must be a JSON object")
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=limits)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: "
+            f"{e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
         )
         raise ApiError(422, problems) from None

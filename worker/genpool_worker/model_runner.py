@@ -65,6 +65,14 @@ class _RunState:
     num_output_tokens: int = 0
     num_prefilled: int = 0  # prompt tokens whose KV is written (chunked prefill)
     last_token: int | None = field(default=None)
+    min_tokens: int = 0
+    # What may not end it before ``min_tokens`` (vLLM masks them): EOS unless ``ignore_eos``,
+    # and its stop tokens.
+    stop_ids: tuple[int, ...] = ()
+
+    def mask_stops(self) -> None:
+        """Before this pass's draw: EOS and stop tokens masked while short of min_tokens."""
+        self.sample.masked_ids = self.stop_ids if self.num_output_tokens < self.min_tokens else ()
 
     def took(self, token: int) -> None:
         self.last_token = token
@@ -100,9 +108,11 @@ class TorchModelRunner:
         self._states: dict[str, _RunState] = {}
 
     def add_request(self, arrival: Arrival) -> None:
+        eos = () if arrival.ignore_eos else self.info.eos_token_ids
         self._states[arrival.request_id] = _RunState(
-            list(arrival.prompt_ids), _sample_row(arrival), kv_import=arrival.kv_import
-        )
+            list(arrival.prompt_ids), _sample_row(arrival), kv_import=arrival.kv_import,
+            min_tokens=arrival.min_tokens, stop_ids=(*eos, *arrival.stop_token_ids),
+        )  # fmt: skip
 
     def remove_request(self, request_id: str) -> None:
         self._states.pop(request_id, None)
@@ -140,6 +150,8 @@ class TorchModelRunner:
         if not order:  # only chunks short of their prompts ran: no token this pass
             return StepResult({})
         states = [self._states[rid] for rid in order]
+        for state in states:
+            state.mask_stops()
         tokens, logprobs = sample(torch.cat(rows), [state.sample for state in states])
         for state, token in zip(states, tokens, strict=True):
             state.took(token)

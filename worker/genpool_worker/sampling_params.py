@@ -7,11 +7,20 @@ import math
 from dataclasses import dataclass
 
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit (completions' logprobs: 5; we allow 20)
+# vLLM's rule: a temperature below this samples greedily. Dividing logits by less overflows
+# float32 to inf and the softmax to NaN.
+GREEDY_TEMPERATURE = 1e-5
+# Below this a repetition penalty's division makes a logit inf (float32 tops out at 3e38).
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 10.0
+# top_k past the vocabulary filters nothing (the sampler clamps it); the bound keeps the
+# value a 32-bit integer wherever it goes.
+MAX_TOP_K = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """``temperature`` 0 is greedy (penalties still apply: argmax of the penalised logits).
+    """``temperature`` below ``GREEDY_TEMPERATURE`` is greedy (penalties still apply: argmax of the penalised logits).
     ``top_k`` 0 and ``top_p`` 1 and ``min_p`` 0 filter nothing. ``seed``: the request's
     draws (None: a stable seed from its id, the same on every rank). ``num_logprobs``:
     alternatives reported per token (None: no logprobs; 0: only the chosen token's)."""
@@ -30,11 +39,13 @@ class SamplingParams:
         checks = (
             ("temperature", 0.0 <= self.temperature <= 2.0, "in [0, 2]"),
             ("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]"),
-            ("top_k", self.top_k >= 0, ">= 0 (0: off)"),
+            ("top_k", 0 <= self.top_k <= MAX_TOP_K, f"in [0, {MAX_TOP_K}] (0: off)"),
             ("min_p", 0.0 <= self.min_p <= 1.0, "in [0, 1]"),
             ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "in [-2, 2]"),
             ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "in [-2, 2]"),
-            ("repetition_penalty", 0.0 < self.repetition_penalty <= 10.0, "in (0, 10]"),
+            ("repetition_penalty",
+             MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
+             f"in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY}]"),
         )
         for name, is_ok, rule in checks:
             value = getattr(self, name)
@@ -45,7 +56,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
 
     @property
     def has_penalties(self) -> bool:

@@ -27,6 +27,9 @@ class SampleRow:
     generator: torch.Generator | None
     prompt_ids: Sequence[int]
     output_ids: list[int]
+    # Never drawn this pass: EOS and the stop tokens until ``min_tokens`` are out (vLLM's
+    # rule), set by the runner before each pass.
+    masked_ids: tuple[int, ...] = ()
 
 
 def sample(
@@ -36,12 +39,26 @@ def sample(
     scores = logits.float()
     if any(row.params.has_penalties for row in rows):
         scores = _penalised(scores, rows)
+    if any(row.masked_ids for row in rows):
+        scores = _masked(scores, rows)
     tokens = scores.argmax(dim=-1)
     drawn = [i for i, row in enumerate(rows) if not row.params.is_greedy]
     if drawn:
         index = torch.tensor(drawn, device=scores.device)
         tokens[index] = _draw(scores.index_select(0, index), [rows[i] for i in drawn])
     return _to_host(logits, tokens, rows)
+
+
+def _masked(scores: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
+    """Each row's ``masked_ids`` at -inf (ids past the vocabulary are none of its tokens)."""
+    vocab = scores.shape[-1]
+    pairs = [(i, t) for i, row in enumerate(rows) for t in row.masked_ids if 0 <= t < vocab]
+    if not pairs:
+        return scores
+    index = torch.tensor(pairs, device=scores.device)
+    masked = scores.clone()
+    masked[index[:, 0], index[:, 1]] = float("-inf")
+    return masked
 
 
 def _draw(scores: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
@@ -66,7 +83,8 @@ def _filtered(ordered: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
     likely token always stays)."""
     device = ordered.device
     rank = torch.arange(ordered.shape[-1], device=device)[None, :]
-    top_k = torch.tensor([r.params.top_k or ordered.shape[-1] for r in rows], device=device)
+    vocab = ordered.shape[-1]  # a top_k past the vocabulary keeps every token
+    top_k = torch.tensor([min(r.params.top_k or vocab, vocab) for r in rows], device=device)
     top_p = torch.tensor([r.params.top_p for r in rows], device=device, dtype=ordered.dtype)
     min_p = torch.tensor([r.params.min_p for r in rows], device=device, dtype=ordered.dtype)
     before = ordered.cumsum(dim=-1) - ordered  # probability mass ahead of each token
