@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -36,21 +37,29 @@ class RunningWorker:
 
 @contextmanager
 def run_worker(
-    admin_token: str | None = None, observer: EngineObserver | None = None, **overrides: object
+    admin_token: str | None = None,
+    observer: EngineObserver | None = None,
+    wrap_model: Callable[[Any], Any] | None = None,
+    pd: PDSettings | None = None,
+    **overrides: object,
 ) -> Iterator[RunningWorker]:
-    """``observer``: sees every plan in the engine thread (``EngineObserver``)."""
+    """``observer``: sees every plan in the engine thread (``EngineObserver``).
+    ``wrap_model``: the runner's model, wrapped (tests that make the model fail).
+    ``pd``: the P/D settings when not the config's (a KV secret, import caps)."""
     config = WorkerConfig.model_validate(
         {"model": "synthetic:test", "synthetic_time_scale": 0.2, **overrides}
     )
     pool_size = build_scheduler(config).slots.pool_size
     runner, tokenizer, scheduler = build_runner(config, pool_size)
+    if wrap_model is not None:
+        runner.model = wrap_model(runner.model)
     metrics = WorkerMetrics(runner.info.name, runner.info.is_synthetic)
     engine = GenEngine(
         runner, tokenizer, scheduler, on_step=metrics.observe_step, observer=observer
     )
     app = create_app(engine, tokenizer, metrics, admin_token=admin_token,
                      stamp_arrival=config.stamp_arrival,
-                     pd=PDSettings.from_config(config))  # fmt: skip
+                     pd=pd or PDSettings.from_config(config))  # fmt: skip
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -90,17 +90,23 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def worker_process(
-    tmp: Path, *args: str, clock_skew_s: float = 0.0
+    tmp: Path,
+    *args: str,
+    clock_skew_s: float = 0.0,
+    site_code: str = "",
+    env_extra: dict[str, str] | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A ``genpool-worker`` process on the synthetic model; ``clock_skew_s`` shifts its
-    wall clock (a sitecustomize on its path), as another pod's clock may be."""
-    env = dict(os.environ)
+    wall clock (a sitecustomize on its path), as another pod's clock may be; ``site_code``
+    runs in that sitecustomize too (a fault a test injects)."""
+    env = dict(os.environ) | (env_extra or {})
+    code = site_code
     if clock_skew_s:
-        site = tmp / f"skew{free_port()}"
+        code += f"import time\n_real = time.time\ntime.time = lambda: _real() + {clock_skew_s!r}\n"
+    if code:
+        site = tmp / f"site{free_port()}"
         site.mkdir()
-        (site / "sitecustomize.py").write_text(
-            f"import time\n_real = time.time\ntime.time = lambda: _real() + {clock_skew_s!r}\n"
-        )
+        (site / "sitecustomize.py").write_text(code)
         env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
     port = free_port()
     command = [sys.executable, "-m", "genpool_worker.worker_cli", "--model", "synthetic:test",

@@ -101,11 +101,13 @@ def test_closing_before_the_end_aborts_even_before_the_first_piece() -> None:
     assert engine.aborted == []
 
 
-def test_an_engine_failure_is_a_500() -> None:
-    pieces, _ = pieces_of([TokenDelta("a"), Failed("boom")])
+@pytest.mark.parametrize(("status", "kind"), [(500, "engine_error"), (503, "unavailable")])
+def test_a_failure_in_the_engine_keeps_its_status(status: int, kind: str) -> None:
+    # 500: this request alone failed; 503: the engine stopped (every request fails).
+    pieces, _ = pieces_of([TokenDelta("a"), Failed("boom", status)])
     with pytest.raises(ApiError) as caught:
         asyncio.run(drain(pieces))
-    assert caught.value.status == 500 and caught.value.message == "boom"
+    assert (caught.value.status, caught.value.message, caught.value.kind) == (status, "boom", kind)
 
 
 def test_a_response_that_fails_before_its_first_event_aborts() -> None:

@@ -259,7 +259,7 @@ class CompletionRequest(GenerationRequest):
             raise ValueError("prompt must not be empty")
         for prompt in [value] if isinstance(value, str) or isinstance(value[0], int) else value:
             if not isinstance(prompt, str):
-                check_token_ids(prompt, info)  # type: ignore[arg-type]
+                check_token_ids(prompt, info)
         return value
 
 

@@ -39,6 +39,7 @@ from genpool_worker.engine_io import (
 from genpool_worker.events import Accepted, Failed, Rejected
 from genpool_worker.output_processor import OutputProcessor
 from genpool_worker.pd.engine_side import KVHandoff
+from genpool_worker.request_faults import describe
 
 STAT_LOGGER = logging.getLogger("genpool.gen_preemption")
 log = logging.getLogger("genpool.worker")
@@ -85,6 +86,10 @@ class GenEngine:
         self._recent_stats: tuple[StatLine, ...] = ()
         self.is_draining = False
         self.error: BaseException | None = None
+        self._is_dead = False  # set under the lock: no request is queued after it
+        self._failures: dict[str, str] = {}  # failed alone in the engine, finished next pass
+        # Called once, on the engine thread, when the loop died (the CLI exits the process).
+        self.on_death: Callable[[BaseException], None] | None = None
         self._running = False
         self._thread = threading.Thread(target=self.run, name="genpool-engine", daemon=True)
         self.snapshot = self._make_snapshot(self._now())
@@ -97,9 +102,12 @@ class GenEngine:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """End the loop; whatever is still open fails at once (503), never hangs."""
         self._running = False
         self._wake.set()
-        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self._fail_everything("worker stopped")
 
     @property
     def is_alive(self) -> bool:
@@ -110,10 +118,17 @@ class GenEngine:
         return self._inflight
 
     def submit(self, *requests: EngineRequest) -> None:
-        """Queue ``requests`` together: the next pass reads all of them or none."""
+        """Queue ``requests`` together: the next pass reads all of them or none. Once the
+        loop is dead or stopped they fail at once (503) instead of waiting forever."""
         with self._lock:
-            self._inbox.extend(requests)
-            self._inflight += len(requests)
+            is_dead = self._is_dead
+            if not is_dead:
+                self._inbox.extend(requests)
+                self._inflight += len(requests)
+        if is_dead:
+            for request in requests:
+                request.emit(Failed(f"engine stopped: {self.error or 'worker stopped'}"))
+            return
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
@@ -154,12 +169,22 @@ class GenEngine:
         except BaseException as exc:  # the worker must report, not hang: /health goes red
             self.error = exc
             log.exception("engine loop died")
-            with self._lock:
-                pending = list(self._requests.values()) + self._inbox
-            for request in pending:
-                request.emit(Failed(f"engine failure: {exc}"))
+            self._fail_everything(f"engine failure: {exc}")
+            if self.on_death is not None:
+                self.on_death(exc)
             if self.coordinator.rank != 0:
                 raise
+
+    def _fail_everything(self, message: str) -> None:
+        """Every waiting, running and new request fails at once with a 503."""
+        with self._lock:
+            self._is_dead = True
+            pending = list(self._requests.values()) + self._inbox
+            self._requests, self._inbox = {}, []
+            self._inflight = 0
+        for request in pending:
+            request.emit(Failed(message))
+            self.kv_handoff.on_dropped(request)
 
     def _collect(self) -> PassInputs:
         """Rank 0: this pass's inputs from the clock and the inboxes."""
@@ -196,6 +221,8 @@ class GenEngine:
         plan = self._schedule(inputs.now)
         started = time.perf_counter()
         result = self.runner.execute(plan) if plan.batch_ids else StepResult({})
+        for request_id, message in result.failed.items():
+            self._fail_alone(request_id, message)
         tokens = result.tokens
         self._prev_end = self._now()
         # A prefill leg's handle reports when its prefill began (its first chunk's pass).
@@ -213,7 +240,12 @@ class GenEngine:
         else:
             self.scheduler.postprocess(plan, inputs.now)
         for request_id, token in tokens.items():
-            self.output.on_token(self._requests[request_id], token, result.logprobs.get(request_id))
+            try:
+                self.output.on_token(
+                    self._requests[request_id], token, result.logprobs.get(request_id)
+                )
+            except Exception as exc:  # its text cannot be made: it fails, the others go on
+                self._fail_alone(request_id, describe(exc))
         self._tokens_total += len(tokens)
         self._shared_prefill_tokens_total += result.num_shared_prefill_tokens
         self._passes += 1
@@ -270,29 +302,53 @@ class GenEngine:
         try:
             self.scheduler.add_request(arrival.gen_request(now), now)
         except (QueueFullError, ValueError) as exc:
-            self._requests.pop(arrival.request_id, None)
-            with self._lock:
-                self._inflight -= 1
             status = 429 if isinstance(exc, QueueFullError) else 400
-            request.emit(Rejected(status, str(exc)))
+            self._reject(request, status, str(exc))
             return
-        self.runner.add_request(arrival)
+        try:
+            self.runner.add_request(arrival)
+        except Exception as exc:  # this request alone cannot run
+            self.scheduler.abort(arrival.request_id)  # a waiter: it leaves at once
+            self._reject(request, 500, f"request failed in the engine: {describe(exc)}")
+            return
         self._requests[arrival.request_id] = request
         request.emit(Accepted())
         if arrival.kv_import is not None:  # the client gets the first token at once
-            self.output.on_token(request, arrival.kv_import.first_token)
+            try:
+                self.output.on_token(request, arrival.kv_import.first_token)
+            except Exception as exc:
+                self._fail_alone(arrival.request_id, describe(exc))
+
+    def _reject(self, request: EngineRequest, status: int, message: str) -> None:
+        self._requests.pop(request.request_id, None)
+        with self._lock:
+            self._inflight -= 1
+        self.kv_handoff.on_dropped(request)
+        request.emit(Rejected(status, message))
 
     def _answer_from_first_token(self, request: EngineRequest) -> None:
         """A pulled request whose first token ends it never queues (nothing to decode)."""
         assert request.arrival.kv_import is not None
         first = request.arrival.kv_import.first_token
         self._requests.pop(request.request_id, None)
-        request.emit(Accepted())
-        self.output.on_token(request, first)
         with self._lock:
             self._inflight -= 1
-        is_stop = self.kv_handoff.is_stop_at_first(request)
-        self.output.on_finished(request, FinishReason.STOP if is_stop else FinishReason.LENGTH)
+        self.kv_handoff.on_dropped(request)
+        request.emit(Accepted())
+        try:
+            self.output.on_token(request, first)
+            is_stop = self.kv_handoff.is_stop_at_first(request)
+            self.output.on_finished(request, FinishReason.STOP if is_stop else FinishReason.LENGTH)
+        except Exception as exc:
+            request.emit(Failed(f"request failed in the engine: {describe(exc)}", 500))
+
+    def _fail_alone(self, request_id: str, message: str) -> None:
+        """``request_id`` failed inside the engine: it leaves next pass (an abort to the
+        scheduler, which frees its slot and blocks) with a 500; the rest go on."""
+        if request_id in self._failures or request_id not in self._requests:
+            return
+        self._failures[request_id] = message
+        self.scheduler.abort(request_id)
 
     def _finish(self, request_id: str, reason: FinishReason) -> None:
         request = self._requests.pop(request_id, None)
@@ -301,11 +357,19 @@ class GenEngine:
         self.runner.remove_request(request_id)
         with self._lock:
             self._inflight -= 1
+        failure = self._failures.pop(request_id, None)
         if request.arrival.kv_export is not None and reason is not FinishReason.ABORT:
             self.kv_handoff.on_finished(request)
+        self.kv_handoff.on_dropped(request)
         if self._observer is not None:
             self._observer.on_finished(request, reason)
-        self.output.on_finished(request, reason)
+        if failure is not None:
+            request.emit(Failed(f"request failed in the engine: {failure}", 500))
+            return
+        try:
+            self.output.on_finished(request, reason)
+        except Exception as exc:  # its last text cannot be made: it alone fails
+            request.emit(Failed(f"request failed in the engine: {describe(exc)}", 500))
 
     # -- views ------------------------------------------------------------------------
 

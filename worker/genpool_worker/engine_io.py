@@ -5,7 +5,7 @@ request's engine state, the per-pass inputs that rank 0 broadcasts
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -50,16 +50,44 @@ class StepResult:
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     # Prompt tokens not computed: copied from a resident with the same prompt (n choices).
     num_shared_prefill_tokens: int = 0
+    # Requests that failed this pass (request id -> why): each fails alone, the rest go on.
+    failed: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
 class KVImport:
     """A prefill tier's KV for a decode-role request (docs/pd.md), pulled into host memory:
-    the ``num_blocks`` blocks of its prompt (``kv_layout`` bytes) and its first token."""
+    the ``num_blocks`` blocks of its prompt (``kv_layout`` bytes) and its first token.
 
-    data: bytes
-    num_blocks: int
-    first_token: int
+    The bytes are held once, until the runner writes them into the request's blocks
+    (``take``) or the request goes (``release``); either frees them and calls
+    ``on_release`` once (the import budget, ``pd.import_budget``). Thread-safe enough: the
+    engine thread takes, and only a request that never reached the engine is released by
+    its HTTP handler."""
+
+    def __init__(self, data: bytearray, num_blocks: int, first_token: int,
+                 on_release: Callable[[], None] | None = None) -> None:  # fmt: skip
+        self._data: bytearray | None = data
+        self.num_bytes = len(data)
+        self.num_blocks, self.first_token = num_blocks, first_token
+        self._on_release = on_release
+
+    @property
+    def is_held(self) -> bool:
+        return self._data is not None
+
+    def take(self) -> bytearray:
+        """The bytes, once; the import holds them no longer."""
+        data = self._data
+        if data is None:
+            raise ValueError("the pulled KV was already written or released")
+        self.release()
+        return data
+
+    def release(self) -> None:
+        self._data = None
+        on_release, self._on_release = self._on_release, None
+        if on_release is not None:
+            on_release()
 
 
 @dataclass(frozen=True)

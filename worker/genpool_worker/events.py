@@ -1,6 +1,7 @@
 """What the engine tells one request's HTTP handler, in this order: ``Accepted`` or
-``Rejected``; then ``TokenDelta`` events; then ``Finished`` (or ``Failed`` if the
-engine loop died). Typed, so the server matches on types instead of tuple positions."""
+``Rejected``; then ``TokenDelta`` events; then ``Finished`` (or ``Failed``: the request
+failed in the engine, or the loop died). Typed, so the server matches on types instead
+of tuple positions."""
 
 from __future__ import annotations
 
@@ -60,9 +61,12 @@ class Finished:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """The engine loop died; the request will get nothing more."""
+    """The request will get nothing more: ``status`` 503 when the engine loop died or the
+    worker stopped (every request fails at once), 500 when this request alone failed
+    inside the engine (the others go on)."""
 
     message: str
+    status: int = 503
 
 
 EngineEvent = Accepted | Rejected | TokenDelta | Finished | Failed

@@ -138,12 +138,20 @@ def submit(context: ServerContext, started: Sequence[Started]) -> None:
 async def accepted(context: ServerContext, started: Started) -> None:
     """Returns once the scheduler accepted ``started``, else raises the 4xx/5xx."""
     first = await started.request.events.get()
+    if isinstance(first, Failed):
+        raise failed_error(first)
     if not isinstance(first, Accepted):
         context.metrics.count_request("rejected")
         status = first.status if isinstance(first, Rejected) else 500
-        message = first.message if isinstance(first, (Rejected, Failed)) else repr(first)
+        message = first.message if isinstance(first, Rejected) else repr(first)
         raise ApiError(status, message, "overloaded" if status == 429 else "error")
     context.metrics.count_request("ok")
+
+
+def failed_error(event: Failed) -> ApiError:
+    """A 503 (``unavailable``: the engine stopped, retry elsewhere) or this request's 500."""
+    return ApiError(event.status, event.message,
+                    "unavailable" if event.status == 503 else "engine_error")  # fmt: skip
 
 
 def kv_transfer_fields(
@@ -214,7 +222,7 @@ class Pieces:
             self._ready.append(End(event.reason.value, event.usage))
         elif isinstance(event, Failed):
             self._is_done = True
-            raise ApiError(500, event.message, "engine_error")
+            raise failed_error(event)
 
 
 class Closable(Protocol):

@@ -18,6 +18,8 @@ from genpool_core.plan import GenPlan
 from genpool_worker.engine_io import Arrival, KVImport, ModelInfo, StepResult
 from genpool_worker.model.sampler import SampleRow, sample
 from genpool_worker.pd.layout import KVLayout
+from genpool_worker.request_faults import RequestFaults
+from genpool_worker.sampling_params import TokenLogprobs
 
 
 class DecodeModel(Protocol):
@@ -51,7 +53,7 @@ class DecodeModel(Protocol):
 
     def read_kv(self, blocks: Sequence[int]) -> Iterator[bytes]: ...
 
-    def write_kv(self, blocks: Sequence[int], data: bytes) -> None: ...
+    def write_kv(self, blocks: Sequence[int], data: bytearray) -> None: ...
 
     def copy_kv(self, source: Sequence[int], target: Sequence[int]) -> None: ...
 
@@ -121,45 +123,65 @@ class TorchModelRunner:
         """Run ``plan.prefill_chunks`` (chunked prefill), prefill ``plan.prefill_ids``
         (their token this pass; their last chunk), decode the rest; each request's KV
         goes to the block table its admission's plan gave it. The whole batch is
-        sampled in one call; a request still mid-prefill has no row."""
+        sampled in one call; a request still mid-prefill has no row. What one request
+        causes fails it alone (``StepResult.failed``; request_faults.py)."""
+        faults = RequestFaults()
         for request_id, blocks in zip(plan.admitted_ids, plan.admitted_blocks, strict=True):
-            self._admit(self._states[request_id], blocks)
-        rows: list[torch.Tensor] = []
-        order: list[str] = []
+            with faults.of(request_id):
+                self._admit(self._states[request_id], blocks)
         prefill = set(plan.prefill_ids)
         ends = {rid: end for rid, _, end in plan.prefill_chunks}
         last_rows: dict[int, torch.Tensor] = {}  # id(state) -> its prompt-end logits, this pass
         num_shared = 0
         for request_id, _, _ in plan.prefill_chunks:
-            if request_id not in prefill:  # a chunk short of the prompt: no row
-                state = self._states[request_id]
-                num_shared += self._prefill_or_copy(state, ends[request_id], last_rows)[1]
+            if request_id not in prefill and request_id not in faults.failed:
+                with faults.of(request_id):  # a chunk short of the prompt: no row
+                    state = self._states[request_id]
+                    num_shared += self._prefill_or_copy(state, ends[request_id], last_rows)[1]
+        rows: list[torch.Tensor] = []
+        order: list[str] = []
         for request_id in plan.batch_ids:
-            if request_id in prefill:
-                state = self._states[request_id]
-                end = ends.get(request_id, len(state.prompt_ids))
-                row, shared = self._prefill_or_copy(state, end, last_rows)
-                assert row is not None, f"{request_id}: a prompt's end has its logits"
-                num_shared += shared
-                rows.append(row[None, :])
-                order.append(request_id)
-        decoding = [rid for rid in plan.batch_ids if rid not in prefill]
+            if request_id in prefill and request_id not in faults.failed:
+                with faults.of(request_id):
+                    state = self._states[request_id]
+                    end = ends.get(request_id, len(state.prompt_ids))
+                    row, shared = self._prefill_or_copy(state, end, last_rows)
+                    assert row is not None, f"{request_id}: a prompt's end has its logits"
+                    num_shared += shared
+                    rows.append(row[None, :])
+                    order.append(request_id)
+        decoding = [r for r in plan.batch_ids if r not in prefill and r not in faults.failed]
         if decoding:
-            rows.append(self._decode(decoding))
-            order.extend(decoding)
-        if not order:  # only chunks short of their prompts ran: no token this pass
-            return StepResult({})
-        states = [self._states[rid] for rid in order]
-        for state in states:
+            kept, decoded = faults.retry_alone(decoding, self._decode, lambda r: self._decode([r]))
+            rows.extend(decoded)
+            order.extend(kept)
+        if not order:  # only chunks short of their prompts ran (or every row failed)
+            return StepResult({}, num_shared_prefill_tokens=num_shared, failed=faults.failed)
+        tokens = self._sample(order, torch.cat(rows), faults)
+        logprobs = {rid: lp for rid, (_, lp) in tokens.items() if lp is not None}
+        return StepResult({rid: t for rid, (t, _) in tokens.items()}, logprobs, num_shared,
+                          failed=faults.failed)  # fmt: skip
+
+    def _sample(
+        self, order: list[str], logits: torch.Tensor, faults: RequestFaults
+    ) -> dict[str, tuple[int, TokenLogprobs | None]]:
+        """Each row's token (and logprobs), in one call; a row that breaks it fails alone."""
+        states = {rid: self._states[rid] for rid in order}
+        for state in states.values():
             state.mask_stops()
-        tokens, logprobs = sample(torch.cat(rows), [state.sample for state in states])
-        for state, token in zip(states, tokens, strict=True):
-            state.took(token)
-        return StepResult(
-            dict(zip(order, tokens, strict=True)),
-            {rid: lp for rid, lp in zip(order, logprobs, strict=True) if lp is not None},
-            num_shared,
+        index = {rid: i for i, rid in enumerate(order)}
+
+        def alone(rid: str) -> tuple[list[int], list[TokenLogprobs | None]]:
+            return sample(logits[index[rid] : index[rid] + 1], [states[rid].sample])
+
+        kept, drawn = faults.retry_alone(
+            order, lambda ids: sample(logits, [states[r].sample for r in ids]), alone
         )
+        tokens = [t for batch in drawn for t in batch[0]]
+        logprobs = [lp for batch in drawn for lp in batch[1]]
+        for rid, token in zip(kept, tokens, strict=True):
+            states[rid].took(token)
+        return dict(zip(kept, zip(tokens, logprobs, strict=True), strict=True))
 
     def _prefill_or_copy(
         self, state: _RunState, end: int, last_rows: dict[int, torch.Tensor]
@@ -208,7 +230,7 @@ class TorchModelRunner:
             return self.model.prefill(state.blocks, chunk)
         return self.model.prefill(state.blocks, chunk, start)
 
-    def _decode(self, request_ids: list[str]) -> torch.Tensor:
+    def _decode(self, request_ids: Sequence[str]) -> torch.Tensor:
         tables, last, positions = [], [], []
         for request_id in request_ids:
             state = self._states[request_id]
@@ -224,7 +246,9 @@ class TorchModelRunner:
         state.blocks = blocks
         imported, state.kv_import = state.kv_import, None
         if imported is not None and not state.num_output_tokens:
-            self.model.write_kv(blocks[: imported.num_blocks], imported.data)
+            # The pulled bytes leave host memory as they are written (KVImport.take).
+            self.model.write_kv(blocks[: imported.num_blocks], imported.take())
+            state.num_prefilled = len(state.prompt_ids)  # its n choices' twins copy it
             state.took(imported.first_token)
 
     def kv_layout(self) -> KVLayout | None:

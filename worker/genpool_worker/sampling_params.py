@@ -20,10 +20,11 @@ MAX_TOP_K = 2**31 - 1
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """``temperature`` below ``GREEDY_TEMPERATURE`` is greedy (penalties still apply: argmax of the penalised logits).
-    ``top_k`` 0 and ``top_p`` 1 and ``min_p`` 0 filter nothing. ``seed``: the request's
-    draws (None: a stable seed from its id, the same on every rank). ``num_logprobs``:
-    alternatives reported per token (None: no logprobs; 0: only the chosen token's)."""
+    """``temperature`` below ``GREEDY_TEMPERATURE`` is greedy (penalties still apply:
+    argmax of the penalised logits). ``top_k`` 0 and ``top_p`` 1 and ``min_p`` 0 filter
+    nothing. ``seed``: the request's draws (None: a stable seed from its id, the same on
+    every rank). ``num_logprobs``: alternatives reported per token (None: no logprobs;
+    0: only the chosen token's)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -43,9 +44,11 @@ class SamplingParams:
             ("min_p", 0.0 <= self.min_p <= 1.0, "in [0, 1]"),
             ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "in [-2, 2]"),
             ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "in [-2, 2]"),
-            ("repetition_penalty",
-             MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
-             f"in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY}]"),
+            (
+                "repetition_penalty",
+                MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
+                f"in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY}]",
+            ),
         )
         for name, is_ok, rule in checks:
             value = getattr(self, name)

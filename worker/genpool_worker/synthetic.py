@@ -72,8 +72,8 @@ class SyntheticModel:
         for part in self._kv:
             yield part.index_select(0, index).contiguous().numpy().tobytes()
 
-    def write_kv(self, blocks: Sequence[int], data: bytes) -> None:
-        values = torch.frombuffer(bytearray(data), dtype=torch.int32)
+    def write_kv(self, blocks: Sequence[int], data: bytearray) -> None:
+        values = torch.frombuffer(data, dtype=torch.int32)
         if values.numel() != 2 * len(blocks) * self.block_size:
             raise ValueError(f"{len(data)} bytes do not fill {len(blocks)} synthetic blocks")
         index = torch.tensor(list(blocks), dtype=torch.long)

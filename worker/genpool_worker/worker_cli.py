@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
@@ -17,6 +20,7 @@ from pydantic_core import ErrorDetails
 from genpool_core.kv_blocks import KVBudget
 from genpool_core.preemption import GenPreemptionConfigError
 from genpool_core.scheduler import GenScheduler
+from genpool_worker.drain_cli import default_timeout
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
 from genpool_worker.metrics import WorkerMetrics
@@ -41,6 +45,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("genpool.worker")
 RANK_DEATH_GRACE_S = 1.0
+SHUTDOWN_MARGIN_S = 1.0  # past the drain timeout: the engine's last pass and the replies
+DRAIN_POLL_S = 0.05
 MAX_TRACEBACK_CHARS = 3000
 
 
@@ -236,7 +242,8 @@ def _start_followers(
 def _serve(
     engine: GenEngine, tokenizer: Tokenizer, metrics: WorkerMetrics, config: WorkerConfig
 ) -> int:
-    """Rank 0: the engine thread and the HTTP server until the server stops."""
+    """Rank 0: the engine thread and the HTTP server until the server stops (SIGTERM, or
+    the engine died)."""
     import uvicorn
 
     from genpool_worker.pd.setup import PDSettings
@@ -251,9 +258,17 @@ def _serve(
         pd=PDSettings.from_config(config),
         aliases=(config.model,),
     )
+    server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning"),
+                     engine, drain_timeout_s(os.environ))  # fmt: skip
+    # A dead loop fails every request at once (503) and readiness goes false; the process
+    # then exits non-zero so the kubelet restarts it (docs/worker.md#engine-loop).
+    engine.on_death = lambda exc: server.stop()
+    # uvicorn re-raises a SIGTERM it handled once it has shut down, to the handler found
+    # before it: this one lets the shutdown below (engine, ranks) run, then exit 0.
+    signal.signal(signal.SIGTERM, lambda sig, frame: None)
     engine.start()
     try:
-        uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
+        server.run()
     finally:
         engine.stop()
     if engine.error:
@@ -264,6 +279,54 @@ def _serve(
 
         close_process_group()
     return 0
+
+
+def drain_timeout_s(environ: Mapping[str, str]) -> float:
+    """How long SIGTERM waits for open requests before it cuts them (503) and exits: the
+    pod's drain timeout (``GENPOOL_DRAIN_TIMEOUT_S``, as the preStop hook reads it)."""
+    return default_timeout(environ)
+
+
+class _Server:
+    """uvicorn's server, whose SIGTERM also stops admission at once (new requests get a
+    503) and gives open requests the drain timeout to finish: then the engine stops and
+    every one still open ends with a 503 error (a stream with its error event), so the
+    process never outlives the timeout. The engine stops it from its own thread when it
+    dies."""
+
+    def __init__(self, config: Any, engine: GenEngine, drain_timeout_s: float) -> None:
+        import uvicorn
+
+        outer = self
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+                outer.on_sigterm()
+                super().handle_exit(sig, frame)
+
+        self._engine, self._drain_timeout_s = engine, drain_timeout_s
+        # uvicorn's own cut-off only backs ours up: ours ends the requests cleanly first.
+        config.timeout_graceful_shutdown = drain_timeout_s + SHUTDOWN_MARGIN_S
+        self._server = Server(config)
+        self._cutter: threading.Thread | None = None
+
+    def on_sigterm(self) -> None:
+        self._engine.is_draining = True
+        if self._cutter is None:
+            self._cutter = threading.Thread(target=self._cut_at_deadline, daemon=True)
+            self._cutter.start()
+
+    def _cut_at_deadline(self) -> None:
+        deadline = time.monotonic() + self._drain_timeout_s
+        while self._engine.inflight > 0 and time.monotonic() < deadline:
+            time.sleep(DRAIN_POLL_S)
+        self._engine.stop(timeout=SHUTDOWN_MARGIN_S)
+
+    def run(self) -> None:
+        self._server.run()
+
+    def stop(self) -> None:
+        self._server.should_exit = True  # read by uvicorn's main loop (thread-safe)
 
 
 def _rank_died(engine: GenEngine, rank: int, exitcode: int) -> None:

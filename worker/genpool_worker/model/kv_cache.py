@@ -55,14 +55,15 @@ class KVCache:
                 part = tensor.index_select(1, index).cpu().contiguous()
                 yield part.view(torch.uint8).numpy().tobytes()
 
-    def write_blocks(self, blocks: Sequence[int], data: bytes) -> None:
-        """``read_blocks``' bytes (another worker's, of the same layout) into ``blocks``."""
+    def write_blocks(self, blocks: Sequence[int], data: bytearray) -> None:
+        """``read_blocks``' bytes (another worker's, of the same layout) into ``blocks``
+        (read in place: no copy of the pulled buffer)."""
         k0 = self.k[0]
         shape = (k0.shape[0], len(blocks), k0.shape[2], k0.shape[3])
         per_tensor = k0.element_size() * shape[0] * shape[1] * shape[2] * shape[3]
         if len(data) != 2 * len(self.k) * per_tensor:
             raise ValueError(f"{len(data)} bytes do not fill {len(blocks)} blocks of this cache")
-        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        raw = torch.frombuffer(data, dtype=torch.uint8)
         index = torch.tensor(list(blocks), device=k0.device)
         tensors = [t for pair in zip(self.k, self.v, strict=True) for t in pair]
         for i, tensor in enumerate(tensors):

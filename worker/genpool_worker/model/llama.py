@@ -301,7 +301,7 @@ class LlamaModel:
     def read_kv(self, blocks: Sequence[int]) -> Iterator[bytes]:
         return self.kv_cache.read_blocks(blocks)
 
-    def write_kv(self, blocks: Sequence[int], data: bytes) -> None:
+    def write_kv(self, blocks: Sequence[int], data: bytearray) -> None:
         self.kv_cache.write_blocks(blocks, data)
 
     def copy_kv(self, source: Sequence[int], target: Sequence[int]) -> None:

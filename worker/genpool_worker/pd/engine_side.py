@@ -38,6 +38,12 @@ class KVHandoff:
         is_eos = request.arrival.kv_import.first_token in self._info.eos_token_ids
         return is_eos or request.is_stop_matched
 
+    def on_dropped(self, request: EngineRequest) -> None:
+        """The request is gone (finished, refused, failed): its pulled KV, if still in host
+        memory, is freed and its bytes leave the import budget."""
+        if request.arrival.kv_import is not None:
+            request.arrival.kv_import.release()
+
     def on_finished(self, request: EngineRequest) -> None:
         """A prefill leg ended (not aborted): its held blocks become an export."""
         arrival = request.arrival

@@ -64,7 +64,7 @@ async def pull(pd: PDContext, handle: Handle) -> KVImport:
     pd.metrics.transfer_bytes.labels("import").inc(len(data))
     pd.metrics.transfer_seconds.observe(seconds)
     pd.metrics.ttft_parts.labels("transfer").observe(seconds)
-    return KVImport(bytes(data), handle.num_blocks, handle.first_token)
+    return KVImport(data, handle.num_blocks, handle.first_token)
 
 
 async def cancel(pd: PDContext, handle: Handle) -> None:
