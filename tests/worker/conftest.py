@@ -59,6 +59,7 @@ def run_worker(
     )
     app = create_app(engine, tokenizer, metrics, admin_token=admin_token,
                      stamp_arrival=config.stamp_arrival,
+                     max_arrival_age_s=config.max_arrival_age_s,
                      pd=pd or PDSettings.from_config(config))  # fmt: skip
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

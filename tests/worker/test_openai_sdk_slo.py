@@ -212,7 +212,8 @@ def test_keyed_false_traffic_stays_unkeyed(worker_factory: Factory) -> None:
 def test_a_past_arrival_header_is_admitted_first_and_timed_from_then(
     worker_factory: Factory,
 ) -> None:
-    worker = worker_factory(max_batch_size=1, stat_interval_s=SINCE_START)
+    # A router that queues this long is told so (--max-arrival-age-s; default 5 s).
+    worker = worker_factory(max_batch_size=1, stat_interval_s=SINCE_START, max_arrival_age_s=600)
     early = time.time() - 60.0  # a router saw it a minute ago
 
     async def scenario() -> list[str]:

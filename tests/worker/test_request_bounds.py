@@ -6,12 +6,16 @@ request that was refused leaves the worker serving the next one."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from genpool_core.ttft_histogram import bucket_of
+from genpool_worker.arrival_key import ARRIVAL_HEADER
 from tests.worker.conftest import RunningWorker
+from tests.worker.pd_support import metric
 
 Factory = Callable[..., RunningWorker]
 PROMPT = {"prompt": "x", "max_tokens": 4}
@@ -75,3 +79,21 @@ def test_stream_options_on_completions_adds_the_usage_chunk(worker_factory: Fact
     assert chunks[-1]["choices"] == []
     assert chunks[-1]["usage"]["completion_tokens"] == PROMPT["max_tokens"]
     assert "".join(c["choices"][0]["text"] for c in chunks[:-1] if c["choices"])
+
+
+def test_an_arrival_stamp_cannot_jump_further_than_the_max_age(worker_factory: Factory) -> None:
+    # {"genpool": {"arrival_time": 0}} went to the head of the queue, was at risk at once
+    # and set the stat line's ttft_p90 to the age of the Unix epoch (issue 33).
+    worker = worker_factory(max_arrival_age_s=2.0)
+    with worker.client() as client:
+        forged = client.post("/v1/completions", json=PROMPT | {"genpool": {"arrival_time": 0}})
+        assert forged.status_code == 200, forged.text
+        header = {ARRIVAL_HEADER: f"{time.time() - 0.5:.3f}"}  # a router's, outranking the body
+        routed = client.post("/v1/completions", json=PROMPT | {"genpool": {"arrival_time": 0}},
+                             headers=header)  # fmt: skip
+        assert routed.status_code == 200, routed.text
+    counts = worker.engine.snapshot.stats.ttft_counts
+    assert sum(counts) == 2
+    assert sum(counts[bucket_of(2.0 + 1.0) + 1 :]) == 0, counts  # no TTFT past the bound
+    assert metric(worker.url, "genpool_arrival_keys_total", source="body", clamped="true") == 1
+    assert metric(worker.url, "genpool_arrival_keys_total", source="header", clamped="false") == 1

@@ -28,6 +28,12 @@ MAX_TEMPERATURE = 2.0
 # Clients and workers do not share a clock: an arrival stamped this far in the
 # future is clamped to now; further is a client bug and rejected.
 ARRIVAL_SKEW_TOLERANCE_S = 5.0
+# An arrival stamp older than this is clamped to it (docs/design.md#keyed-by-default): by
+# default the clock skew a router's stamp is allowed ahead, allowed behind too.
+DEFAULT_MAX_ARRIVAL_AGE_S = ARRIVAL_SKEW_TOLERANCE_S
+# What keyed a request (arrival_key.py), most trusted first; a metric label too.
+ArrivalSource = Literal["header", "body", "receipt", "unkeyed"]
+ARRIVAL_SOURCES: tuple[ArrivalSource, ...] = ("header", "body", "receipt", "unkeyed")
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_CHOICES = 16  # n, and n x prompts of one completions request
 MAX_STOP_TOKEN_IDS = 64

@@ -102,9 +102,12 @@ def make_arrival(
     slo = request_slo(headers, body.slo)
     timing = body.genpool
     has_own_slo = slo.ttft_s is not None or slo.target_output_tps is not None
-    arrival = arrival_key(
-        timing, headers, has_own_slo=has_own_slo, stamp_arrival=context.stamp_arrival, now=now
-    )
+    key = arrival_key(timing, headers, has_own_slo=has_own_slo,
+                      stamp_arrival=context.stamp_arrival, now=now,
+                      max_age_s=context.max_arrival_age_s)  # fmt: skip
+    if choice == 0:  # one request, counted once whatever its n choices
+        context.metrics.arrival_keys.labels(key.source, str(key.is_clamped).lower()).inc()
+    arrival = key.time
     first_token_time = timing.first_token_time if timing else None
     if kv.handle is not None:
         arrival = now if received_at is None else min(received_at, now)

@@ -12,7 +12,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from genpool_worker.api import MAX_BODY_BYTES, EdgeLimits
+from genpool_worker.api import DEFAULT_MAX_ARRIVAL_AGE_S, MAX_BODY_BYTES, EdgeLimits
 from genpool_worker.chat_template import ChatPrompter, chat_prompter
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
@@ -33,6 +33,7 @@ class ServerContext:
     pd: PDContext
     admin_token: str | None = None
     stamp_arrival: bool = True  # docs/design.md#keyed-by-default
+    max_arrival_age_s: float = DEFAULT_MAX_ARRIVAL_AGE_S  # older stamps are clamped to it
     aliases: tuple[str, ...] = ()  # names a request's ``model`` may give besides the served one
     config_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     chat: ChatPrompter = field(init=False)  # the model's chat template, compiled once

@@ -7,11 +7,12 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from genpool_core.stats import SloModeStats
+from genpool_worker.api import ARRIVAL_SOURCES
 
 if TYPE_CHECKING:
     from genpool_core.stats import SchedulerStats
@@ -61,6 +62,18 @@ class WorkerMetrics(Collector):
             buckets=STEP_BUCKETS,
             registry=self.registry,
         )
+        # Which source keyed each request (docs/design.md#keyed-by-default), and whether
+        # its stamp was older than the bound (clamped): a gateway that stamps shows as
+        # "header", a client forging old stamps as clamped ones.
+        self.arrival_keys = Counter(
+            "genpool_arrival_keys",
+            "Requests by the source of their arrival key (header, body, receipt, unkeyed)"
+            " and whether the stamp was clamped to --max-arrival-age-s",
+            ["source", "clamped"],
+            registry=self.registry,
+        )
+        for source in ARRIVAL_SOURCES:  # every series from the start (0), so rates work
+            self.arrival_keys.labels(source, "false")
         self.registry.register(self)
 
     def attach(self, engine: GenEngine) -> None:

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from genpool_worker import admin_routes, chat_route, completions_route, status_routes
+from genpool_worker.api import DEFAULT_MAX_ARRIVAL_AGE_S
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
 from genpool_worker.http_common import ApiError, ServerContext, context_of, error_response
@@ -60,14 +61,16 @@ def create_app(
     *,
     admin_token: str | None = None,
     stamp_arrival: bool = True,
+    max_arrival_age_s: float = DEFAULT_MAX_ARRIVAL_AGE_S,
     pd: PDSettings | None = None,
     aliases: tuple[str, ...] = (),
 ) -> FastAPI:
     app = FastAPI(title="GenPool GEN worker", docs_url=None, redoc_url=None)
     pd_context = build_pd_context(engine, metrics, pd or PDSettings())
     app.state.context = ServerContext(
-        engine, tokenizer, metrics, pd_context, admin_token, stamp_arrival, aliases
-    )
+        engine, tokenizer, metrics, pd_context, admin_token=admin_token,
+        stamp_arrival=stamp_arrival, max_arrival_age_s=max_arrival_age_s, aliases=aliases,
+    )  # fmt: skip
     metrics.attach(engine)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)

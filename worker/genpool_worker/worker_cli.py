@@ -255,6 +255,7 @@ def _serve(
         metrics,
         admin_token=os.environ.get("GENPOOL_ADMIN_TOKEN") or None,
         stamp_arrival=config.stamp_arrival,
+        max_arrival_age_s=config.max_arrival_age_s,
         pd=PDSettings.from_config(config),
         aliases=(config.model,),
     )

@@ -29,6 +29,7 @@ from genpool_core.names import (
 from genpool_core.preemption import GenCapacity, GenPreemptionSettings
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
 from genpool_core.stat_fields import MIN_STAT_INTERVAL_S
+from genpool_worker.api import DEFAULT_MAX_ARRIVAL_AGE_S
 from genpool_worker.pd.endpoints import parse_endpoints
 
 DESCRIPTION = "One GEN worker process: model, engine and HTTP API."
@@ -210,6 +211,15 @@ class WorkerConfig(BaseModel):
         description="key a request that carries no arrival stamp (genpool.arrival_time,"
         " x-genpool-arrival-time) with its receipt time; off: such requests are unkeyed"
         " unless they state their own SLO (x-llm-d-slo-* headers or slo)",
+    )
+    max_arrival_age_s: float = Field(
+        default=DEFAULT_MAX_ARRIVAL_AGE_S,
+        gt=0,
+        le=86400,
+        description="an arrival stamp (x-genpool-arrival-time, genpool.arrival_time) older"
+        " than this is clamped to it, seconds: no stamp puts a request further ahead of the"
+        " queue, makes it more at risk or adds more to its TTFT (docs/design.md"
+        "#keyed-by-default); raise it for a router that queues requests longer",
     )
     role: Literal["both", "prefill", "decode"] = Field(
         default="both",

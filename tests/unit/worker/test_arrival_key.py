@@ -11,27 +11,40 @@ from hypothesis import strategies as st
 
 from genpool_operator.spec import GenPoolSpec
 from genpool_worker.api import ARRIVAL_SKEW_TOLERANCE_S, GenPoolTiming
-from genpool_worker.arrival_key import ARRIVAL_HEADER, arrival_key
+from genpool_worker.arrival_key import (
+    ARRIVAL_HEADER,
+    DEFAULT_MAX_ARRIVAL_AGE_S,
+    ArrivalKey,
+    arrival_key,
+)
 from genpool_worker.http_common import ApiError
 from genpool_worker.worker_config import WorkerConfig, build_parser
 
 NOW = 1_800_000_000.0
 
 
-def key(
+def keyed(
     timing: dict[str, Any] | None = None,
     headers: dict[str, str] | None = None,
     *,
     own_slo: bool = False,
     stamp: bool = True,
-) -> float | None:
+    max_age_s: float = 3600.0,
+) -> ArrivalKey:
     return arrival_key(
         None if timing is None else GenPoolTiming.model_validate(timing),
         headers or {},
         has_own_slo=own_slo,
         stamp_arrival=stamp,
         now=NOW,
+        max_age_s=max_age_s,
     )
+
+
+def key(
+    timing: dict[str, Any] | None = None, headers: dict[str, str] | None = None, **kw: Any
+) -> float | None:
+    return keyed(timing, headers, **kw).time
 
 
 def test_a_request_with_no_stamp_is_keyed_with_its_receipt() -> None:
@@ -40,10 +53,31 @@ def test_a_request_with_no_stamp_is_keyed_with_its_receipt() -> None:
     assert key({"first_token_time": NOW - 1}) == NOW
 
 
-def test_the_body_field_wins_over_the_header_which_wins_over_receipt() -> None:
-    assert key({"arrival_time": NOW - 3}, {ARRIVAL_HEADER: str(NOW - 7)}) == NOW - 3
+def test_the_routers_header_wins_over_the_body_which_wins_over_receipt() -> None:
+    # A client writes the body; a gateway that stamps overwrites the header (issue 33).
+    both = keyed({"arrival_time": NOW - 3}, {ARRIVAL_HEADER: str(NOW - 7)})
+    assert (both.time, both.source) == (NOW - 7, "header")
+    body = keyed({"arrival_time": NOW - 3})
+    assert (body.time, body.source) == (NOW - 3, "body")
     assert key(None, {ARRIVAL_HEADER: f"{NOW - 7:.3f}"}) == NOW - 7
     assert key(None, {ARRIVAL_HEADER: " 1800000000 "}) == NOW
+    receipt = keyed()
+    assert (receipt.time, receipt.source, receipt.is_clamped) == (NOW, "receipt", False)
+
+
+def test_a_stamp_older_than_the_max_age_is_clamped_to_it() -> None:
+    # {"genpool": {"arrival_time": 0}} jumped the queue, was at risk at once and set
+    # the stat line's ttft_p90 to decades: now it is as old as the bound allows, no older.
+    for timing, headers, source in [({"arrival_time": 0}, {}, "body"),
+                                    (None, {ARRIVAL_HEADER: "0"}, "header")]:  # fmt: skip
+        clamped = keyed(timing, headers, max_age_s=DEFAULT_MAX_ARRIVAL_AGE_S)
+        assert clamped.time == NOW - DEFAULT_MAX_ARRIVAL_AGE_S
+        assert (clamped.source, clamped.is_clamped) == (source, True)
+    inside = keyed({"arrival_time": NOW - 1}, max_age_s=DEFAULT_MAX_ARRIVAL_AGE_S)
+    assert (inside.time, inside.is_clamped) == (NOW - 1, False)
+    assert WorkerConfig().max_arrival_age_s == DEFAULT_MAX_ARRIVAL_AGE_S
+    with pytest.raises(ValueError, match="max_arrival_age_s"):
+        WorkerConfig(max_arrival_age_s=0)
 
 
 def test_unkeyed_only_when_asked_or_when_stamping_is_off_and_no_slo_is_stated() -> None:
