@@ -60,6 +60,11 @@ PREFILL_ROLE = "prefill"
 DECODE_ROLE = "decode"
 WORKER_ROLES = (BOTH_ROLE, PREFILL_ROLE, DECODE_ROLE)
 ROLE_LABEL = "llm-d.ai/role"
+# The pool's KV secret (docs/operations.md#threat-model): the operator's per-pool Secret,
+# mounted into every worker pod; the worker reads the file the env var names.
+KV_SECRET_FILE_ENV = "GENPOOL_KV_SECRET_FILE"
+KV_SECRET_KEY = "secret"  # the Secret's key, the mounted file's name
+KV_SECRET_MOUNT_PATH = "/var/run/genpool/kv-secret"
 OPERATOR_METRICS_PORT = 8081  # the operator's Prometheus /metrics (kopf's /healthz is 8080)
 
 # The GenPool API.

@@ -40,12 +40,12 @@ def run_worker(
     admin_token: str | None = None,
     observer: EngineObserver | None = None,
     wrap_model: Callable[[Any], Any] | None = None,
-    pd: PDSettings | None = None,
+    kv_secret: str | None = None,
     **overrides: object,
 ) -> Iterator[RunningWorker]:
     """``observer``: sees every plan in the engine thread (``EngineObserver``).
     ``wrap_model``: the runner's model, wrapped (tests that make the model fail).
-    ``pd``: the P/D settings when not the config's (a KV secret, import caps)."""
+    ``kv_secret``: the pool's KV secret (the CLI reads it from --kv-secret-file)."""
     config = WorkerConfig.model_validate(
         {"model": "synthetic:test", "synthetic_time_scale": 0.2, **overrides}
     )
@@ -60,7 +60,7 @@ def run_worker(
     app = create_app(engine, tokenizer, metrics, admin_token=admin_token,
                      stamp_arrival=config.stamp_arrival,
                      max_arrival_age_s=config.max_arrival_age_s,
-                     pd=pd or PDSettings.from_config(config))  # fmt: skip
+                     pd=PDSettings.from_config(config, kv_secret))  # fmt: skip
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

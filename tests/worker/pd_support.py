@@ -56,6 +56,21 @@ def sidecar_exchange(
         return answer, http.post(decode_url + path, json=decode_body)
 
 
+def endpoint(url_or_port: str | int) -> str:
+    """A worker's (or a local proxy's) ``host:port``, as a prefill endpoint is spelled."""
+    if isinstance(url_or_port, int):
+        return f"127.0.0.1:{url_or_port}"
+    return url_or_port.removeprefix("http://")
+
+
+def tell_prefillers(decode_url: str, *prefillers: str | int) -> None:
+    """The decode worker knows these prefill endpoints (as the operator's ``PUT
+    /prefillers`` tells it): the only ones it pulls from or sends legs to."""
+    endpoints = [endpoint(p) for p in prefillers]
+    reply = httpx.put(decode_url + "/prefillers", json={"endpoints": endpoints}, timeout=10)
+    assert reply.status_code == 200, reply.text
+
+
 def metric(url: str, name: str, **labels: str) -> float:
     """The sum of the /metrics samples named ``name`` that carry ``labels`` (0: none)."""
     total = 0.0

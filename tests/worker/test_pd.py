@@ -15,6 +15,7 @@ from genpool_worker.pd.handle import PREFILL_LEG_PARAMS
 from tests.worker.conftest import RunningWorker
 from tests.worker.pd_support import (
     SIDECAR_PREFILL_PARAMS,
+    endpoint,
     metric,
     sidecar_exchange,
     wait_no_held_kv,
@@ -42,7 +43,8 @@ def test_the_sidecar_speaks_what_the_worker_implements() -> None:
 def test_p_d_text_equals_the_colocated_workers(
     worker_factory: Factory, path: str, body: dict[str, Any]
 ) -> None:
-    prefill, decode = worker_factory(role="prefill"), worker_factory(role="decode")
+    prefill = worker_factory(role="prefill")
+    decode = worker_factory(role="decode", prefillers=endpoint(prefill.url))
     colocated = worker_factory()
     expected = colocated.client().post(path, json=body).json()
     answer, reply = sidecar_exchange(prefill.url, decode.url, path, body)
@@ -64,8 +66,8 @@ def test_p_d_text_equals_the_colocated_workers(
 
 
 def test_a_streamed_decode_leg_streams_the_first_token_first(worker_factory: Factory) -> None:
-    prefill, decode, colocated = (worker_factory(role="prefill"), worker_factory(role="decode"),
-                                  worker_factory())  # fmt: skip
+    prefill, colocated = worker_factory(role="prefill"), worker_factory()
+    decode = worker_factory(role="decode", prefillers=endpoint(prefill.url))
     body = COMPLETION | {"stream": True}
     with httpx.Client(timeout=60) as http:
         leg = http.post(prefill.url + "/v1/completions",
@@ -102,9 +104,11 @@ def test_the_decode_worker_sends_the_prefill_leg_itself(worker_factory: Factory)
         assert text_of(reply.json()) == expected
     for prefill in (prefill_a, prefill_b):
         assert metric(prefill.url, "genpool_kv_transfers_total", side="export", outcome="ok") == 2
+    # A router's header is followed to an endpoint the worker does not know only when it
+    # is told to trust the router (docs/operations.md#threat-model).
     header = {"x-prefiller-host-port": endpoints[0]}
-    reply = worker_factory(role="decode").client().post("/v1/completions", json=COMPLETION,
-                                                          headers=header)  # fmt: skip
+    trusting = worker_factory(role="decode", trust_prefiller_header=True)
+    reply = trusting.client().post("/v1/completions", json=COMPLETION, headers=header)
     assert text_of(reply.json()) == expected
     assert metric(prefill_a.url, "genpool_kv_transfers_total", side="export", outcome="ok") == 3
 
@@ -189,8 +193,8 @@ def test_a_malformed_or_mismatched_handle_is_refused_naming_the_field(
 
 def test_the_pull_address_is_the_workers_not_the_host_header(worker_factory: Factory) -> None:
     # llm-d's sidecar forwards the prefill leg with the client's Host (its own address).
-    prefill, decode, colocated = (worker_factory(role="prefill"), worker_factory(role="decode"),
-                                  worker_factory())  # fmt: skip
+    prefill, colocated = worker_factory(role="prefill"), worker_factory()
+    decode = worker_factory(role="decode", prefillers=endpoint(prefill.url))
     leg = COMPLETION | {"kv_transfer_params": SIDECAR_PREFILL_PARAMS, "stream": False,
                         "max_tokens": 1, "max_completion_tokens": 1, "min_tokens": 1}  # fmt: skip
     answer = prefill.client().post("/v1/completions", json=leg, headers={"host": "sidecar:8000"})
@@ -219,7 +223,8 @@ def test_a_null_handle_is_prefilled_here_not_sent_again(worker_factory: Factory)
 
 
 def test_a_decode_leg_of_one_token_answers_from_the_prefill(worker_factory: Factory) -> None:
-    prefill, decode = worker_factory(role="prefill"), worker_factory(role="decode")
+    prefill = worker_factory(role="prefill")
+    decode = worker_factory(role="decode", prefillers=endpoint(prefill.url))
     answer, reply = sidecar_exchange(prefill.url, decode.url, "/v1/completions",
                                      COMPLETION | {"max_tokens": 1})  # fmt: skip
     assert reply.status_code == 200

@@ -18,8 +18,10 @@ from genpool_worker.pd.handle import PREFILL_LEG_PARAMS
 from tests.worker.conftest import RunningWorker
 from tests.worker.pd_support import (
     StallingProxy,
+    endpoint,
     metric,
     sidecar_exchange,
+    tell_prefillers,
     wait_no_held_kv,
     worker_process,
 )
@@ -52,6 +54,7 @@ def test_a_prefill_worker_killed_mid_transfer(tmp_path: Path, worker_factory: Fa
         params = prefill_leg(prefill_url, LONG)
         proxy = StallingProxy(urlsplit(prefill_url).port or 0)
         proxy.limit = 400  # the headers and a little of the body, then nothing
+        tell_prefillers(decode.url, proxy.port)
         replies: list[httpx.Response] = []
         body = LONG | {"kv_transfer_params": via(params, proxy.port)}
         call = threading.Thread(target=lambda: replies.append(
@@ -75,6 +78,7 @@ def test_a_decode_worker_killed_mid_transfer(tmp_path: Path, worker_factory: Fac
         params = prefill_leg(prefill.url, LONG)
         proxy = StallingProxy(urlsplit(prefill.url).port or 0)
         proxy.limit = 400
+        tell_prefillers(decode_url, proxy.port)
         body = LONG | {"kv_transfer_params": via(params, proxy.port)}
 
         def send() -> None:
@@ -94,7 +98,8 @@ def test_a_decode_worker_killed_mid_transfer(tmp_path: Path, worker_factory: Fac
 
 def test_an_export_nobody_pulls_expires(worker_factory: Factory) -> None:
     prefill = worker_factory(role="prefill", kv_export_timeout_s=0.5)
-    decode, colocated = worker_factory(role="decode"), worker_factory()
+    decode = worker_factory(role="decode", prefillers=endpoint(prefill.url))
+    colocated = worker_factory()
     params = prefill_leg(prefill.url, LONG)
     assert metric(prefill.url, "genpool_kv_exports_held") == 1
     wait_no_held_kv(prefill.url)
@@ -125,6 +130,7 @@ def test_the_pods_clocks_need_not_agree(
 ) -> None:
     decode, colocated = worker_factory(role="decode"), worker_factory()
     with worker_process(tmp_path, "--role", "prefill", clock_skew_s=skew_s) as (prefill_url, _):
+        tell_prefillers(decode.url, prefill_url)
         answer, reply = sidecar_exchange(prefill_url, decode.url, "/v1/completions", LONG)
     handle = answer["kv_transfer_params"]["genpool"]
     assert 0 <= handle["first_token_age_s"] <= handle["age_s"] < 30  # durations, not stamps

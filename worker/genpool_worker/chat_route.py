@@ -124,5 +124,5 @@ async def collect(reply: _Reply, request: Request) -> Response:
                         "logprobs": reply.logprobs(result.logprobs)})  # fmt: skip
     body = reply.head("chat.completion") | {"choices": choices}
     body["usage"] = _usage([r.end for r in results if r.end])
-    extra = kv_transfer_fields(reply.context, request, reply.choices.started[0])
+    extra = kv_transfer_fields(reply.context, request, reply.choices.started)
     return JSONResponse(body | extra)

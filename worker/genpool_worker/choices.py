@@ -5,6 +5,7 @@ stream (each chunk names its choice ``index``) or collected whole."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -12,9 +13,21 @@ from fastapi import Request
 
 from genpool_worker.api import GenerationRequest
 from genpool_worker.events import TokenDelta
-from genpool_worker.generation import End, Pieces, Started, accepted, pieces, start, submit
+from genpool_worker.generation import (
+    End,
+    Pieces,
+    Started,
+    accepted,
+    check_request,
+    pieces,
+    start,
+    submit,
+)
 from genpool_worker.http_common import ApiError, ServerContext
 from genpool_worker.metrics import RequestTimer
+from genpool_worker.pd.decode_side import KVPlan, plan_kv, release_imports
+from genpool_worker.pd.endpoints import endpoint_text
+from genpool_worker.pd.prefill_side import pull_address
 from genpool_worker.sampling_params import TokenLogprobs
 
 
@@ -35,17 +48,27 @@ async def start_choices(
 ) -> Choices:
     """Choice ``p * n + j`` is prompt ``p``'s ``j``-th; one refused aborts the others.
     All are submitted at once, before any acceptance is awaited, so one pass admits them
-    together and a prompt's choices share its prefill."""
+    together and a prompt's choices share its prefill. Over P/D a prompt has one export
+    (a prefill leg runs each prompt once) and one pull: its choice 0 decodes from the
+    pulled KV, the others copy it (docs/pd.md#n-choices-and-prompt-lists)."""
+    received_at = time.time()
+    for ids in prompts:
+        check_request(context, body, ids, max_tokens_of(ids))
+    own = endpoint_text(*pull_address(request))
+    plans = await plan_kv(context.pd, body, prompts, request.headers, request.url.path, own)
+    num_choices = 1 if plans and plans[0].kv_export else body.n
     started: list[Started] = []
     try:
-        for ids in prompts:
-            for j in range(body.n):
-                started.append(await start(context, body, ids, max_tokens_of(ids), request,
-                                           id_prefix=id_prefix, choice=j))  # fmt: skip
+        for ids, plan in zip(prompts, plans, strict=True):
+            for j in range(num_choices):
+                started.append(start(context, body, ids, max_tokens_of(ids), request,
+                                     id_prefix=id_prefix, kv=plan if j == 0 else KVPlan(),
+                                     received_at=received_at, choice=j))  # fmt: skip
         submit(context, started)
         for queued in started:
             await accepted(context, queued)
     except ApiError:
+        release_imports(plans)  # the pulled KV of a request that will not run
         for done in started:
             context.engine.abort(done.arrival.request_id)
         raise

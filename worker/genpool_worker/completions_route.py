@@ -113,5 +113,5 @@ async def collect(reply: _Reply, request: Request) -> Response:
         choices.append(reply.choice(index, text, result.logprobs, result.end.finish_reason))
     body = reply.body_of(choices)
     body["usage"] = total_usage(reply.choices, [r.end for r in results if r.end], reply.body.n)
-    extra = kv_transfer_fields(reply.context, request, reply.choices.started[0])
+    extra = kv_transfer_fields(reply.context, request, reply.choices.started)
     return JSONResponse(body | extra)

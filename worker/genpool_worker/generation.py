@@ -32,8 +32,8 @@ from genpool_worker.events import (
 )
 from genpool_worker.http_common import ApiError, ServerContext
 from genpool_worker.metrics import RequestTimer
-from genpool_worker.pd.decode_side import KVPlan, plan_kv
-from genpool_worker.pd.prefill_side import handle_params
+from genpool_worker.pd.decode_side import KVPlan
+from genpool_worker.pd.prefill_side import leg_handles
 from genpool_worker.slo_request import request_slo
 
 
@@ -55,18 +55,26 @@ class Started:
     kv: KVPlan
 
 
-async def start(context: ServerContext, body: GenerationRequest, ids: list[int], max_tokens: int,
-                request: Request, *, id_prefix: str, choice: int = 0) -> Started:  # fmt: skip
-    """Check, resolve P/D (docs/pd.md) and build choice ``choice`` of ``body.n``; raises
-    ``ApiError`` for what it cannot serve. Not yet submitted: ``submit`` hands a reply's
-    choices to the engine at once, so one pass admits them together (they share a prefill)."""
-    received_at = time.time()
+def check_request(context: ServerContext, body: GenerationRequest, ids: list[int],
+                  max_tokens: int) -> None:  # fmt: skip
+    """What the engine could not serve, refused before anything is pulled or queued."""
     if body.min_tokens > max_tokens:
         raise ApiError(
             400, f"min_tokens ({body.min_tokens}) exceeds the length limit ({max_tokens})"
         )
-    _check_length(context, ids, max_tokens)
-    kv = await plan_kv(context.pd, body, ids, request.headers, request.url.path)
+    max_seq_len = context.engine.model_info.max_seq_len
+    if len(ids) + max_tokens > max_seq_len:
+        raise ApiError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) "
+                       f"exceeds max_seq_len {max_seq_len}")  # fmt: skip
+
+
+def start(context: ServerContext, body: GenerationRequest, ids: list[int], max_tokens: int,
+          request: Request, *, id_prefix: str, kv: KVPlan, received_at: float,
+          choice: int = 0) -> Started:  # fmt: skip
+    """Build choice ``choice`` of ``body.n`` with what P/D made of its prompt (``kv``,
+    docs/pd.md); raises ``ApiError`` for what it cannot serve. Not yet submitted:
+    ``submit`` hands a reply's choices to the engine at once, so one pass admits them
+    together (they share a prefill, or the KV one of them pulled)."""
     arrival = make_arrival(context, body, ids, 1 if kv.kv_export else max_tokens,
                            request.headers, id_prefix=id_prefix, kv=kv,
                            received_at=received_at, choice=choice)  # fmt: skip
@@ -74,13 +82,6 @@ async def start(context: ServerContext, body: GenerationRequest, ids: list[int],
     accepted_from = received_at if kv.kv_import is None else time.time()
     loop = asyncio.get_running_loop()
     return Started(arrival, EngineRequest(arrival, loop=loop, received_at=accepted_from), kv)
-
-
-def _check_length(context: ServerContext, ids: list[int], max_tokens: int) -> None:
-    max_seq_len = context.engine.model_info.max_seq_len
-    if len(ids) + max_tokens > max_seq_len:
-        raise ApiError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) "
-                       f"exceeds max_seq_len {max_seq_len}")  # fmt: skip
 
 
 def make_arrival(
@@ -158,12 +159,14 @@ def failed_error(event: Failed) -> ApiError:
 
 
 def kv_transfer_fields(
-    context: ServerContext, request: Request, started: Started
+    context: ServerContext, request: Request, started: Sequence[Started]
 ) -> dict[str, Any]:
-    """A prefill leg's response carries its handle (top-level, as vLLM's does)."""
-    if started.kv.kv_export is None:
+    """A prefill leg's response carries its handles (top-level, as vLLM's does): one per
+    prompt (a leg runs each prompt once); none when any prompt's export is gone."""
+    legs = [each for each in started if each.kv.kv_export is not None]
+    if not legs:
         return {}
-    params = handle_params(context.pd, request, started.request)
+    params = leg_handles(context.pd, request, [each.request for each in legs])
     return {} if params is None else {"kv_transfer_params": params}
 
 

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from genpool_core.kv_blocks import KVBudget
+from genpool_core.names import KV_SECRET_FILE_ENV
 from genpool_core.preemption import GenPreemptionConfigError
 from genpool_core.scheduler import GenScheduler
 from genpool_worker.drain_cli import default_timeout
@@ -256,7 +257,7 @@ def _serve(
         admin_token=os.environ.get("GENPOOL_ADMIN_TOKEN") or None,
         stamp_arrival=config.stamp_arrival,
         max_arrival_age_s=config.max_arrival_age_s,
-        pd=PDSettings.from_config(config),
+        pd=PDSettings.from_config(config, read_kv_secret(config, os.environ)),
         aliases=(config.model,),
     )
     server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning"),
@@ -280,6 +281,19 @@ def _serve(
 
         close_process_group()
     return 0
+
+
+def read_kv_secret(config: WorkerConfig, environ: Mapping[str, str]) -> str | None:
+    """The pool's KV secret from ``--kv-secret-file`` or ``GENPOOL_KV_SECRET_FILE`` (the
+    operator mounts ``<pool>-kv-secret`` there); None when neither names a file. A file
+    named but missing or empty is an error: a worker must not serve its KV open by mistake."""
+    path = config.kv_secret_file or environ.get(KV_SECRET_FILE_ENV) or None
+    if path is None:
+        return None
+    secret = Path(path).read_text().strip()
+    if not secret:
+        raise ValueError(f"the KV secret file {path} is empty")
+    return secret
 
 
 def drain_timeout_s(environ: Mapping[str, str]) -> float:

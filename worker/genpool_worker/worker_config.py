@@ -31,6 +31,7 @@ from genpool_core.scheduler import GenScheduler, SchedulerConfig
 from genpool_core.stat_fields import MIN_STAT_INTERVAL_S
 from genpool_worker.api import DEFAULT_MAX_ARRIVAL_AGE_S
 from genpool_worker.pd.endpoints import parse_endpoints
+from genpool_worker.pd.import_budget import DEFAULT_MAX_KV_IMPORT_BYTES, DEFAULT_MAX_KV_PULLS
 
 DESCRIPTION = "One GEN worker process: model, engine and HTTP API."
 CONFIG_ENV = "GENPOOL_WORKER_CONFIG"
@@ -232,6 +233,30 @@ class WorkerConfig(BaseModel):
         description="prefill workers this worker sends prefill legs to, host:port,..."
         " (round robin; PUT /prefillers replaces them); empty: only when a request carries"
         " x-prefiller-host-port",
+    )
+    trust_prefiller_header: bool = Field(
+        default=False,
+        description="follow x-prefiller-host-port to any endpoint a router names; off: only"
+        " to known prefill workers (--prefillers, PUT /prefillers), so a client cannot make"
+        " this worker send requests elsewhere (docs/operations.md#threat-model)",
+    )
+    kv_secret_file: str | None = Field(
+        default=None,
+        description="file holding the pool's KV secret: pulls and cancels of this worker's"
+        " KV need it, and this worker's own pulls send it (unset: GENPOOL_KV_SECRET_FILE,"
+        " else pulls are open); the operator mounts it from <pool>-kv-secret",
+    )
+    max_kv_pulls: int = Field(
+        default=DEFAULT_MAX_KV_PULLS,
+        ge=1,
+        le=1024,
+        description="KV pulls in flight at once, requests; past it a request is a 503",
+    )
+    max_kv_import_bytes: int = Field(
+        default=DEFAULT_MAX_KV_IMPORT_BYTES,
+        ge=1,
+        description="pulled KV held in host memory (in flight, or waiting for admission),"
+        " bytes; past it a request is a 503",
     )
     kv_export_timeout_s: float = Field(
         default=DEFAULT_KV_EXPORT_TIMEOUT_S,

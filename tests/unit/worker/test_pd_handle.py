@@ -16,7 +16,8 @@ from genpool_worker.pd.handle import (
     HandleError,
     ParamsKind,
     classify,
-    parse_handle,
+    handle_params,
+    parse_handles,
     prompt_digest,
 )
 from genpool_worker.pd.layout import KVLayout
@@ -51,7 +52,7 @@ def test_classify_tells_the_four_apart() -> None:
 
 def test_a_handle_round_trips_through_json_shaped_params() -> None:
     handle = make_handle()
-    assert parse_handle(handle.to_params()) == handle
+    assert parse_handles(handle.to_params(), 1) == [handle]
 
 
 def test_the_layout_counts_the_bytes_a_pull_moves() -> None:
@@ -88,7 +89,7 @@ def test_a_malformed_field_is_named(path: tuple[str, ...], value: object, named:
         target = target[key]
     target[path[-1]] = value
     with pytest.raises(HandleError) as error:
-        parse_handle(params)
+        parse_handles(params, 1)
     assert error.value.field.startswith(f"kv_transfer_params.{named}")
 
 
@@ -96,7 +97,7 @@ def test_a_missing_field_is_named() -> None:
     params = make_handle().to_params()
     del params["genpool"]["first_token"]
     with pytest.raises(HandleError, match=r"kv_transfer_params\.genpool\.first_token: is missing"):
-        parse_handle(params)
+        parse_handles(params, 1)
 
 
 _json = st.recursive(
@@ -114,7 +115,7 @@ def test_any_value_in_any_field_parses_or_is_a_handle_error(name: str, value: ob
     params = copy.deepcopy(make_handle().to_params())
     params["genpool"][name] = value
     try:
-        parse_handle(params)
+        parse_handles(params, 1)
     except HandleError as exc:
         assert exc.field.startswith("kv_transfer_params.genpool")
 
@@ -122,3 +123,17 @@ def test_any_value_in_any_field_parses_or_is_a_handle_error(name: str, value: ob
 def test_the_digest_is_the_prompts() -> None:
     assert prompt_digest([1, 2, 3]) != prompt_digest([1, 2, 4])
     assert prompt_digest([1, 2, 3]) == prompt_digest([1, 2, 3])
+
+
+def test_a_prompt_list_has_one_handle_per_prompt_in_order() -> None:
+    first, second = make_handle(), make_handle()
+    params = handle_params([first, second])
+    assert [h["transfer_id"] for h in params["genpool"]] == [first.transfer_id,
+                                                             second.transfer_id]  # fmt: skip
+    assert parse_handles(params, 2) == [first, second]
+    with pytest.raises(HandleError, match=r"kv_transfer_params\.genpool: 2 handles for 3"):
+        parse_handles(params, 3)
+    params["genpool"][1]["port"] = "80"
+    with pytest.raises(HandleError, match=r"kv_transfer_params\.genpool\[1\]\.port"):
+        parse_handles(params, 2)
+    assert handle_params([first]) == first.to_params()  # one prompt: an object, as before

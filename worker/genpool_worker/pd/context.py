@@ -1,5 +1,6 @@
 """What the P/D parts of a worker share (docs/pd.md): its role, its exports, the known
-prefill endpoints, the HTTP client of pulls and prefill legs, and the P/D metrics."""
+prefill endpoints, the pool's KV secret, the import caps, the HTTP client of pulls and
+prefill legs, and the P/D metrics."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import httpx
 from genpool_core.names import BOTH_ROLE, DECODE_ROLE, PREFILL_ROLE
 from genpool_worker.pd.endpoints import Prefillers
 from genpool_worker.pd.exports import ExportRegistry
+from genpool_worker.pd.import_budget import ImportBudget
 from genpool_worker.pd.layout import KVLayout
 from genpool_worker.pd.metrics import PDMetrics
 
@@ -39,11 +41,20 @@ class Role(enum.Enum):
 
 @dataclass
 class PDContext:
+    """``kv_secret``: the pool's secret that KV pulls and cancels carry (None: they are
+    open, as the admin endpoints are without a token). ``trusts_prefiller_header``: follow
+    ``x-prefiller-host-port`` to any endpoint, not only known ones. ``vocab_size``: a
+    handle's first token must be in it."""
+
     role: Role
     layout: KVLayout | None  # None: this worker cannot move KV (tensor parallelism)
     metrics: PDMetrics
     exports: ExportRegistry | None = None
     prefillers: Prefillers = field(default_factory=Prefillers)
+    kv_secret: str | None = None
+    trusts_prefiller_header: bool = False
+    imports: ImportBudget = field(default_factory=ImportBudget)
+    vocab_size: int | None = None
     http: httpx.AsyncClient = field(
         default_factory=lambda: httpx.AsyncClient(
             timeout=httpx.Timeout(PULL_READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)

@@ -1,12 +1,13 @@
 """A decode worker's side (docs/pd.md): what a request's ``kv_transfer_params`` (or a
-known prefiller) makes of it before it queues: a prefill leg to serve, a handle to pull,
-or a local prefill (counted when P/D was asked for and could not be done)."""
+known prefiller) makes of each of its prompts before it queues: a prefill leg to serve,
+a handle to pull, or a local prefill (counted when P/D was asked for and could not be
+done). Only the pool's prefill workers are ever contacted."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +25,10 @@ from genpool_worker.pd.handle import (
     HandleError,
     ParamsKind,
     classify,
-    parse_handle,
+    parse_handles,
     prompt_digest,
 )
+from genpool_worker.pd.import_budget import ImportCapReached
 from genpool_worker.pd.transfer import PullFailed, cancel, pull
 
 RETRIED_STATUSES = (502, 503, 504)
@@ -35,37 +37,64 @@ RETRY_BACKOFF_S = 0.1
 
 @dataclass(frozen=True, slots=True)
 class KVPlan:
-    """``kv_export``: serve as a prefill leg under this transfer id. ``kv_import`` (with
-    its ``handle``): decode from the pulled KV. Neither: a plain local request."""
+    """What P/D made of one prompt of a request: ``kv_export``: serve it as a prefill leg
+    under this transfer id. ``kv_import`` (with its ``handle``): decode from the pulled KV.
+    Neither: a plain local request."""
 
     kv_export: str | None = None
     kv_import: KVImport | None = None
     handle: Handle | None = None
 
 
-async def plan_kv(pd: PDContext, body: GenerationRequest, ids: list[int],
-                  headers: Mapping[str, str], path: str) -> KVPlan:  # fmt: skip
-    """Raises ``ApiError`` for a leg or handle this worker must refuse (a 400 names the field)."""
+def release_imports(plans: Sequence[KVPlan]) -> None:
+    """Free the pulled KV of plans whose requests will not run (refused after the pull)."""
+    for plan in plans:
+        if plan.kv_import is not None:
+            plan.kv_import.release()
+
+
+async def plan_kv(pd: PDContext, body: GenerationRequest, prompts: Sequence[list[int]],
+                  headers: Mapping[str, str], path: str, own: str) -> list[KVPlan]:  # fmt: skip
+    """One plan per prompt of the request (``own``: this worker's endpoint, which it may
+    contact too). Raises ``ApiError`` for a leg or handle this worker must refuse (a 400
+    names the field) or a pull past the import caps (503)."""
     params = body.kv_transfer_params
     kind = classify(params)
+    plain = [KVPlan() for _ in prompts]
     if kind is ParamsKind.PREFILL_LEG:
-        return _prefill_leg(pd, body)
+        _check_prefill_leg(pd, body)
+        return [KVPlan(kv_export=uuid.uuid4().hex) for _ in prompts]
     if kind is ParamsKind.FOREIGN:
         pd.metrics.fallback("foreign")
-        return KVPlan()
+        return plain
     if kind is ParamsKind.NONE and FIELD in body.model_fields_set:
         # ``null``: a sidecar sent the prefill leg and got no handle back; prefill here.
         pd.metrics.fallback("prefill_failed")
-        return KVPlan()
-    if kind is ParamsKind.NONE:
+        return plain
+    is_from_own_leg = kind is ParamsKind.NONE
+    if is_from_own_leg:
         params = await _own_prefill_leg(pd, body, headers, path)
         if params is None:
-            return KVPlan()
+            return plain
     assert params is not None
-    return await _import(pd, params, ids)
+    try:
+        handles = parse_handles(params, len(prompts))
+    except HandleError as exc:
+        raise ApiError(400, str(exc)) from None
+    # A handle a client wrote may name any host: only the pool's prefill workers (or the
+    # one this worker's own leg reached) are ever contacted (docs/operations.md).
+    trusted = [is_from_own_leg or h.endpoint == own or pd.prefillers.is_known(h.endpoint)
+               for h in handles]  # fmt: skip
+    if not pd.role.imports or pd.layout is None:
+        pd.metrics.fallback("role" if not pd.role.imports else "ranks")
+        await _cancel_trusted(pd, handles, trusted)
+        return plain
+    for handle, ids in zip(handles, prompts, strict=True):
+        _check_matches(pd, handle, ids)
+    return await _import_all(pd, handles, trusted)
 
 
-def _prefill_leg(pd: PDContext, body: GenerationRequest) -> KVPlan:
+def _check_prefill_leg(pd: PDContext, body: GenerationRequest) -> None:
     if not pd.role.exports:
         raise ApiError(
             400, f"{FIELD}.do_remote_decode: this worker (--role decode) serves no prefill legs"
@@ -78,29 +107,41 @@ def _prefill_leg(pd: PDContext, body: GenerationRequest) -> KVPlan:
         raise ApiError(
             400, f"{FIELD}.do_remote_decode: a prefill leg is not streamed (stream: false)"
         )
-    return KVPlan(kv_export=uuid.uuid4().hex)
 
 
-async def _import(pd: PDContext, params: Mapping[str, Any], ids: list[int]) -> KVPlan:
-    try:
-        handle = parse_handle(params)
-    except HandleError as exc:
-        raise ApiError(400, str(exc)) from None
-    if not pd.role.imports or pd.layout is None:
-        pd.metrics.fallback("role" if not pd.role.imports else "ranks")
-        await cancel(pd, handle)
-        return KVPlan()
-    _check_matches(pd, handle, ids)
-    try:
-        kv_import = await pull(pd, handle)
-    except PullFailed:
-        pd.metrics.fallback("pull_failed")
-        await cancel(pd, handle)
-        return KVPlan()
-    for part, seconds in (("prefill_queue", handle.queue_s), ("prefill", handle.prefill_s),
-                          ("handoff", handle.first_token_age_s)):  # fmt: skip
-        pd.metrics.ttft_parts.labels(part).observe(seconds)
-    return KVPlan(kv_import=kv_import, handle=handle)
+async def _cancel_trusted(pd: PDContext, handles: Sequence[Handle],
+                          trusted: Sequence[bool]) -> None:  # fmt: skip
+    for handle, is_trusted in zip(handles, trusted, strict=True):
+        if is_trusted:
+            await cancel(pd, handle)
+
+
+async def _import_all(pd: PDContext, handles: Sequence[Handle],
+                      trusted: Sequence[bool]) -> list[KVPlan]:  # fmt: skip
+    """Pull each prompt's KV from a trusted endpoint (else, or when a pull fails, that
+    prompt prefills here, counted); past an import cap nothing is kept and it is a 503."""
+    plans: list[KVPlan] = []
+    for index, (handle, is_trusted) in enumerate(zip(handles, trusted, strict=True)):
+        if not is_trusted:
+            pd.metrics.fallback("untrusted")
+            plans.append(KVPlan())
+            continue
+        try:
+            kv_import = await pull(pd, handle)
+        except ImportCapReached as exc:
+            release_imports(plans)
+            await _cancel_trusted(pd, handles[index:], trusted[index:])
+            raise ApiError(503, f"{FIELD}: {exc}", "unavailable") from None
+        except PullFailed:
+            pd.metrics.fallback("pull_failed")
+            await cancel(pd, handle)
+            plans.append(KVPlan())
+            continue
+        for part, seconds in (("prefill_queue", handle.queue_s), ("prefill", handle.prefill_s),
+                              ("handoff", handle.first_token_age_s)):  # fmt: skip
+            pd.metrics.ttft_parts.labels(part).observe(seconds)
+        plans.append(KVPlan(kv_import=kv_import, handle=handle))
+    return plans
 
 
 def _check_matches(pd: PDContext, handle: Handle, ids: list[int]) -> None:
@@ -116,21 +157,28 @@ def _check_matches(pd: PDContext, handle: Handle, ids: list[int]) -> None:
                        f"request's prompt is {len(ids)} tokens")  # fmt: skip
     if handle.prompt_digest != prompt_digest(ids):
         raise ApiError(400, f"{where}.prompt_digest: the KV is another prompt's")
+    if pd.vocab_size is not None and handle.first_token >= pd.vocab_size:
+        raise ApiError(400, f"{where}.first_token: {handle.first_token} is outside the "
+                       f"vocabulary [0, {pd.vocab_size})")  # fmt: skip
 
 
 async def _own_prefill_leg(pd: PDContext, body: GenerationRequest, headers: Mapping[str, str],
                            path: str) -> dict[str, Any] | None:  # fmt: skip
     """Play llm-d's sidecar: send the prefill leg to the named or a known prefiller and
-    return its handle; None (counted) when none answers with one."""
+    return its handles; None (counted) when none answers with them. A header naming an
+    endpoint the pool does not know is not followed (unless the router is trusted)."""
     if not pd.role.imports:
         return None
+    endpoint = pd.prefillers.next()
     if PREFILLER_HEADER in headers:
         try:
-            endpoint: str | None = header_endpoint(headers[PREFILLER_HEADER])
+            named = header_endpoint(headers[PREFILLER_HEADER])
         except ValueError as exc:
             raise ApiError(400, f"{PREFILLER_HEADER}: {exc}") from None
-    else:
-        endpoint = pd.prefillers.next()
+        if pd.trusts_prefiller_header or pd.prefillers.is_known(named):
+            endpoint = named
+        else:
+            pd.metrics.fallback("untrusted")
     if endpoint is None:
         return None
     params = await _send_leg(pd, f"http://{endpoint}{path}", prefill_leg_body(body))
@@ -142,8 +190,11 @@ async def _own_prefill_leg(pd: PDContext, body: GenerationRequest, headers: Mapp
 def prefill_leg_body(body: GenerationRequest) -> dict[str, Any]:
     """The client's body as llm-d's sidecar changes it for the prefill leg."""
     leg = body.model_dump(mode="json", exclude_unset=True)
-    for name in ("stream_options", "min_tokens", "max_completion_tokens"):
+    # One export per prompt, shared by its n choices (a leg runs each prompt once).
+    for name in ("stream_options", "min_tokens", "max_completion_tokens", "n", "best_of"):
         leg.pop(name, None)
+    if body.min_tokens:  # its first token is drawn as the client's would be: EOS masked
+        leg["min_tokens"] = 1
     return leg | {"kv_transfer_params": dict(PREFILL_LEG_PARAMS), "stream": False, "max_tokens": 1}
 
 

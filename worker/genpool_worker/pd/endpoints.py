@@ -1,6 +1,8 @@
-"""Prefill endpoints (``host:port``) a decode worker sends prefill legs to: from
-``--prefillers``, ``PUT /prefillers`` (the operator) or the ``x-prefiller-host-port``
-header (llm-d's picker), checked the same way; known ones are taken round robin."""
+"""Prefill endpoints (``host:port``) a decode worker sends prefill legs to and pulls KV
+from: the pool's known ones (``--prefillers``, ``PUT /prefillers`` from the operator),
+taken round robin. The ``x-prefiller-host-port`` header (llm-d's picker) is parsed the
+same way; it is followed only to a known endpoint, unless the worker trusts the router
+(``--trust-prefiller-header``): docs/operations.md#threat-model."""
 
 from __future__ import annotations
 
@@ -12,6 +14,12 @@ from collections.abc import Iterable
 PREFILLER_HEADER = "x-prefiller-host-port"  # llm-d's name (docs/pd.md)
 MAX_ENDPOINTS = 1024
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253})$")
+
+
+def endpoint_text(host: str, port: int) -> str:
+    """``host:port`` as ``parse_endpoint`` spells it (an IPv6 host bracketed)."""
+    bracketed = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"{bracketed}:{port}"
 
 
 def parse_endpoint(text: str) -> str:
@@ -55,6 +63,10 @@ class Prefillers:
     @property
     def endpoints(self) -> tuple[str, ...]:
         return self._endpoints
+
+    def is_known(self, endpoint: str) -> bool:
+        """``endpoint`` (``host:port``) is one of the pool's prefill workers."""
+        return endpoint in self._endpoints
 
     def next(self) -> str | None:
         with self._lock:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from genpool_worker.pd.endpoints import endpoint_text
 from genpool_worker.pd.layout import KVLayout
 
 HANDLE_KEY = "genpool"  # our handle's key inside kv_transfer_params
@@ -81,19 +82,51 @@ class Handle:
     prefill_s: float
     expires_in_s: float
 
-    def to_params(self) -> dict[str, Any]:
-        """The top-level ``kv_transfer_params`` of the prefill leg's response."""
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` of the pull, as the known prefill endpoints spell it."""
+        return endpoint_text(self.host, self.port)
+
+    def to_json(self) -> dict[str, Any]:
+        """The handle as ``kv_transfer_params.genpool`` carries it."""
         handle = {"version": HANDLE_VERSION} | {
             f.name: getattr(self, f.name) for f in fields(self) if f.name != "layout"
         }
         handle["layout"] = self.layout.to_json()
-        return {"do_remote_prefill": True, "do_remote_decode": False, HANDLE_KEY: handle}
+        return handle
+
+    def to_params(self) -> dict[str, Any]:
+        """The top-level ``kv_transfer_params`` of a one-prompt prefill leg's response."""
+        return handle_params([self])
 
 
-def parse_handle(params: Mapping[str, Any]) -> Handle:
-    """The GenPool handle of ``params`` (``classify`` said GENPOOL); raises ``HandleError``."""
+def handle_params(handles: Sequence[Handle]) -> dict[str, Any]:
+    """A prefill leg's top-level ``kv_transfer_params``: one handle per prompt (an object
+    for one prompt, as before; a list, in prompt order, for several)."""
+    parts = [handle.to_json() for handle in handles]
+    return {"do_remote_prefill": True, "do_remote_decode": False,
+            HANDLE_KEY: parts[0] if len(parts) == 1 else parts}  # fmt: skip
+
+
+def parse_handles(params: Mapping[str, Any], num_prompts: int) -> list[Handle]:
+    """The GenPool handles of ``params`` (``classify`` said GENPOOL), one per prompt of
+    the request; raises ``HandleError`` naming the field."""
     raw = params.get(HANDLE_KEY)
     where = f"{FIELD}.{HANDLE_KEY}"
+    if isinstance(raw, Mapping):
+        raw = [raw]
+        places = [where]
+    elif isinstance(raw, list) and raw:
+        places = [f"{where}[{i}]" for i in range(len(raw))]
+    else:
+        raise HandleError(where, "must be an object or a list of them")
+    if len(raw) != num_prompts:
+        raise HandleError(where, f"{len(raw)} handles for {num_prompts} prompts")
+    return [parse_handle(part, place) for part, place in zip(raw, places, strict=True)]
+
+
+def parse_handle(raw: object, where: str = f"{FIELD}.{HANDLE_KEY}") -> Handle:
+    """One GenPool handle (at ``where`` in the body); raises ``HandleError``."""
     if not isinstance(raw, Mapping):
         raise HandleError(where, "must be an object")
     if raw.get("version") != HANDLE_VERSION:

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 SIDES = ("export", "import")
-FALLBACK_REASONS = ("foreign", "pull_failed", "prefill_failed", "role", "ranks")
+# "untrusted": a header or handle named an endpoint the pool does not know (not contacted)
+FALLBACK_REASONS = ("foreign", "pull_failed", "prefill_failed", "role", "ranks", "untrusted")
 TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # A P/D request's time to first token, in its parts (the decode worker observes them).
 TTFT_PARTS = ("prefill_queue", "prefill", "handoff", "transfer", "gen_wait")

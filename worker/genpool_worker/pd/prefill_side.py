@@ -5,13 +5,14 @@ this worker's own clock go into it, so the decode worker's clock need not agree.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import Request
 
 from genpool_worker.engine_io import EngineRequest
 from genpool_worker.pd.context import PDContext
-from genpool_worker.pd.handle import Handle, prompt_digest
+from genpool_worker.pd.handle import Handle, handle_params, prompt_digest
 
 
 def pull_address(request: Request) -> tuple[str, int]:
@@ -24,11 +25,23 @@ def pull_address(request: Request) -> tuple[str, int]:
     return request.url.hostname or "127.0.0.1", int(request.url.port or 80)
 
 
-def handle_params(
-    pd: PDContext, request: Request, submitted: EngineRequest
+def leg_handles(
+    pd: PDContext, request: Request, legs: Sequence[EngineRequest]
 ) -> dict[str, Any] | None:
-    """The response's top-level ``kv_transfer_params``; None when nothing is held (the
-    request was aborted, or its export already expired)."""
+    """The response's top-level ``kv_transfer_params``, one handle per prompt; None when
+    any prompt holds nothing (aborted, or its export already expired): then the others'
+    blocks are freed at once rather than held for a pull that will not come."""
+    handles = [_handle(pd, request, leg) for leg in legs]
+    present = [h for h in handles if h is not None]
+    if len(present) == len(handles):
+        return handle_params(present)
+    if pd.exports is not None:
+        for handle in present:
+            pd.exports.cancel(handle.transfer_id)
+    return None
+
+
+def _handle(pd: PDContext, request: Request, submitted: EngineRequest) -> Handle | None:
     arrival = submitted.arrival
     export = (
         None
@@ -40,7 +53,7 @@ def handle_params(
     started = submitted.prefill_started_at or submitted.received_at
     now = time.time()
     host, port = pull_address(request)
-    handle = Handle(
+    return Handle(
         transfer_id=export.transfer_id,
         host=host,
         port=port,
@@ -56,4 +69,3 @@ def handle_params(
         prefill_s=max(0.0, submitted.first_token_at - started),
         expires_in_s=max(0.0, export.expires_at - time.monotonic()),
     )
-    return handle.to_params()

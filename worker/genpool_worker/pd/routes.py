@@ -3,6 +3,7 @@ update of the known prefill endpoints (the operator keeps them current)."""
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -29,6 +30,20 @@ def _pd(request: Request) -> PDContext:
     return context_of(request).pd
 
 
+def require_kv_secret(request: Request) -> None:
+    """A pull or cancel carries the pool's KV secret (``Authorization: Bearer``) when the
+    worker has one: without it a client could read another's KV or free it."""
+    secret = _pd(request).kv_secret
+    if not secret:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise ApiError(401, "KV transfer: the pool's KV secret is required",
+                       "authentication_error")  # fmt: skip
+    if not hmac.compare_digest(token.encode(), secret.encode()):
+        raise ApiError(403, "KV transfer: wrong KV secret", "permission_error")
+
+
 def _transfer_id(transfer_id: str) -> str:
     if not TRANSFER_ID.match(transfer_id):
         raise ApiError(400, "transfer_id must be 32 lowercase hex digits")
@@ -38,6 +53,7 @@ def _transfer_id(transfer_id: str) -> str:
 @router.get(KV_PATH)
 async def pull_kv(request: Request, transfer_id: str) -> Response:
     """An export's blocks, once: a second pull, an unknown or expired id is a 404."""
+    require_kv_secret(request)
     context = context_of(request)
     registry = context.pd.exports
     export = None if registry is None else registry.claim(_transfer_id(transfer_id))
@@ -63,6 +79,7 @@ async def pull_kv(request: Request, transfer_id: str) -> Response:
 @router.delete(KV_PATH)
 async def cancel_kv(request: Request, transfer_id: str) -> Response:
     """The decode worker will not pull: free the blocks now (204), or 404."""
+    require_kv_secret(request)
     registry = _pd(request).exports
     if registry is None or not registry.cancel(_transfer_id(transfer_id)):
         raise ApiError(404, f"no KV export {transfer_id} waiting", "not_found_error")

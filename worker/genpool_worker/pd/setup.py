@@ -9,6 +9,11 @@ from genpool_worker.metrics import WorkerMetrics
 from genpool_worker.pd.context import PDContext, Role
 from genpool_worker.pd.endpoints import Prefillers
 from genpool_worker.pd.exports import ExportRegistry
+from genpool_worker.pd.import_budget import (
+    DEFAULT_MAX_KV_IMPORT_BYTES,
+    DEFAULT_MAX_KV_PULLS,
+    ImportBudget,
+)
 from genpool_worker.pd.metrics import PDMetrics
 from genpool_worker.worker_config import DEFAULT_KV_EXPORT_TIMEOUT_S, WorkerConfig
 
@@ -18,10 +23,16 @@ class PDSettings:
     role: Role = Role.BOTH
     prefillers: tuple[str, ...] = ()
     kv_export_timeout_s: float = DEFAULT_KV_EXPORT_TIMEOUT_S
+    kv_secret: str | None = None  # read from --kv-secret-file by the CLI
+    trusts_prefiller_header: bool = False
+    max_kv_pulls: int = DEFAULT_MAX_KV_PULLS
+    max_kv_import_bytes: int = DEFAULT_MAX_KV_IMPORT_BYTES
 
     @classmethod
-    def from_config(cls, config: WorkerConfig) -> PDSettings:
-        return cls(Role(config.role), config.prefiller_endpoints(), config.kv_export_timeout_s)
+    def from_config(cls, config: WorkerConfig, kv_secret: str | None = None) -> PDSettings:
+        return cls(Role(config.role), config.prefiller_endpoints(), config.kv_export_timeout_s,
+                   kv_secret, config.trust_prefiller_header, config.max_kv_pulls,
+                   config.max_kv_import_bytes)  # fmt: skip
 
 
 def build_pd_context(engine: GenEngine, metrics: WorkerMetrics, settings: PDSettings) -> PDContext:
@@ -42,4 +53,8 @@ def build_pd_context(engine: GenEngine, metrics: WorkerMetrics, settings: PDSett
             on_outcome=pd_metrics.count_export,
         )
         engine.kv_handoff.exports = exports
-    return PDContext(settings.role, layout, pd_metrics, exports, Prefillers(settings.prefillers))
+    budget = ImportBudget(settings.max_kv_pulls, settings.max_kv_import_bytes)
+    return PDContext(settings.role, layout, pd_metrics, exports, Prefillers(settings.prefillers),
+                     kv_secret=settings.kv_secret or None,
+                     trusts_prefiller_header=settings.trusts_prefiller_header, imports=budget,
+                     vocab_size=engine.model_info.vocab_size)  # fmt: skip

@@ -40,13 +40,31 @@ async def send_export(
         registry.finish(export.transfer_id, is_ok=is_ok)
 
 
+def secret_headers(pd: PDContext) -> dict[str, str]:
+    """What a pull or cancel carries: the pool's KV secret, as a bearer token."""
+    return {"authorization": f"Bearer {pd.kv_secret}"} if pd.kv_secret else {}
+
+
 async def pull(pd: PDContext, handle: Handle) -> KVImport:
-    """Read ``handle``'s blocks; raises ``PullFailed``. Counted in the import metrics."""
+    """Read ``handle``'s blocks within the import caps; raises ``ImportCapReached`` (nothing
+    pulled) or ``PullFailed``. Counted in the import metrics."""
+    pd.imports.start_pull(handle.num_bytes)
+    kept = 0
+    try:
+        data = await _read(pd, handle)
+        kept = len(data)
+    finally:
+        pd.imports.end_pull(kept, handle.num_bytes)
+    return KVImport(data, handle.num_blocks, handle.first_token,
+                    on_release=lambda: pd.imports.release(kept))  # fmt: skip
+
+
+async def _read(pd: PDContext, handle: Handle) -> bytearray:
     started = time.perf_counter()
     url = kv_url(handle.host, handle.port, handle.transfer_id)
     data = bytearray()
     try:
-        async with pd.http.stream("GET", url) as response:
+        async with pd.http.stream("GET", url, headers=secret_headers(pd)) as response:
             if response.status_code != 200:
                 raise PullFailed(f"GET {url}: HTTP {response.status_code}")
             async for chunk in response.aiter_bytes():
@@ -64,10 +82,11 @@ async def pull(pd: PDContext, handle: Handle) -> KVImport:
     pd.metrics.transfer_bytes.labels("import").inc(len(data))
     pd.metrics.transfer_seconds.observe(seconds)
     pd.metrics.ttft_parts.labels("transfer").observe(seconds)
-    return KVImport(data, handle.num_blocks, handle.first_token)
+    return data
 
 
 async def cancel(pd: PDContext, handle: Handle) -> None:
     """Tell the prefill worker its blocks will not be pulled (best effort: they expire)."""
+    url = kv_url(handle.host, handle.port, handle.transfer_id)
     with contextlib.suppress(httpx.HTTPError):
-        await pd.http.delete(kv_url(handle.host, handle.port, handle.transfer_id))
+        await pd.http.delete(url, headers=secret_headers(pd))
