@@ -29,6 +29,7 @@ from genpool_core.names import (
     PREFILL_ROLE,
     WORKER_PORT,
 )
+from genpool_operator.kv_secret import build_kv_secret, kv_secret_name
 from genpool_operator.pod_template import ADMIN_TOKEN_KEY, CONFIG_KEY, PodRefs, build_pod_template
 from genpool_operator.spec import GenPoolSpec
 from genpool_operator.tiers import (
@@ -217,6 +218,7 @@ def _statefulset(
         config_hash=config_hash(spec),
         configmap_name=configmap_name(pool.name),
         admin_secret_name=admin_secret_name(pool.name),
+        kv_secret_name=kv_secret_name(pool.name),
         config_key=config_key,
         role=role,
     )
@@ -253,10 +255,15 @@ def build_children(
     """Every child, in apply order: what the pods reference comes before the StatefulSet.
 
     Without an admin token (an operator run without GENPOOL_ADMIN_TOKEN) there is no
-    Secret; the pods' secretKeyRef is optional, so their admin endpoints are as open as
-    the operator's calls to them are unauthenticated.
+    Secret; the pods' secretKeyRef and KV secret volume are optional, so their admin
+    endpoints and KV pulls are as open as the operator's calls to them are
+    unauthenticated.
     """
-    secret = [build_admin_secret(pool, admin_token)] if admin_token else []
+    secret = (
+        [build_admin_secret(pool, admin_token),
+         build_kv_secret(pool, admin_token, _metadata(pool, kv_secret_name(pool.name)))]
+        if admin_token else []
+    )  # fmt: skip
     image = resolve_image(spec, image_default)
     prefill = [build_prefill_statefulset(pool, spec, image)] if spec.prefill else []
     return [

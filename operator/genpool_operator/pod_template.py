@@ -9,7 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from genpool_core.names import CONFIG_HASH_ANNOTATION, WORKER_PORT
+from genpool_core.names import (
+    CONFIG_HASH_ANNOTATION,
+    KV_SECRET_FILE_ENV,
+    KV_SECRET_KEY,
+    KV_SECRET_MOUNT_PATH,
+    WORKER_PORT,
+)
 from genpool_core.termination import DEFAULT_TERMINATION_LOG
 from genpool_operator.spec import MODEL_MOUNT_PATH, GenPoolSpec
 from genpool_operator.spec_sections import is_reserved_env
@@ -21,6 +27,7 @@ HOME_DIR = "/home/genpool"
 RUN_AS_ID = 10001
 GPU_RESOURCE = "nvidia.com/gpu"
 MODEL_VOLUME_NAME = "model"
+KV_SECRET_VOLUME = "kv-secret"
 # The preStop drain may take drain.timeoutSeconds; the process needs a little after it.
 GRACE_MARGIN_S = 5
 
@@ -33,6 +40,7 @@ class PodRefs:
     config_hash: str
     configmap_name: str
     admin_secret_name: str
+    kv_secret_name: str = ""  # the pool's KV secret, mounted (docs/operations.md)
     config_key: str = CONFIG_KEY  # the tier's worker.json in the ConfigMap
     role: str | None = None  # the worker's --role (None: its default, both)
 
@@ -66,7 +74,7 @@ def _pod_spec(spec: GenPoolSpec, image: str, refs: PodRefs) -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [_container(spec, image, refs)],
-        "volumes": _volumes(spec),
+        "volumes": _volumes(spec, refs),
     }
     if user.node_selector:
         pod["nodeSelector"] = dict(user.node_selector)
@@ -139,6 +147,7 @@ def _env(spec: GenPoolSpec, refs: PodRefs) -> list[dict[str, Any]]:
             },
         },
         {"name": "GENPOOL_DRAIN_TIMEOUT_S", "value": str(spec.drain.timeout_seconds)},
+        {"name": KV_SECRET_FILE_ENV, "value": f"{KV_SECRET_MOUNT_PATH}/{KV_SECRET_KEY}"},
     ]
     taken = {var["name"] for var in ours}
     # The spec model already refuses reserved names; skipping them again keeps the pod
@@ -185,11 +194,14 @@ def _needs_shared_memory(spec: GenPoolSpec) -> bool:
     return spec.accelerator == "nvidia" and spec.tensor_parallel_size > 1
 
 
-def _volumes(spec: GenPoolSpec) -> list[dict[str, Any]]:
+def _volumes(spec: GenPoolSpec, refs: PodRefs) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = [
         {"name": "tmp", "emptyDir": {}},
         {"name": "cache", "emptyDir": {}},
-    ]
+        # optional: an operator without an admin token writes no KV secret (open pulls).
+        {"name": KV_SECRET_VOLUME, "secret": {
+            "secretName": refs.kv_secret_name, "optional": True, "defaultMode": 0o440}},
+    ]  # fmt: skip
     if _needs_shared_memory(spec):
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}})
     source = spec.model_volume
@@ -213,6 +225,7 @@ def _volume_mounts(spec: GenPoolSpec) -> list[dict[str, Any]]:
     mounts = [
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "cache", "mountPath": f"{HOME_DIR}/.cache"},
+        {"name": KV_SECRET_VOLUME, "mountPath": KV_SECRET_MOUNT_PATH, "readOnly": True},
     ]
     if _needs_shared_memory(spec):
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})

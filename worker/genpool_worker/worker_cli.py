@@ -285,10 +285,15 @@ def _serve(
 
 def read_kv_secret(config: WorkerConfig, environ: Mapping[str, str]) -> str | None:
     """The pool's KV secret from ``--kv-secret-file`` or ``GENPOOL_KV_SECRET_FILE`` (the
-    operator mounts ``<pool>-kv-secret`` there); None when neither names a file. A file
-    named but missing or empty is an error: a worker must not serve its KV open by mistake."""
+    operator mounts ``<pool>-kv-secret`` there); None when neither names a file, or the
+    env's file is absent (the operator's volume is optional: an operator without an admin
+    token writes no Secret). A flag's file missing, or an empty file, is an error: a worker
+    must not serve its KV open by mistake."""
     path = config.kv_secret_file or environ.get(KV_SECRET_FILE_ENV) or None
     if path is None:
+        return None
+    if not config.kv_secret_file and not Path(path).is_file():
+        log.warning("no KV secret at %s: KV pulls and cancels are open", path)
         return None
     secret = Path(path).read_text().strip()
     if not secret:

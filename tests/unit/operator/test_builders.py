@@ -143,7 +143,7 @@ def test_same_input_same_children(name: str) -> None:
 def test_labels_owner_and_selector_on_every_child() -> None:
     children = children_of("pool-a", POOLS["cpu-off"])
     assert [c["kind"] for c in children] == [
-        "Secret", "ConfigMap", "Service", "Service", "PodDisruptionBudget", "StatefulSet",
+        "Secret", "Secret", "ConfigMap", "Service", "Service", "PodDisruptionBudget", "StatefulSet",
     ]  # fmt: skip
     for child in children:
         meta = child["metadata"]

@@ -76,7 +76,8 @@ def test_a_pd_pool_has_two_statefulsets_with_roles_labels_and_args() -> None:
 def test_every_child_is_owned_and_labelled_and_only_the_prefill_statefulset_has_a_role() -> None:
     built = build_children(POOL, GenPoolSpec.from_body(PD), image_default="w:1", admin_token="t")
     assert [(c["kind"], c["metadata"]["name"]) for c in built] == [
-        ("Secret", "chat-worker-admin"), ("ConfigMap", "chat-worker-config"),
+        ("Secret", "chat-worker-admin"), ("Secret", "chat-kv-secret"),
+        ("ConfigMap", "chat-worker-config"),
         ("Service", "chat-worker-headless"), ("Service", "chat-worker"),
         ("PodDisruptionBudget", "chat-worker"), ("StatefulSet", "chat-worker"),
         ("StatefulSet", "chat-prefill"),
