@@ -222,7 +222,7 @@ def _volumes(spec: GenPoolSpec, refs: PodRefs) -> list[dict[str, Any]]:
 
 
 def _volume_mounts(spec: GenPoolSpec) -> list[dict[str, Any]]:
-    mounts = [
+    mounts: list[dict[str, Any]] = [
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "cache", "mountPath": f"{HOME_DIR}/.cache"},
         {"name": KV_SECRET_VOLUME, "mountPath": KV_SECRET_MOUNT_PATH, "readOnly": True},

@@ -257,7 +257,7 @@ def test_restart_mid_reconcile_creates_no_duplicates(
         "services": 2,
         "configmaps": 1,
         "poddisruptionbudgets": 1,
-        "secrets": 1,
+        "secrets": 2,  # the admin token's copy and the pool's KV secret
     }
     pods = wait_for(
         lambda: len(p := ready_pods(kube_api, namespace, "restart")) == 2 and p,
