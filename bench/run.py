@@ -25,6 +25,7 @@ BENCHMARKS: dict[str, str] = {
     "worker": "bench.worker",
     "operator": "bench.operator",
     "kv_residents": "bench.kv_residents",
+    "fuzz": "bench.fuzz",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

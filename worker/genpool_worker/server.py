@@ -16,6 +16,7 @@ from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
 from genpool_worker.http_common import ApiError, ServerContext, context_of, error_response
 from genpool_worker.metrics import WorkerMetrics
+from genpool_worker.openapi import install_openapi
 from genpool_worker.pd import routes as pd_routes
 from genpool_worker.pd.setup import PDSettings, build_pd_context
 
@@ -78,4 +79,5 @@ def create_app(
     app.add_exception_handler(Exception, _internal_error)
     for module in (completions_route, chat_route, status_routes, admin_routes, pd_routes):
         app.include_router(module.router)
+    install_openapi(app)
     return app
