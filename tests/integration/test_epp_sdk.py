@@ -40,6 +40,7 @@ from tests.integration.operator_harness import (
     ready_pods,
 )
 from tests.polling import wait_for
+from tests.worker.pd_support import metric
 
 POOL = "sdk-routed"
 MODEL = "synthetic:tiny"
@@ -244,6 +245,15 @@ def test_the_openai_sdk_reaches_the_pool_through_the_endpoint_picker(
         assert sent > 0 and served[ip] == sent, (ip, sent, served)
     # The gateway went where the picker said.
     assert Counter(PICKED.findall(picker.log_text())) == gateway.routed
+    # Every request was keyed by the gateway's clock (its x-genpool-arrival-time), none
+    # by a worker's receipt or a body stamp, and no stamp was old enough to be clamped.
+    for ip in ips:
+        url = f"http://{ip}:{WORKER_PORT}"
+        by_header = metric(url, "genpool_arrival_keys_total", source="header", clamped="false")
+        assert by_header == served[ip], (ip, by_header, served[ip])
+        for source in ("receipt", "body", "unkeyed"):
+            assert metric(url, "genpool_arrival_keys_total", source=source) == 0, (ip, source)
+        assert metric(url, "genpool_arrival_keys_total", clamped="true") == 0, ip
     condition = next(c for c in status["conditions"] if c["type"] == SLO_MET)
     assert condition["reason"] == "WithinTarget", condition
     assert 0 < status["slo"]["ttftP90Seconds"] <= SLO_TTFT_S

@@ -5,6 +5,7 @@ best of their alternatives, and ``n`` seeded choices differing from each other."
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import openai
 
@@ -33,3 +34,26 @@ def test_seeded_sampling_and_logprobs_on_smollm2(worker_factory: Factory) -> Non
     assert len({c.text for c in choices}) > 1  # seed + j per choice
     penalised = complete(frequency_penalty=2.0, extra_body={"repetition_penalty": 1.5})
     assert penalised.choices[0].text != greedy.choices[0].text
+
+
+def test_ignore_eos_and_min_tokens_on_smollm2(worker_factory: Factory) -> None:
+    # A short chat answer ends with EOS long before its limit; ignore_eos decodes on to the
+    # limit, and min_tokens keeps EOS masked until that many tokens are out (vLLM's rule).
+    worker = worker_factory(model="smollm2-135m", max_batch_size=2, max_seq_len=512)
+    client = openai.OpenAI(base_url=f"{worker.url}/v1", api_key="unused", max_retries=0)
+    model = client.models.list().data[0].id
+    messages: Any = [{"role": "user", "content": "Say hi."}]
+
+    def chat(**knobs: object) -> Any:
+        return client.chat.completions.create(model=model, messages=messages, max_tokens=64,
+                                              temperature=0, **knobs)  # fmt: skip
+
+    short = chat()
+    assert short.choices[0].finish_reason == "stop" and short.usage is not None
+    ends_at = short.usage.completion_tokens
+    assert ends_at < 64
+    forced = chat(extra_body={"ignore_eos": True})
+    assert forced.choices[0].finish_reason == "length" and forced.usage is not None
+    assert forced.usage.completion_tokens == 64
+    held = chat(extra_body={"min_tokens": ends_at + 5})
+    assert held.usage is not None and held.usage.completion_tokens >= ends_at + 5
