@@ -10,6 +10,7 @@ import pytest
 from genpool_worker.api import CompletionRequest
 from genpool_worker.generation import make_arrival
 from genpool_worker.http_common import ApiError, ServerContext
+from genpool_worker.metrics import WorkerMetrics
 from genpool_worker.slo_request import TPOT_HEADER, TTFT_HEADER, RequestSlo, request_slo
 
 
@@ -42,6 +43,7 @@ def test_the_body_overrides_a_header_field_by_field() -> None:
         ({}, {"tpot_ms": 0}, "slo.tpot_ms"),
         ({}, {"tpot_ms": [5]}, "slo.tpot_ms"),
         ({}, {"tpot_ms": 1e12}, "slo.tpot_ms"),
+        ({}, {"ttft_ms": 10**400}, "slo.ttft_ms"),  # the fuzz bench found it a 500
         ({}, {"ttft": 100}, "slo.ttft"),
     ],
 )
@@ -55,7 +57,9 @@ def test_a_bad_value_is_a_400_naming_it(
 
 def fake_context(max_seq_len: int = 100) -> ServerContext:
     engine = SimpleNamespace(model_info=SimpleNamespace(max_seq_len=max_seq_len))
-    return cast(ServerContext, SimpleNamespace(engine=engine, stamp_arrival=False))
+    metrics = WorkerMetrics("synthetic:test", is_synthetic=True)
+    return cast(ServerContext, SimpleNamespace(engine=engine, stamp_arrival=False,
+                                               max_arrival_age_s=5.0, metrics=metrics))  # fmt: skip
 
 
 def test_the_arrival_carries_the_request_slo() -> None:

@@ -31,9 +31,13 @@ def _milliseconds(value: object, name: str) -> float:
             raise ApiError(400, f"{name}: not a number: {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ApiError(400, f"{name}: must be a number of milliseconds, got {value!r}")
-    ms = float(value)
+    try:
+        ms = float(value)
+    except OverflowError:  # an integer too large for a float: out of range, not a crash
+        ms = math.inf
     if not (math.isfinite(ms) and 0.0 < ms <= MAX_SLO_MS):
-        raise ApiError(400, f"{name}: must be in (0, {MAX_SLO_MS:.0f}] ms, got {value!r}")
+        shown = f"{value!r}"[:40]
+        raise ApiError(400, f"{name}: must be in (0, {MAX_SLO_MS:.0f}] ms, got {shown}")
     return ms
 
 
