@@ -26,6 +26,7 @@ BENCHMARKS: dict[str, str] = {
     "operator": "bench.operator",
     "kv_residents": "bench.kv_residents",
     "fuzz": "bench.fuzz",
+    "faults": "bench.faults",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
