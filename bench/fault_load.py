@@ -12,7 +12,6 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import openai
 
 REQUEST_TIMEOUT_S = 60.0  # a request still open after this is a hang
@@ -23,17 +22,18 @@ MAX_TOKENS = 24
 class Record:
     started: float  # monotonic s
     ended: float
-    outcome: str  # "ok", "truncated", "hang", or "error:<cause>"
+    outcome: str  # "ok", "truncated" (ended without a finish reason), or "error:<cause>"
 
 
 def _cause(exc: Exception) -> str:
-    """A failed request's cause, as a client sees it: the HTTP status, or the error kind."""
-    if isinstance(exc, openai.APITimeoutError | httpx.TimeoutException):
-        return "hang"
+    """A failed request's cause, as a client sees it: the HTTP status, an error event in
+    the stream, or the transport error (its class: a cut stream, a refused connection,
+    the client's own timeout)."""
     if isinstance(exc, openai.APIStatusError):
         return f"error:http {exc.status_code}"
-    if isinstance(exc, openai.APIConnectionError):
-        return "error:connection"
+    if isinstance(exc, openai.APIConnectionError):  # the SDK wraps the transport's error
+        inner = exc.__cause__ or exc.__context__
+        return f"error:{type(exc).__name__} ({type(inner).__name__})"
     if isinstance(exc, openai.APIError):  # an error event inside the stream
         return "error:stream error event"
     return f"error:{type(exc).__name__}"
@@ -92,6 +92,8 @@ class StreamingLoad:
 def summarise(records: list[Record], since: float) -> dict[str, Any]:
     """Requests sent, by outcome, and their latency; times relative to ``since``."""
     outcomes = Counter(record.outcome for record in records)
+    # A hang is a request the client's own timeout had to end, whatever error it became.
+    hangs = [r for r in records if r.ended - r.started >= REQUEST_TIMEOUT_S]
     ok = sorted(r.ended - r.started for r in records if r.outcome == "ok")
     failed = [r for r in records if r.outcome != "ok"]
     return {
@@ -99,7 +101,7 @@ def summarise(records: list[Record], since: float) -> dict[str, Any]:
         "ok": outcomes.get("ok", 0),
         "failed": len(failed),
         "failed_by_cause": {k: v for k, v in sorted(outcomes.items()) if k != "ok"},
-        "hangs": outcomes.get("hang", 0),
+        "hangs": len(hangs),
         "truncated_silently": outcomes.get("truncated", 0),
         "ok_latency_p50_s": round(ok[len(ok) // 2], 3) if ok else None,
         "ok_latency_max_s": round(ok[-1], 3) if ok else None,

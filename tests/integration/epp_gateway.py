@@ -199,10 +199,19 @@ class EppGateway:
         headers = _forwardable(_apply(dict(raw), answer.response_headers.response))
 
         pieces: asyncio.Queue[bytes | None] = asyncio.Queue()
+        broke: list[BaseException] = []
 
         async def send_body() -> None:
-            async for chunk in upstream.aiter_raw():
-                await call.write(ep.ProcessingRequest(response_body=ep.HttpBody(body=chunk)))
+            try:
+                async for chunk in upstream.aiter_raw():
+                    await call.write(ep.ProcessingRequest(response_body=ep.HttpBody(body=chunk)))
+            except Exception as exc:
+                # The reply broke midway (its pod died): as Envoy resets the client's
+                # stream, end it now; the EPP's stream is cancelled, so nobody waits on it.
+                broke.append(exc)
+                pieces.put_nowait(None)
+                call.cancel()
+                raise
             await call.write(ep.ProcessingRequest(response_body=ep.HttpBody(end_of_stream=True)))
 
         async def pump() -> None:
@@ -232,6 +241,8 @@ class EppGateway:
             try:
                 while (piece := await pieces.get()) is not None:
                     yield piece
+                if broke:  # cut the reply short: the client sees it end without its close
+                    raise RuntimeError(f"the reply from the pod broke: {broke[0]!r}")
                 await task  # its error, if any, cuts the reply short
             finally:  # the client left: the reply has a grace to end, then it is cut off
                 asyncio.get_running_loop().call_later(LEFT_GRACE_S, task.cancel)
