@@ -193,8 +193,9 @@ class EngineRequest:
         return (token in eos and not arrival.ignore_eos) or token in arrival.stop_token_ids
 
     def emit(self, event: EngineEvent) -> None:
-        if self.loop is not None:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        if self.loop is None or self.loop.is_closed():  # no client, or the server is gone
+            return
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
 @dataclass(frozen=True)
