@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import (
@@ -15,6 +14,12 @@ from pydantic import (
     model_validator,
 )
 
+from genpool_worker.edge_limits import (
+    MAX_COUNT,
+    MAX_SEED,
+    check_token_ids,
+    int_as_float,
+)
 from genpool_worker.sampling_params import (
     MAX_LOGPROBS,
     MAX_REPETITION_PENALTY,
@@ -37,11 +42,6 @@ ARRIVAL_SOURCES: tuple[ArrivalSource, ...] = ("header", "body", "receipt", "unke
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_CHOICES = 16  # n, and n x prompts of one completions request
 MAX_STOP_TOKEN_IDS = 64
-# Every count and token id a body carries is at most this (a 32-bit integer): a larger one
-# is a 422 at the edge, never an overflow in the engine. Token ids are also checked
-# against the served model's vocabulary (``EdgeLimits``).
-MAX_COUNT = 2**31 - 1
-MAX_SEED = 2**63 - 1  # a torch generator's seed is a signed 64-bit integer
 # OpenAI fields this server refuses on purpose, and why (a 422 that says so).
 UNSUPPORTED = {
     "response_format": "structured output is not supported (text only)",
@@ -56,34 +56,6 @@ UNSUPPORTED = {
 }
 FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                 "repetition_penalty")  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class EdgeLimits:
-    """What the edge checks a body against besides its schema: the served model's
-    vocabulary (token ids; None: unknown). Passed as pydantic's validation context."""
-
-    vocab_size: int | None = None
-
-
-def int_as_float(value: object) -> object:
-    """JSON integers where a number is wanted; one too large for a float is refused."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        try:
-            return float(value)
-        except OverflowError:
-            raise ValueError("number too large") from None
-    return value
-
-
-def check_token_ids(ids: list[int], info: ValidationInfo) -> list[int]:
-    """Token ids in [0, vocab) (the model's, when the context gives it; else MAX_COUNT)."""
-    limits = info.context if isinstance(info.context, EdgeLimits) else EdgeLimits()
-    bound = MAX_COUNT + 1 if limits.vocab_size is None else limits.vocab_size
-    bad = [t for t in ids if not 0 <= t < bound]
-    if bad:
-        raise ValueError(f"token ids out of range [0, {bound}): {bad[:5]}")
-    return ids
 
 
 def _finite_time(value: float | None, name: str) -> float | None:

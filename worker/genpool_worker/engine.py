@@ -17,7 +17,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from genpool_core.admission import QueueFullError
 from genpool_core.live import LiveUpdate
 from genpool_core.names import RECENT_STAT_LINES
 from genpool_core.plan import GenPlan
@@ -36,7 +35,8 @@ from genpool_worker.engine_io import (
     StepResult,
     Tokenizer,
 )
-from genpool_worker.events import Accepted, Failed, Rejected
+from genpool_worker.engine_requests import RequestLifecycle
+from genpool_worker.events import Failed
 from genpool_worker.output_processor import OutputProcessor
 from genpool_worker.pd.engine_side import KVHandoff
 from genpool_worker.request_faults import describe
@@ -46,7 +46,7 @@ log = logging.getLogger("genpool.worker")
 IDLE_PASS_S = 0.25  # an idle worker still passes, so its stat line keeps coming
 
 
-class GenEngine:
+class GenEngine(RequestLifecycle):
     def __init__(
         self,
         runner: ModelRunner,
@@ -293,83 +293,6 @@ class GenEngine:
                 future.set_result(self.config())
             except (ValueError, TypeError) as exc:
                 future.set_exception(exc)
-
-    def _admit_to_queue(self, request: EngineRequest, now: float) -> None:
-        arrival = request.arrival
-        if self.kv_handoff.is_done_at_first(arrival):
-            self._answer_from_first_token(request)
-            return
-        try:
-            self.scheduler.add_request(arrival.gen_request(now), now)
-        except (QueueFullError, ValueError) as exc:
-            status = 429 if isinstance(exc, QueueFullError) else 400
-            self._reject(request, status, str(exc))
-            return
-        try:
-            self.runner.add_request(arrival)
-        except Exception as exc:  # this request alone cannot run
-            self.scheduler.abort(arrival.request_id)  # a waiter: it leaves at once
-            self._reject(request, 500, f"request failed in the engine: {describe(exc)}")
-            return
-        self._requests[arrival.request_id] = request
-        request.emit(Accepted())
-        if arrival.kv_import is not None:  # the client gets the first token at once
-            try:
-                self.output.on_token(request, arrival.kv_import.first_token)
-            except Exception as exc:
-                self._fail_alone(arrival.request_id, describe(exc))
-
-    def _reject(self, request: EngineRequest, status: int, message: str) -> None:
-        self._requests.pop(request.request_id, None)
-        with self._lock:
-            self._inflight -= 1
-        self.kv_handoff.on_dropped(request)
-        request.emit(Rejected(status, message))
-
-    def _answer_from_first_token(self, request: EngineRequest) -> None:
-        """A pulled request whose first token ends it never queues (nothing to decode)."""
-        assert request.arrival.kv_import is not None
-        first = request.arrival.kv_import.first_token
-        self._requests.pop(request.request_id, None)
-        with self._lock:
-            self._inflight -= 1
-        self.kv_handoff.on_dropped(request)
-        request.emit(Accepted())
-        try:
-            self.output.on_token(request, first)
-            is_stop = self.kv_handoff.is_stop_at_first(request)
-            self.output.on_finished(request, FinishReason.STOP if is_stop else FinishReason.LENGTH)
-        except Exception as exc:
-            request.emit(Failed(f"request failed in the engine: {describe(exc)}", 500))
-
-    def _fail_alone(self, request_id: str, message: str) -> None:
-        """``request_id`` failed inside the engine: it leaves next pass (an abort to the
-        scheduler, which frees its slot and blocks) with a 500; the rest go on."""
-        if request_id in self._failures or request_id not in self._requests:
-            return
-        self._failures[request_id] = message
-        self.scheduler.abort(request_id)
-
-    def _finish(self, request_id: str, reason: FinishReason) -> None:
-        request = self._requests.pop(request_id, None)
-        if request is None:
-            return
-        self.runner.remove_request(request_id)
-        with self._lock:
-            self._inflight -= 1
-        failure = self._failures.pop(request_id, None)
-        if request.arrival.kv_export is not None and reason is not FinishReason.ABORT:
-            self.kv_handoff.on_finished(request)
-        self.kv_handoff.on_dropped(request)
-        if self._observer is not None:
-            self._observer.on_finished(request, reason)
-        if failure is not None:
-            request.emit(Failed(f"request failed in the engine: {failure}", 500))
-            return
-        try:
-            self.output.on_finished(request, reason)
-        except Exception as exc:  # its last text cannot be made: it alone fails
-            request.emit(Failed(f"request failed in the engine: {describe(exc)}", 500))
 
     # -- views ------------------------------------------------------------------------
 

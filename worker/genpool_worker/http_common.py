@@ -12,8 +12,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from genpool_worker.api import DEFAULT_MAX_ARRIVAL_AGE_S, MAX_BODY_BYTES, EdgeLimits
+from genpool_worker.api import DEFAULT_MAX_ARRIVAL_AGE_S, MAX_BODY_BYTES
 from genpool_worker.chat_template import ChatPrompter, chat_prompter
+from genpool_worker.edge_limits import EdgeLimits
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
 from genpool_worker.metrics import WorkerMetrics

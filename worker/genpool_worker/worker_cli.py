@@ -6,25 +6,22 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from genpool_core.kv_blocks import KVBudget
-from genpool_core.names import KV_SECRET_FILE_ENV
 from genpool_core.preemption import GenPreemptionConfigError
 from genpool_core.scheduler import GenScheduler
-from genpool_worker.drain_cli import default_timeout
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
 from genpool_worker.metrics import WorkerMetrics
+from genpool_worker.serving import ServerProcess, drain_timeout_s, read_kv_secret
 from genpool_worker.termination_log import report_fatal
 from genpool_worker.worker_config import (
     SYNTHETIC_PREFIX,
@@ -46,8 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("genpool.worker")
 RANK_DEATH_GRACE_S = 1.0
-SHUTDOWN_MARGIN_S = 1.0  # past the drain timeout: the engine's last pass and the replies
-DRAIN_POLL_S = 0.05
 MAX_TRACEBACK_CHARS = 3000
 
 
@@ -260,8 +255,8 @@ def _serve(
         pd=PDSettings.from_config(config, read_kv_secret(config, os.environ)),
         aliases=(config.model,),
     )
-    server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning"),
-                     engine, drain_timeout_s(os.environ))  # fmt: skip
+    http = uvicorn.Config(app, host=config.host, port=config.port, log_level="warning")
+    server = ServerProcess(http, engine, drain_timeout_s(os.environ))
     # A dead loop fails every request at once (503) and readiness goes false; the process
     # then exits non-zero so the kubelet restarts it (docs/worker.md#engine-loop).
     engine.on_death = lambda exc: server.stop()
@@ -281,72 +276,6 @@ def _serve(
 
         close_process_group()
     return 0
-
-
-def read_kv_secret(config: WorkerConfig, environ: Mapping[str, str]) -> str | None:
-    """The pool's KV secret from ``--kv-secret-file`` or ``GENPOOL_KV_SECRET_FILE`` (the
-    operator mounts ``<pool>-kv-secret`` there); None when neither names a file, or the
-    env's file is absent (the operator's volume is optional: an operator without an admin
-    token writes no Secret). A flag's file missing, or an empty file, is an error: a worker
-    must not serve its KV open by mistake."""
-    path = config.kv_secret_file or environ.get(KV_SECRET_FILE_ENV) or None
-    if path is None:
-        return None
-    if not config.kv_secret_file and not Path(path).is_file():
-        log.warning("no KV secret at %s: KV pulls and cancels are open", path)
-        return None
-    secret = Path(path).read_text().strip()
-    if not secret:
-        raise ValueError(f"the KV secret file {path} is empty")
-    return secret
-
-
-def drain_timeout_s(environ: Mapping[str, str]) -> float:
-    """How long SIGTERM waits for open requests before it cuts them (503) and exits: the
-    pod's drain timeout (``GENPOOL_DRAIN_TIMEOUT_S``, as the preStop hook reads it)."""
-    return default_timeout(environ)
-
-
-class _Server:
-    """uvicorn's server, whose SIGTERM also stops admission at once (new requests get a
-    503) and gives open requests the drain timeout to finish: then the engine stops and
-    every one still open ends with a 503 error (a stream with its error event), so the
-    process never outlives the timeout. The engine stops it from its own thread when it
-    dies."""
-
-    def __init__(self, config: Any, engine: GenEngine, drain_timeout_s: float) -> None:
-        import uvicorn
-
-        outer = self
-
-        class Server(uvicorn.Server):
-            def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-                outer.on_sigterm()
-                super().handle_exit(sig, frame)
-
-        self._engine, self._drain_timeout_s = engine, drain_timeout_s
-        # uvicorn's own cut-off only backs ours up: ours ends the requests cleanly first.
-        config.timeout_graceful_shutdown = drain_timeout_s + SHUTDOWN_MARGIN_S
-        self._server = Server(config)
-        self._cutter: threading.Thread | None = None
-
-    def on_sigterm(self) -> None:
-        self._engine.is_draining = True
-        if self._cutter is None:
-            self._cutter = threading.Thread(target=self._cut_at_deadline, daemon=True)
-            self._cutter.start()
-
-    def _cut_at_deadline(self) -> None:
-        deadline = time.monotonic() + self._drain_timeout_s
-        while self._engine.inflight > 0 and time.monotonic() < deadline:
-            time.sleep(DRAIN_POLL_S)
-        self._engine.stop(timeout=SHUTDOWN_MARGIN_S)
-
-    def run(self) -> None:
-        self._server.run()
-
-    def stop(self) -> None:
-        self._server.should_exit = True  # read by uvicorn's main loop (thread-safe)
 
 
 def _rank_died(engine: GenEngine, rank: int, exitcode: int) -> None:
