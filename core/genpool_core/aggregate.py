@@ -67,6 +67,9 @@ class PoolStats:
     steps_window: int = 0
     batch_mean: float | None = None
     ttft_hist: tuple[int, ...] = ()
+    slo_completed_window: int = 0  # the completions below_target_window is over
+    batch_seconds: float | None = None  # decode position-seconds over the windows
+    pause_budget: int | None = None  # at-risk waiters pausing could still admit; None: off
     # mean KV use of the reporting workers with a KV budget, and its paused share
     kv_used: float | None = None
     kv_paused: float | None = None
@@ -217,6 +220,9 @@ def _sum(kind: Kind, values: list[Any]) -> object:
 def _weight(line: StatLine, weight: Weight) -> int:
     value = getattr(line, weight.attr)
     count: int = value if weight.key is None else value.get(weight.key, 0)
+    if count == 0 and weight.fallback is not None:
+        fallback: int = getattr(line, weight.fallback)
+        return fallback
     return count
 
 

@@ -103,9 +103,12 @@ class RoundDecision:
         return not self.is_advisory or self.desired != self.recorded_replicas
 
     def replica_change_text(self) -> str:
-        """``up-ttft-miss: replicas 1 -> 2`` (advice says so)."""
+        """``up-forecast: replicas 1 -> 2 (forecast 3.10 req/s, capacity ...)``, with the
+        numbers the scaler decided on (advice says so)."""
         reason = self.scaling.reason if self.scaling else ""
         text = f"{reason}: replicas {self.replicas_before} -> {self.desired}"
+        if self.scaling is not None and self.scaling.inputs is not None:
+            text = f"{text} ({self.scaling.inputs.text()})"
         return f"advisory, not applied: {text}" if self.is_advisory else text
 
     def knob_change_text(self) -> str:

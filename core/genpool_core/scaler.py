@@ -1,86 +1,81 @@
-"""The replica scaler: (replicas in force, pool stats, SLO) -> desired replicas.
+"""The replica scaler: (replicas in force, a pool window, the SLO) -> desired replicas.
 
-Beside the knob tuner and fed the same aggregated stat lines: the tuner moves the
-pause knobs within seconds, this moves replicas within minutes. Pure and
-deterministic; the simulator calls :func:`scale` every stats interval and the
-operator will do the same, persisting :class:`ScalerState` in its status.
+A capacity law on the SLO tail (docs/design.md#replica-scaler). Beside the knob tuner
+and fed the same aggregated stat lines: the tuner moves the pause knobs within
+seconds, this moves replicas within minutes. Pure and deterministic; the pool
+controller (:mod:`genpool_core.controller`) calls :func:`scale` every due round, in the
+operator and in the simulator alike.
 
-The SLO has two parts: GEN TTFT p90 (arrival at the GEN worker -> first token)
-at most ``ttft_p90_s``, and an attainment (share of requests at or above T) of at
-least ``attainment``. ``attainment=None`` is the replica-only planner: TTFT alone.
+Demand is in batch positions: the forecast arrival rate x the service time (batch
+position-seconds per request, which pausing does not change). A replica holds B
+positions x its learned capacity (:mod:`genpool_core.scaler_estimates`). Each round:
 
-Rules, first match wins:
+1. **forecast**: the replicas that hold the forecast demand at the learned capacity;
+   with pausing, the at-risk waiters the pause budget can still admit are demand the
+   pool absorbs without a replica;
+2. **backlog**: plus the replicas that drain the waiters pausing cannot admit within the
+   horizon (start-up + one round); computed afresh each round, so replicas bought for
+   a queue go as soon as it is gone;
+3. **tail**: when the tail signal (two windows' mean) is above ``tail_up``, up in
+   proportion, ``n + ceil(n (s c / tail_up - 1))`` with in-flight credit
+   ``c = ready / desired`` (llm-d's law): the safety net when the estimates are wrong;
+4. **consolidation**: down only while the tail is below ``tail_down``, no backlog waits
+   and every round over the down window agrees that fewer replicas hold the demand
+   (without the pause budget) with ``down_margin`` of their capacity to spare.
 
-1. arrivals outrun completions with a queue -> up to the replicas that, at the
-   serving ones' completion rate, serve the window's arrivals and drain the queue
-   (even while others start: the count is absolute);
-2. the window's load (batch, paused, waiting) is above the utilisation ceiling of
-   the replicas -> up to the replicas that hold it under the ceiling (absolute too);
-3. TTFT p90 misses and the knobs cannot fix it (no knob lever, the cap is at its
-   bound, the attainment budget is spent, or the miss is severe) -> up;
-4. attainment misses and the misses come from queueing (victims are laxity
-   victims, so a lower cap would not help) -> up;
-5. the SLO holds with slack -> down to the replicas whose batch positions hold the
-   window's load at the utilisation ceiling (higher with the knob lever: pausing
-   absorbs the bursts a planner must keep headroom for).
-
-Up acts at once (but not while replicas are still starting), as far as every
-recommendation over the last ``up_window_s`` asked; an up for load alone (rules 1 and
-2) while the SLO holds waits for a second window in a row, so a single burst (or the
-waiters a drained replica hands back) does not buy replicas the down window then keeps
-for minutes. Down only when every recommendation over the last ``down_window_s``
-agrees (Kubernetes HPA's stabilisation windows). Never outside [min, max], never more
-than ``max_step``.
-
-Rounds come every ``interval_s`` plus the round's own time, never exactly on it, so
-windows are whole intervals (rounded up: never shorter than asked) and a window is
-covered within half an interval.
+Up acts at once, as far as every recommendation over ``up_window_s`` asked (0: this
+round's). Never outside [min, max] (clamped at once), never more than ``max_step``;
+no stats hold and restart the windows (the estimates stay). Rounds come every
+``interval_s`` plus the round's own time, so windows are whole intervals (rounded up)
+and a window is covered within half an interval.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from genpool_core.aggregate import PoolStats
+from genpool_core.scaler_estimates import Estimates
 from genpool_core.scaler_settings import ScalerSettings as ScalerSettings
+from genpool_core.scaler_signals import WindowSignals, read_window
 
-OUTRUN = "up-arrivals-outrun-completions"
-UTILISATION_HIGH = "up-utilisation-high"
 CLAMP = "clamp-to-bounds"
-LOAD_UPS = (OUTRUN, UTILISATION_HIGH)  # ups on the window's load, not on an SLO miss
+UP_FORECAST = "up-forecast"
+UP_BACKLOG = "up-backlog"
+UP_TAIL = "up-tail"
+DOWN = "down-consolidate"
+_EPSILON = 1e-9  # demand exactly at a whole number of replicas needs that many
+RISING = 0.1  # a forecast this share above the level: the load is still climbing
 
 
 @dataclass(frozen=True, slots=True)
 class ScalerState:
-    # (time, recommended replicas) over the last down window, oldest first
+    # (time, replicas that hold the demand with the down margin) over the down window
     recommendations: tuple[tuple[float, int], ...] = ()
-    loaded_at: float | None = None  # the last round that asked for more replicas on load
+    estimates: Estimates = field(default_factory=Estimates)
 
     def to_status(self) -> dict[str, object]:
         return {
             "recommendations": [[t, n] for t, n in self.recommendations],
-            "loadedAt": self.loaded_at,
+            "estimates": self.estimates.to_status(),
         }
 
     @classmethod
     def from_status(cls, status: Mapping[str, object] | None) -> ScalerState:
-        """Tolerant: anything unreadable restarts the window empty (scale-down waits)."""
+        """Tolerant: anything unreadable restarts that part (scale-down waits)."""
         if not isinstance(status, Mapping):
             return cls()
-        items = status.get("recommendations")
-        if not isinstance(items, list):
-            return cls()
         kept = []
-        for item in items:
-            if isinstance(item, list) and len(item) == 2 and all(_is_number(v) for v in item):
+        items = status.get("recommendations")
+        for item in items if isinstance(items, list) else []:
+            if isinstance(item, list) and len(item) == 2 and all(_is_count(v) for v in item):
                 kept.append((float(item[0]), int(item[1])))
-        loaded = status.get("loadedAt")
-        return cls(tuple(kept), float(loaded) if _is_number(loaded) else None)  # type: ignore[arg-type]
+        return cls(tuple(kept), Estimates.from_status(status.get("estimates")))
 
 
-def _is_number(value: object) -> bool:
+def _is_count(value: object) -> bool:
     return (
         not isinstance(value, bool)
         and isinstance(value, int | float)
@@ -90,118 +85,177 @@ def _is_number(value: object) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class ScaleInputs:
+    """A decision's inputs, as the status and Events show them."""
+
+    arrival_rate: float  # requests/s this window
+    forecast: float  # requests/s one horizon ahead
+    service_s: float | None  # batch position-seconds per request
+    capacity: float  # learned share of a replica's batch positions
+    occupancy: float | None  # this window's share of them in use
+    tail: float | None  # two windows' mean of the SLO-normalised tail
+    pause_budget: int | None  # at-risk waiters pausing can still admit (pool); None: off
+    backlog: int  # waiters pausing cannot admit
+    forecast_replicas: int  # replicas that hold the forecast (less what pausing absorbs)
+    backlog_replicas: int  # more to drain the backlog within the horizon
+    tail_replicas: int  # what the tail asks (0: below tail_up)
+    consolidated: int  # replicas that hold the smoothed demand at the learned capacity
+    per_replica_rate: float | None  # requests/s a replica serves at the learned capacity
+    is_rising: bool = False  # the forecast climbs past the level: no consolidation
+
+    def to_status(self) -> dict[str, object]:
+        """``status.scaling.inputs``: every number the decision read, JSON-safe."""
+        return {
+            "arrivalRate": _round(self.arrival_rate),
+            "forecast": _round(self.forecast),
+            "serviceSeconds": _round(self.service_s),
+            "capacity": _round(self.capacity),
+            "capacityPerReplica": _round(self.per_replica_rate),
+            "occupancy": _round(self.occupancy),
+            "tail": _round(self.tail),
+            "pauseBudget": self.pause_budget,
+            "backlog": self.backlog,
+            "forecastReplicas": self.forecast_replicas,
+            "backlogReplicas": self.backlog_replicas,
+            "tailReplicas": self.tail_replicas,
+            "consolidatedReplicas": self.consolidated,
+            "rising": self.is_rising,
+        }
+
+    def text(self) -> str:
+        """The inputs an Event quotes: ``forecast 11.3 req/s, capacity 1.62 req/s per
+        replica (0.81 of the batch), tail 0.42, pause budget 12, backlog 0``."""
+        rate = "-" if self.per_replica_rate is None else f"{self.per_replica_rate:.2f}"
+        tail = "-" if self.tail is None else f"{self.tail:.2f}"
+        budget = "off" if self.pause_budget is None else str(self.pause_budget)
+        return (
+            f"forecast {self.forecast:.2f} req/s, capacity {rate} req/s per replica"
+            f" ({self.capacity:.2f} of the batch), tail {tail}, pause budget {budget},"
+            f" backlog {self.backlog}"
+        )
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(value, 4)
+
+
+@dataclass(frozen=True, slots=True)
 class ScaleDecision:
     replicas: int
     reason: str
     state: ScalerState
+    inputs: ScaleInputs | None = None  # None: no window to decide on
 
     def changed(self, replicas: int) -> bool:
         return self.replicas != replicas
 
 
-def _up_step(replicas: int, settings: ScalerSettings) -> int:
-    return max(1, math.ceil(settings.up_fraction * replicas))
+def _demand_positions(
+    rate: float, signals: WindowSignals, estimates: Estimates, settings: ScalerSettings
+) -> float:
+    """Batch positions ``rate`` requests/s keep busy; before any service time is known,
+    the positions in use now, scaled by the rate."""
+    if estimates.service_s is not None:
+        return rate * estimates.service_s
+    if signals.occupancy is None or signals.arrival_rate <= 0:
+        return 0.0
+    busy = signals.occupancy * signals.workers * settings.max_batch
+    return busy * rate / signals.arrival_rate
 
 
-def _ttft_p90(stats: PoolStats, settings: ScalerSettings) -> float | None:
-    """The window's GEN TTFT p90, or ``None`` when too few first tokens make it noise."""
-    return stats.ttft_p90 if stats.num_first_tokens >= settings.min_samples else None
+def _replicas_for(positions: float, capacity: float, settings: ScalerSettings) -> int:
+    return max(0, math.ceil(positions / (capacity * settings.max_batch) - _EPSILON))
 
 
-def _attainment(stats: PoolStats, settings: ScalerSettings) -> float | None:
-    if stats.completed_window < settings.min_samples or stats.below_target_window is None:
-        return None
-    return 1.0 - stats.below_target_window
-
-
-def _knobs_can_fix_ttft(stats: PoolStats, settings: ScalerSettings) -> bool:
-    """The tuner can still trade attainment for TTFT: cap below its bound, budget left."""
-    cap_max, target = settings.cap_max, settings.attainment
-    if cap_max is None or target is None:  # no knob lever
-        return False
-    cap_per_worker = stats.paused_cap / max(1, stats.workers_reporting)
-    attainment = _attainment(stats, settings)
-    has_budget = attainment is None or attainment > target
-    return cap_per_worker < cap_max and has_budget
-
-
-def _misses_from_queueing(stats: PoolStats, settings: ScalerSettings) -> bool:
-    """Victims mostly laxity victims (resumed in time): pauses are not the cause."""
-    if stats.victims_window < settings.min_victims:
-        return True  # barely any pausing: the misses come from waiting
-    return stats.victim_share("below_target", "sacrificed") < 0.5
-
-
-def _has_knob_lever(settings: ScalerSettings) -> bool:
-    return settings.cap_max is not None and settings.attainment is not None
-
-
-def _needed_for_load(stats: PoolStats, settings: ScalerSettings) -> int:
-    """Replicas whose batch positions hold the window's load at the utilisation ceiling.
-
-    Throughput is bounded by the batch positions, pausing or not, so the load is the
-    mean decode batch plus whoever waits (paused or queued). What pausing changes is
-    the margin a pool needs: a burst above the batch is paused through instead of
-    queued, so a pool with the knob lever runs closer to full
-    (``max_utilisation_with_pausing``). This is where pausing saves replicas.
-    """
-    batch = stats.batch_mean or 0.0
-    load = batch * stats.workers_reporting + stats.paused + stats.waiters
-    ceiling = settings.max_utilisation
-    if _has_knob_lever(settings):
-        ceiling = settings.max_utilisation_with_pausing
-    return math.ceil(load / (ceiling * settings.max_batch))
-
-
-def _has_slack(stats: PoolStats, settings: ScalerSettings) -> bool:
-    """The SLO holds with room to spare (a quiet window with no first tokens does too)."""
-    p90 = _ttft_p90(stats, settings)
-    if p90 is not None and p90 > settings.down_ttft_fraction * settings.ttft_p90_s:
-        return False
-    attainment = _attainment(stats, settings)
-    return settings.attainment is None or attainment is None or attainment >= settings.attainment
-
-
-def recommend(replicas: int, stats: PoolStats, settings: ScalerSettings) -> tuple[int, str]:
-    """This round's recommendation and why, before stabilisation and bounds."""
-    p90 = _ttft_p90(stats, settings)
-    ttft_miss = p90 is not None and p90 > settings.ttft_p90_s
-    completions = max(1, stats.completed_window)
-    falling_behind = (
-        stats.arrivals_window > (1 + settings.outrun_margin) * completions
-        and stats.waiters >= settings.min_waiters_per_replica * stats.workers_reporting
+def law_inputs(
+    replicas: int, num_ready: int, is_calm: bool, signals: WindowSignals,
+    estimates: Estimates, settings: ScalerSettings,
+) -> ScaleInputs:  # fmt: skip
+    """Each term of the law for this round (module doc), before bounds and windows."""
+    capacity = estimates.capacity_in_force(settings)
+    forecast = estimates.forecast(settings)
+    # A window above the forecast is demand when it left a queue pausing could not admit;
+    # one that pausing absorbed (no backlog) was a burst the pool already handled.
+    rate = max(forecast, signals.arrival_rate) if signals.backlog > 0 else forecast
+    demand = _demand_positions(rate, signals, estimates, settings)
+    tail = _mean_tail(estimates.tail, signals.tail)
+    # consolidation holds what the smoothed rate (the level) needs; while the forecast
+    # still climbs past it (``is_rising``) nothing is consolidated at all, so a ramp's
+    # lead is not given back and a step's overshoot is not held by the down window
+    level_demand = _demand_positions(estimates.level or 0.0, signals, estimates, settings)
+    return ScaleInputs(
+        arrival_rate=signals.arrival_rate,
+        forecast=forecast,
+        service_s=estimates.service_s,
+        capacity=capacity,
+        occupancy=signals.occupancy,
+        tail=tail,
+        pause_budget=signals.pause_budget,
+        backlog=signals.backlog,
+        forecast_replicas=_replicas_for(demand, capacity, settings),
+        backlog_replicas=_backlog_replicas(rate, num_ready, signals, estimates, settings),
+        tail_replicas=_tail_replicas(replicas, tail, is_calm, settings),
+        consolidated=_replicas_for(level_demand, capacity, settings),
+        is_rising=forecast > (estimates.level or 0.0) * (1 + RISING),
+        per_replica_rate=(
+            capacity * settings.max_batch / estimates.service_s if estimates.service_s else None
+        ),
     )
-    if falling_behind:  # an absolute count: serve the arrivals and drain the queue
-        per_replica = completions / max(1, stats.num_windows)  # per pod window
-        needed = math.ceil((stats.arrivals_window + stats.waiters) / per_replica)
-        if needed > replicas:  # else the replicas starting already cover it
-            return needed, OUTRUN
-    needed = _needed_for_load(stats, settings)
-    if needed > replicas:  # above the utilisation ceiling: up before the queue forms
-        return needed, UTILISATION_HIGH
-    if ttft_miss:
-        assert p90 is not None
-        severe = p90 > settings.severe_factor * settings.ttft_p90_s
-        if severe or not _knobs_can_fix_ttft(stats, settings):
-            return replicas + _up_step(replicas, settings), "up-ttft-miss"
-        return replicas, "hold-knobs-first"
-    attainment = _attainment(stats, settings)
-    target = settings.attainment
-    if target is not None and attainment is not None and attainment < target:
-        if _misses_from_queueing(stats, settings):
-            return replicas + _up_step(replicas, settings), "up-attainment-miss-queueing"
-        return replicas, "hold-knobs-first"
-    if needed < replicas and _has_slack(stats, settings):
-        return needed, "down-utilisation-low"
+
+
+def _mean_tail(last: float | None, now: float | None) -> float | None:
+    if last is None or now is None:
+        return now if last is None else last
+    return (last + now) / 2
+
+
+def _backlog_replicas(
+    rate: float, num_ready: int, signals: WindowSignals, estimates: Estimates,
+    settings: ScalerSettings,
+) -> int:  # fmt: skip
+    """Replicas that drain the backlog within the drain time once they serve: the
+    waiters pausing cannot admit, plus what the serving replicas fall behind by until
+    then (the forecast over what they hold at the learned capacity)."""
+    service = estimates.service_s
+    if not service or (signals.backlog == 0 and rate <= 0):
+        return 0
+    capacity = estimates.capacity_in_force(settings)
+    served = num_ready * capacity * settings.max_batch / service  # requests/s
+    queued = signals.backlog + max(0.0, rate - served) * settings.startup_s
+    if signals.backlog == 0:
+        return 0
+    return _replicas_for(queued * service / settings.drain_s, capacity, settings)
+
+
+def _tail_replicas(
+    replicas: int, tail: float | None, is_calm: bool, settings: ScalerSettings
+) -> int:
+    """llm-d's proportional step on the tail, at most doubling (the HPA's 100 % a
+    period), and only on a calm window (``Estimates.is_calm``): a tail left by a surge,
+    or by a queue that replicas just added are draining, is not a new shortage."""
+    if tail is None or tail <= settings.tail_up or not is_calm:
+        return 0
+    step = math.ceil(replicas * (tail / settings.tail_up - 1))
+    return replicas + min(replicas, max(1, step))
+
+
+def recommend(replicas: int, inputs: ScaleInputs, settings: ScalerSettings) -> tuple[int, str]:
+    """This round's recommendation and why, before stabilisation and bounds."""
+    held = inputs.forecast_replicas + inputs.backlog_replicas
+    if inputs.tail_replicas > max(replicas, held):
+        return inputs.tail_replicas, UP_TAIL
+    if held > replicas:
+        is_backlog = inputs.forecast_replicas <= replicas
+        return held, UP_BACKLOG if is_backlog else UP_FORECAST
+    can_consolidate = (
+        inputs.backlog == 0
+        and not inputs.is_rising
+        and inputs.consolidated < replicas
+        and (inputs.tail is None or inputs.tail < settings.tail_down)
+    )
+    if can_consolidate:
+        return inputs.consolidated, DOWN
     return replicas, "hold"
-
-
-def _slo_misses(stats: PoolStats, settings: ScalerSettings) -> bool:
-    p90, attainment = _ttft_p90(stats, settings), _attainment(stats, settings)
-    if p90 is not None and p90 > settings.ttft_p90_s:
-        return True
-    target = settings.attainment
-    return target is not None and attainment is not None and attainment < target
 
 
 def _recent(
@@ -214,23 +268,17 @@ def _recent(
     return tuple((t, n) for t, n in recommendations if 0 <= now - t <= edge)
 
 
-def _stabilised_up(
-    replicas: int, target: int, reason: str, stats: PoolStats, settings: ScalerSettings,
-    loaded_at: float | None, earlier: tuple[tuple[float, int], ...], now: float,
-) -> tuple[int, str]:  # fmt: skip
-    """The up target after the up window and the single-burst rule (see the module doc)."""
-    is_second = loaded_at is not None and now - loaded_at <= 1.5 * settings.interval_s
-    if reason in LOAD_UPS and not is_second and not _slo_misses(stats, settings):
-        return replicas, "hold-single-burst"
-    if settings.up_window_s > 0:
-        recent = _recent(earlier, now, settings.up_window_s, settings)
-        if not recent or not settings.is_covered(recent[0][0], now, settings.up_window_s):
-            return replicas, "hold-up-window"
-        lowest = min(n for _, n in recent)
-        if lowest <= replicas:
-            return replicas, "hold-up-window"
-        target = min(target, lowest)
-    return target, reason
+def _up_target(
+    replicas: int, target: int, earlier: tuple[tuple[float, int], ...], now: float,
+    settings: ScalerSettings,
+) -> int:  # fmt: skip
+    """As far up as every recommendation over the up window asked (0 s: this round's)."""
+    if settings.up_window_s <= 0:
+        return target
+    recent = _recent(earlier, now, settings.up_window_s, settings)
+    if not recent or not settings.is_covered(recent[0][0], now, settings.up_window_s):
+        return replicas
+    return min(target, min(n for _, n in recent))
 
 
 def scale(
@@ -247,30 +295,28 @@ def scale(
     )
     bounded = min(max(replicas, settings.min_replicas), settings.max_replicas)
     if bounded != replicas:  # the bounds are the user's spec: obey at once
-        return ScaleDecision(bounded, CLAMP, ScalerState(window, state.loaded_at))
+        return ScaleDecision(bounded, CLAMP, replace(state, recommendations=window))
     if stats is None:  # no stats: neither up nor down, and the windows restart
-        return ScaleDecision(replicas, "stats-missing", ScalerState())
-    target, reason = recommend(replicas, stats, settings)
-    loaded_at = state.loaded_at
-    is_loaded = target > replicas and reason in LOAD_UPS
-    state = ScalerState((*window, (now, target)), now if is_loaded else None)
+        return ScaleDecision(replicas, "stats-missing", ScalerState(estimates=state.estimates))
+    signals = read_window(stats, settings)
+    is_calm = state.estimates.is_calm(signals, num_ready, replicas, settings)
+    estimates = state.estimates.updated(signals, settings, num_ready=num_ready, replicas=replicas)
+    inputs = law_inputs(replicas, num_ready, is_calm, signals, estimates, settings)
+    target, reason = recommend(replicas, inputs, settings)
+    state = ScalerState((*window, (now, max(inputs.consolidated, settings.min_replicas))),
+                        estimates)  # fmt: skip
     if target > replicas:
-        # Replicas still starting: let them land first, unless the count comes from the
-        # serving replicas' throughput (it already accounts for the ones starting).
-        if num_ready < replicas and reason not in LOAD_UPS:
-            return ScaleDecision(replicas, "hold-starting", state)
-        target, reason = _stabilised_up(
-            replicas, target, reason, stats, settings, loaded_at, window, now
-        )
+        target = _up_target(replicas, target, window, now, settings)
         up = min(target, replicas + settings.max_step, settings.max_replicas)
-        if up == replicas and target > replicas:
-            reason = "hold-at-max"
-        return ScaleDecision(up, reason, state)
+        if up == replicas:
+            reason = "hold-at-max" if target > replicas else "hold-up-window"
+        return ScaleDecision(up, reason, state, inputs)
     if target < replicas:
         down_window = _recent(state.recommendations, now, settings.down_window_s, settings)
         if not settings.is_covered(down_window[0][0], now, settings.down_window_s):
-            return ScaleDecision(replicas, "hold-down-window", state)
+            return ScaleDecision(replicas, "hold-down-window", state, inputs)
         highest = max(n for _, n in down_window)
         down = min(replicas, max(highest, replicas - settings.max_step, settings.min_replicas))
-        return ScaleDecision(down, reason if down < replicas else "hold-down-window", state)
-    return ScaleDecision(replicas, reason, state)
+        return ScaleDecision(down, reason if down < replicas else "hold-down-window", state,
+                             inputs)  # fmt: skip
+    return ScaleDecision(replicas, reason, state, inputs)

@@ -1,7 +1,9 @@
-"""The replica scaler's settings: the SLO, the replica bounds, its thresholds and windows.
+"""The replica scaler's settings: the SLO, the replica bounds, the law's constants.
 
-One field description each (the simulator's flags render them); the rules that read
-them are :mod:`genpool_core.scaler`.
+One field description each (the simulator's flags and the CRD's docs render them);
+one default each, which the CRD's ``spec.autoscaling`` takes from here (the simulator
+and the operator run the same numbers). The rules that read them are
+:mod:`genpool_core.scaler`; what the learned quantities mean is docs/design.md#replica-scaler.
 """
 
 from __future__ import annotations
@@ -11,11 +13,17 @@ from dataclasses import dataclass, field
 
 from genpool_core.field_help import DESCRIPTION
 
+# The defaults a GenPool's spec.autoscaling also takes (operator/.../spec_sections.py).
+DEFAULT_MAX_STEP = 8
+DEFAULT_UP_WINDOW_S = 0.0
+DEFAULT_DOWN_WINDOW_S = 300.0
+DEFAULT_STARTUP_S = 60.0
+
 
 @dataclass(frozen=True, slots=True)
 class ScalerSettings:
-    """The SLO, the replica bounds and the scaler's thresholds and windows; a round is
-    one stats interval (its window: the stat lines since the last round)."""
+    """The SLO, the replica bounds and the law's constants; a round is one stats
+    interval (its window: the stat lines since the last round)."""
 
     ttft_p90_s: float = field(
         metadata={
@@ -25,48 +33,37 @@ class ScalerSettings:
     )
     min_replicas: int = field(metadata={DESCRIPTION: "fewest replicas the scaler keeps"})
     max_replicas: int = field(metadata={DESCRIPTION: "most replicas the scaler adds up to"})
-    max_batch: int = field(
-        metadata={
-            DESCRIPTION: "A: batch positions per replica, for the utilisation estimate, requests"
-        }
-    )
+    max_batch: int = field(metadata={DESCRIPTION: "B: batch positions per replica, requests"})
     attainment: float | None = field(
         default=0.8,
         metadata={
             DESCRIPTION: "SLO: least share of the window's completed requests at or above T"
-            " (1 - eps), in (0, 1); None: scale on GEN TTFT alone (the replica-only planner)"
+            " (1 - eps), in (0, 1); None: the SLO is GEN TTFT alone"
         },
     )
-    cap_max: int | None = field(
-        default=None,
+    is_pausing: bool = field(
+        default=False,
         metadata={
-            DESCRIPTION: "the tuner's highest P, requests per worker: while the cap is below"
-            " it and attainment budget is left, a TTFT miss waits for the knobs; None: no"
-            " knob lever"
+            DESCRIPTION: "the workers pause in place: waiters their pause budget can admit"
+            " are not backlog"
         },
     )
     max_step: int = field(
-        default=8, metadata={DESCRIPTION: "most replicas one round adds or removes"}
-    )
-    up_fraction: float = field(
-        default=0.25,
-        metadata={
-            DESCRIPTION: "an up on a TTFT or attainment miss adds this fraction of the"
-            " replicas (at least 1), unitless"
-        },
-    )
-    down_window_s: float = field(
-        default=300.0,
-        metadata={
-            DESCRIPTION: "down only as far as every recommendation over this window allows"
-            " (stabilisation, whole intervals), seconds"
-        },
+        default=DEFAULT_MAX_STEP,
+        metadata={DESCRIPTION: "most replicas one round adds or removes"},
     )
     up_window_s: float = field(
-        default=0.0,
+        default=DEFAULT_UP_WINDOW_S,
         metadata={
             DESCRIPTION: "up only as far as every recommendation over this window asked"
             " (stabilisation, whole intervals), seconds; 0: this round's"
+        },
+    )
+    down_window_s: float = field(
+        default=DEFAULT_DOWN_WINDOW_S,
+        metadata={
+            DESCRIPTION: "consolidate only as far as every round's demand over this window"
+            " allows (stabilisation, whole intervals), seconds"
         },
     )
     interval_s: float = field(
@@ -76,61 +73,88 @@ class ScalerSettings:
             " covered within half of one"
         },
     )
-    max_utilisation: float = field(
-        default=0.85,
+    startup_s: float = field(
+        default=DEFAULT_STARTUP_S,
         metadata={
-            DESCRIPTION: "utilisation ceiling without the knob lever: the share of the"
-            " replicas' batch positions the load (batch, paused, waiting) may fill; above"
-            " it: up, down to the replicas that hold the load at it, unitless"
+            DESCRIPTION: "seconds from adding a replica to its serving: with one interval,"
+            " the horizon the forecast looks ahead and a backlog is drained within"
         },
     )
-    max_utilisation_with_pausing: float = field(
-        default=0.95,
+    drain_s: float = field(
+        default=90.0,
         metadata={
-            DESCRIPTION: "utilisation ceiling with the knob lever (attainment and cap_max"
-            " set): higher, since pausing absorbs the bursts a planner keeps headroom for,"
-            " unitless"
+            DESCRIPTION: "a backlog (waiters pausing cannot admit, and what the pool falls"
+            " behind by until new replicas serve) is drained within this long once they"
+            " serve, seconds"
         },
     )
-    down_ttft_fraction: float = field(
-        default=0.6,
+    capacity_override: float | None = field(
+        default=None,
         metadata={
-            DESCRIPTION: "down only while GEN TTFT p90 is below this share of the target, unitless"
+            DESCRIPTION: "expert override: the share of a replica's batch positions it is"
+            " sized to fill, fixed instead of learned, in (0, 1]; None: learned"
         },
     )
-    severe_factor: float = field(
-        default=2.0,
+    capacity_prior: float = field(
+        default=0.8,
         metadata={
-            DESCRIPTION: "a GEN TTFT p90 above this multiple of the target scales up even"
-            " when the knobs could fix it, unitless"
+            DESCRIPTION: "the learned capacity's start: the share of its batch positions a"
+            " replica is assumed to fill while meeting the SLO, before its windows say"
         },
     )
-    outrun_margin: float = field(
-        default=0.1,
+    capacity_miss_rate: float = field(
+        default=0.03,
         metadata={
-            DESCRIPTION: "the pool falls behind when the window's arrivals exceed its"
-            " completions by more than this share, with a queue, unitless"
+            DESCRIPTION: "the learned capacity is the occupancy at which this share of loaded"
+            " windows misses the SLO (a quantile the estimate tracks), unitless"
         },
     )
-    min_waiters_per_replica: float = field(
+    capacity_gain: float = field(
+        default=0.2,
+        metadata={
+            DESCRIPTION: "the capacity estimate's step: a miss cuts it by gain x (1 - miss"
+            " rate), a met loaded window raises it by gain x miss rate, relative"
+        },
+    )
+    tail_up: float = field(
+        default=0.8,
+        metadata={
+            DESCRIPTION: "the tail signal (GEN TTFT p90 over its target, below-T share over"
+            " its budget; the larger, two windows' mean) above which the pool scales up in"
+            " proportion, unitless"
+        },
+    )
+    tail_down: float = field(
+        default=0.5,
+        metadata={DESCRIPTION: "the tail signal below which the pool may consolidate, unitless"},
+    )
+    forecast_level_gain: float = field(
+        default=0.5,
+        metadata={
+            DESCRIPTION: "the forecast's smoothing of the arrival rate (Holt's alpha), per"
+            " window, in (0, 1]"
+        },
+    )
+    forecast_trend_gain: float = field(
+        default=0.3,
+        metadata={
+            DESCRIPTION: "the forecast's smoothing of the arrival rate's trend (Holt's beta),"
+            " per window, in [0, 1]"
+        },
+    )
+    forecast_trend_damping: float = field(
         default=1.0,
         metadata={
-            DESCRIPTION: "the queue behind the pool falling behind, requests waiting per"
-            " reporting replica"
+            DESCRIPTION: "the forecast's trend damping (damped Holt's phi): a trend's weight"
+            " k windows ahead is phi**k, so a step's trend dies out instead of overshooting,"
+            " in [0, 1]"
         },
     )
     min_samples: int = field(
         default=20,
         metadata={
-            DESCRIPTION: "fewer first tokens (TTFT) or completions (attainment) than this in"
-            " the window: that part is noise and no rule uses it, count"
-        },
-    )
-    min_victims: int = field(
-        default=4,
-        metadata={
-            DESCRIPTION: "fewer victims (requests picked to pause) than this in the window:"
-            " an attainment miss comes from queueing, count"
+            DESCRIPTION: "fewer first tokens (TTFT), completions (attainment, service time)"
+            " than this in the window: that part is noise and no rule uses it, count"
         },
     )
 
@@ -146,13 +170,34 @@ class ScalerSettings:
             raise ValueError(f"attainment must be in (0, 1), got {self.attainment}")
         if self.max_batch < 1 or self.max_step < 1:
             raise ValueError("need max batch >= 1 and max step >= 1")
-        ceilings = (self.max_utilisation, self.max_utilisation_with_pausing)
-        if not all(0 < u <= 1 for u in ceilings) or not 0 < self.down_ttft_fraction < 1:
-            raise ValueError("need 0 < max utilisations <= 1 and 0 < down TTFT fraction < 1")
-        if not (self.down_window_s >= 0 and self.up_window_s >= 0):
-            raise ValueError("need up and down windows >= 0 s")
+        self._check_shares()
+        if not (self.down_window_s >= 0 and self.up_window_s >= 0 and self.startup_s >= 0):
+            raise ValueError("need up and down windows and the start-up >= 0 s")
+        if not (math.isfinite(self.drain_s) and self.drain_s > 0):
+            raise ValueError(f"drain time must be > 0 s, got {self.drain_s}")
         if not (math.isfinite(self.interval_s) and self.interval_s > 0):
             raise ValueError(f"interval must be > 0 s, got {self.interval_s}")
+        if not 0 < self.tail_down < self.tail_up:
+            raise ValueError("need 0 < tail_down < tail_up")
+
+    def _check_shares(self) -> None:
+        shares = {
+            "capacity_prior": self.capacity_prior,
+            "capacity_miss_rate": self.capacity_miss_rate,
+            "capacity_gain": self.capacity_gain,
+            "forecast_level_gain": self.forecast_level_gain,
+        }
+        if self.capacity_override is not None:
+            shares["capacity_override"] = self.capacity_override
+        bad = [name for name, value in shares.items() if not 0 < value <= 1]
+        unit = (self.forecast_trend_gain, self.forecast_trend_damping)
+        if bad or not all(0 <= v <= 1 for v in unit):
+            raise ValueError(f"need shares in (0, 1]: {', '.join(bad) or 'trend, margin'}")
+
+    @property
+    def horizon_s(self) -> float:
+        """What a decision made now waits for: the start-up, then a round to see it."""
+        return self.startup_s + self.interval_s
 
     def whole_intervals(self, window_s: float) -> float:
         """A window rounded up to whole intervals."""

@@ -154,7 +154,7 @@ class GenScheduler(SchedulerViews):
             elif request.num_output_tokens >= request.max_tokens:
                 self._pending_finish.setdefault(request_id, FinishReason.LENGTH)
         if plan.batch_ids:
-            self._counts.count_step(len(plan.batch_ids))
+            self._counts.count_step(len(plan.batch_ids), now - plan.now)
             self.policy.on_step_time(now - plan.now)
 
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 from genpool_core.admission import AdmissionQueue
 from genpool_core.knobs import Knobs
 from genpool_core.kv_blocks import KVAccount
+from genpool_core.names import PreemptionMode
 from genpool_core.preemption import PauseLane, PreemptionPolicy
 from genpool_core.prefill_budget import PrefillQueue
 from genpool_core.request import GenRequest
@@ -76,6 +77,17 @@ class SchedulerViews:
         headroom = max(self.slots.resident_headroom(), self.num_residents - self.max_batch_size)
         return max(headroom, paused), max(self._knobs.paused_cap, paused)
 
+    def pause_budget(self, now: float) -> int | None:
+        """How many at-risk waiters pausing could admit now: free paused slots (the cap,
+        the resident slots) and residents the policy would pause; ``None`` with
+        preemption off. What the replica scaler reads as "pausing can still absorb"."""
+        if self.policy.mode is PreemptionMode.OFF:
+            return None
+        limit = min(self._knobs.paused_cap - self.num_paused, self.slots.num_free)
+        if limit <= 0:
+            return 0
+        return self.policy.num_pausable(now, limit)
+
     def make_stats(self, now: float) -> SchedulerStats:
         counters = self.pausing.counters
         counts = self._counts
@@ -103,6 +115,8 @@ class SchedulerViews:
             arrivals=counts.arrivals,
             steps=counts.steps,
             batch_sum=counts.batch_sum,
+            batch_seconds=counts.batch_seconds,
+            pause_budget=self.pause_budget(now),
             ttft_counts=tuple(counts.ttft_counts),
             mode_stats=self.policy.mode_stats(now, self.pausing),
             kv_blocks=self.kv.num_blocks,

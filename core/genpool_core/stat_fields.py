@@ -38,6 +38,7 @@ class Shown(Enum):
     SLO_OR_SET = "slo_or_set"
     ARRIVALS = "arrivals"  # once the worker has seen a request (arrivals total > 0)
     SET = "set"  # when it has a value (KV use: a worker with a KV budget)
+    # (SLO_OR_SET and SET: a count pair is set once its total is above 0)
 
 
 class Over(Enum):
@@ -68,10 +69,12 @@ class StatusGroup(Enum):
 @dataclass(frozen=True, slots=True)
 class Weight:
     """The count a ratio was measured over: a ``StatLine`` attribute, or with ``key``
-    that entry of a map attribute (the window's laxity victims)."""
+    that entry of a map attribute (the window's laxity victims); ``fallback``: the
+    attribute a line from an older worker, without ``attr``, is weighted by instead."""
 
     attr: str
     key: str | None = None
+    fallback: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +151,10 @@ FIELDS: tuple[StatField, ...] = (
     StatField("kv_paused", ("kv_paused",), Kind.FLOAT, 3, Shown.SET,
               pools=(Pool("kv_paused", Rule.MEAN_PRESENT, _S,
                           status=Status("kvPausedShare", _KNOBS, 3)),)),
+    # at-risk waiters pausing could still admit now (the scaler's "budget left")
+    StatField("pause_budget", ("pause_budget",), Kind.OPT_INT, shown=Shown.SET,
+              pools=(Pool("pause_budget", Rule.SUM_PRESENT, _S,
+                          status=Status("pauseBudget", _KNOBS)),)),
     StatField("waiters", ("waiters",), Kind.INT, required=True,
               pools=(_sum("waiters", _S, "waiters", _QUEUE),)),
     StatField("at_risk", ("at_risk",), Kind.INT,
@@ -158,10 +165,11 @@ FIELDS: tuple[StatField, ...] = (
     StatField("below_target", ("below_target_window", "below_target_total"), Kind.FLOAT_PAIR,
               3, Shown.SLO_OR_SET,
               pools=(Pool("below_target_window", Rule.WEIGHTED_MEAN, _W,
-                          Weight("completed_window"),
+                          # older workers' lines lack slo_completed: all completions
+                          Weight("slo_completed_window", fallback="completed_window"),
                           Status("belowTargetWindow", _OUTCOMES, 4)),
                      Pool("below_target_total", Rule.WEIGHTED_MEAN, _S,
-                          Weight("completed_total"),
+                          Weight("slo_completed_total", fallback="completed_total"),
                           Status("belowTargetTotal", _OUTCOMES, 4)))),
     StatField("credit", ("credit",), Kind.FLOAT, 2, Shown.SLO,
               pools=(Pool("credit_sum", Rule.SUM_PRESENT, _S,
@@ -182,6 +190,9 @@ FIELDS: tuple[StatField, ...] = (
                           status=Status("pausedBelowTarget", _OUTCOMES)),)),
     StatField("completed", ("completed_window", "completed_total"), Kind.INT_PAIR,
               pools=(_sum("completed_window", _W), None)),
+    # the completions below_target is over (keyed, counted against a floor): its weight
+    StatField("slo_completed", ("slo_completed_window", "slo_completed_total"), Kind.INT_PAIR,
+              shown=Shown.SLO_OR_SET, pools=(_sum("slo_completed_window", _W), None)),
     StatField("pauses", ("pauses_window", "pauses_total"), Kind.INT_PAIR,
               pools=(_sum("pauses_window", _W), None)),
     # the replica scaler's inputs: load and GEN TTFT over the window
@@ -191,6 +202,9 @@ FIELDS: tuple[StatField, ...] = (
               pools=(_sum("steps_window", _W),)),
     StatField("batch", ("batch_mean",), Kind.FLOAT, 2, Shown.ARRIVALS,
               pools=(Pool("batch_mean", Rule.WEIGHTED_MEAN, _W, Weight("steps_window")),)),
+    # batch size x pass seconds over the window: decode position-seconds
+    StatField("batch_s", ("batch_seconds",), Kind.FLOAT, 1, Shown.ARRIVALS,
+              pools=(Pool("batch_seconds", Rule.SUM_PRESENT, _W),)),
     # for people; parsers read the histogram
     StatField("ttft_p90", ("ttft_p90",), Kind.FLOAT, 3, Shown.ARRIVALS, derived=True),
     StatField("ttft_hist", ("ttft_hist",), Kind.HISTOGRAM, shown=Shown.ARRIVALS,

@@ -44,6 +44,8 @@ class StatLine:
     paused_below_target: int | None = None
     completed_window: int = 0
     completed_total: int = 0
+    slo_completed_window: int = 0  # completions below_target counts (keyed, with a floor)
+    slo_completed_total: int = 0
     pauses_window: int = 0
     pauses_total: int = 0
     tpot_budget: float | None = None
@@ -54,6 +56,8 @@ class StatLine:
     arrivals_total: int = 0
     steps_window: int = 0
     batch_mean: float | None = None  # mean decode batch over the window's steps
+    batch_seconds: float | None = None  # batch size x pass seconds over the window
+    pause_budget: int | None = None  # at-risk waiters pausing could admit now; None: off
     ttft_hist: tuple[int, ...] = ()  # window counts per ttft_histogram bucket
     kv_used: float | None = None  # KV blocks held / the worker's blocks; None: no budget
     kv_paused: float | None = None  # the paused residents' blocks / the worker's blocks
@@ -102,6 +106,8 @@ def make_statline(cur: SchedulerStats, prev: SchedulerStats | None) -> StatLine:
         paused_below_target=None if slo is None else slo.paused_below_target,
         completed_window=cur.completed - base.completed,
         completed_total=cur.completed,
+        slo_completed_window=cur.slo_completed - base.slo_completed,
+        slo_completed_total=cur.slo_completed,
         pauses_window=cur.pauses - base.pauses,
         pauses_total=cur.pauses,
         tpot_budget=None if tpot is None else tpot.budget,
@@ -111,6 +117,10 @@ def make_statline(cur: SchedulerStats, prev: SchedulerStats | None) -> StatLine:
         arrivals_total=cur.arrivals,
         steps_window=cur.steps - base.steps,
         batch_mean=_ratio(cur.batch_sum - base.batch_sum, cur.steps - base.steps),
+        batch_seconds=(
+            max(0.0, cur.batch_seconds - base.batch_seconds) if cur.arrivals > 0 else None
+        ),
+        pause_budget=cur.pause_budget,
         ttft_hist=ttft_histogram.window_counts(cur.ttft_counts, base.ttft_counts),
         kv_used=_ratio(cur.kv_blocks_used, cur.kv_blocks),
         kv_paused=_ratio(cur.kv_blocks_paused, cur.kv_blocks),
@@ -139,11 +149,16 @@ def _is_shown(row: StatField, line: StatLine) -> bool:
         case Shown.TPOT:
             return line.mode == TPOT_MODE
         case Shown.SLO_OR_SET:
-            return line.mode == SLO_MODE or getattr(line, row.attrs[-1]) is not None
+            return line.mode == SLO_MODE or _is_set(row, line)
         case Shown.ARRIVALS:  # a worker that never saw a request has nothing to say here
             return line.arrivals_total > 0
         case Shown.SET:
-            return getattr(line, row.attrs[-1]) is not None
+            return _is_set(row, line)
+
+
+def _is_set(row: StatField, line: StatLine) -> bool:
+    value = getattr(line, row.attrs[-1])
+    return value is not None and (row.kind is not Kind.INT_PAIR or value > 0)
 
 
 def _text(row: StatField, line: StatLine) -> str:

@@ -23,14 +23,17 @@ class LoadCounters:
     arrivals: int = 0
     steps: int = 0  # decode passes with a non-empty batch
     batch_sum: int = 0  # batch sizes summed over those passes
+    # batch size x pass seconds, summed: decode position-seconds (the law's service time)
+    batch_seconds: float = 0.0
     ttft_counts: list[int] = field(default_factory=lambda: [0] * ttft_histogram.NUM_BUCKETS)
 
     def count_first_token(self, ttft_s: float) -> None:
         self.ttft_counts[ttft_histogram.bucket_of(ttft_s)] += 1
 
-    def count_step(self, batch_size: int) -> None:
+    def count_step(self, batch_size: int, seconds: float) -> None:
         self.steps += 1
         self.batch_sum += batch_size
+        self.batch_seconds += batch_size * max(0.0, seconds)
 
 
 class StatCadence:

@@ -57,10 +57,14 @@ class SchedulerStats:
     arrivals: int = 0  # requests queued at this worker
     steps: int = 0  # decode passes with a non-empty batch
     batch_sum: int = 0  # batch sizes summed over those passes
+    batch_seconds: float = 0.0  # batch size x pass seconds, summed (position-seconds)
     ttft_counts: tuple[int, ...] = ()  # GEN TTFT histogram (genpool_core.ttft_histogram)
     # KV blocks (genpool_core.kv_blocks): the worker's, held, held by paused residents;
     # all 0 without a KV budget
     kv_blocks: int = 0
     kv_blocks_used: int = 0
     kv_blocks_paused: int = 0
+    # at-risk waiters pausing could admit now (free paused slots, pausable residents);
+    # None with preemption off
+    pause_budget: int | None = None
     mode_stats: ModeStats = None  # the mode's own gauges (the policy's ``mode_stats``)

@@ -12,7 +12,6 @@ StatefulSet from :func:`desired_replicas` so it never puts ``spec.replicas`` bac
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from genpool_core.controller import RoundDecision
@@ -54,27 +53,25 @@ def spec_in_force(spec: GenPoolSpec, status: Mapping[str, Any] | None) -> GenPoo
 
 
 def scaler_settings(spec: GenPoolSpec) -> ScalerSettings:
-    """The scaler's settings from the spec (autoscaling enabled, so slo and max are set)."""
+    """The scaler's settings from the spec (autoscaling enabled, so slo and max are set);
+    everything the spec does not set is the law's default, as in the simulator."""
     slo, auto = spec.slo, spec.autoscaling
     assert slo is not None and auto.max_replicas is not None
     has_attainment = spec.preemption.kind is PreemptionMode.TARGET_OUTPUT_TPS
-    has_knob_lever = spec.preemption_on and spec.tuning.enabled
-    settings = ScalerSettings(
+    return ScalerSettings(
         ttft_p90_s=slo.ttft_p90_seconds,
         min_replicas=auto.min_replicas,
         max_replicas=auto.max_replicas,
         max_batch=spec.engine.max_batch_size,
         attainment=slo.attainment if has_attainment else None,
-        cap_max=spec.bounds().max_paused_cap if has_knob_lever else None,
+        is_pausing=spec.preemption_on,
         max_step=auto.max_step,
         down_window_s=auto.scale_down_stabilization_seconds,
         up_window_s=auto.scale_up_stabilization_seconds,
         interval_s=float(spec.tuning.interval_seconds),
+        startup_s=float(auto.startup_seconds),
+        capacity_override=auto.target_utilization,
     )
-    ceiling = auto.target_utilization
-    if ceiling is None:
-        return settings
-    return replace(settings, max_utilisation=ceiling, max_utilisation_with_pausing=ceiling)
 
 
 def was_slo_met(status: Mapping[str, Any]) -> str | None:
@@ -116,6 +113,8 @@ def scaling_status(
     record["advisory"] = decision.is_advisory
     record["reason"] = decision.scaling.reason
     record["state"] = decision.scaling.state.to_status()
+    if decision.scaling.inputs is not None:  # what this decision read (a clamp reads none)
+        record["inputs"] = decision.scaling.inputs.to_status()
     if decision.is_replica_news:
         record["lastChange"] = {
             "time": now_text,

@@ -21,6 +21,12 @@ from genpool_core.names import (
     DEFAULT_STAT_INTERVAL_S,
     PreemptionMode,
 )
+from genpool_core.scaler_settings import (
+    DEFAULT_DOWN_WINDOW_S,
+    DEFAULT_MAX_STEP,
+    DEFAULT_STARTUP_S,
+    DEFAULT_UP_WINDOW_S,
+)
 from genpool_operator.quantity import POSITIVE_QUANTITY, is_quantity, quantity_value
 
 Mode = Literal["Off", "TpotBudget", "TargetOutputTps"]
@@ -168,15 +174,18 @@ class Slo(Section):
 
 
 class Autoscaling(Section):
-    """The operator's replica scaler (``genpool_core.scaler``), run every stats round."""
+    """The operator's replica scaler (``genpool_core.scaler``), run every stats round.
+    Its defaults are the scaler's own (``genpool_core.scaler_settings``), so the
+    simulator and a GenPool run the same law."""
 
     enabled: bool = False
     min_replicas: int = Field(default=1, ge=1, le=256)
     max_replicas: int | None = Field(default=None, ge=1, le=256)
-    scale_up_stabilization_seconds: int = Field(default=0, ge=0, le=3600)
-    scale_down_stabilization_seconds: int = Field(default=300, ge=0, le=3600)
-    max_step: int = Field(default=4, ge=1, le=256)
-    # None: the scaler's defaults (0.85, or 0.95 with the knob lever); genpool_core.scaler.
+    scale_up_stabilization_seconds: int = Field(default=int(DEFAULT_UP_WINDOW_S), ge=0, le=3600)
+    scale_down_stabilization_seconds: int = Field(default=int(DEFAULT_DOWN_WINDOW_S), ge=0, le=3600)
+    max_step: int = Field(default=DEFAULT_MAX_STEP, ge=1, le=256)
+    startup_seconds: int = Field(default=int(DEFAULT_STARTUP_S), ge=0, le=3600)
+    # Expert override: the capacity fixed instead of learned (ScalerSettings.capacity_override).
     target_utilization: float | None = Field(default=None, gt=0, le=1)
 
     @model_validator(mode="after")

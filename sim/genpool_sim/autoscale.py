@@ -1,5 +1,5 @@
-"""Replicas that come and go (``genpool sim --autoscale``): the three policies the
-pool controller is measured with.
+"""Replicas that come and go (``genpool sim --autoscale``): the policies the pool
+controller is measured with.
 
 Every ``interval_s`` the operator's pool controller runs in the simulator's loop
 (:class:`genpool_sim.pool_control.SimPool`: the stat lines, then the same
@@ -10,9 +10,16 @@ Policies, on the same seeds:
 
 - ``static``: ``--workers`` fixed, pausing on (the SLO mode), no tuner: sized for
   the peak, the cost ceiling;
-- ``replicas-only``: pausing off, the scaler on the TTFT target alone (the planner
-  idea of Dynamo, llm-d, KEDA);
-- ``genpool``: pausing, the knob tuner and the scaler on both parts of the SLO.
+- ``oracle``: a replica table known in advance (``--schedule``), pausing on: each
+  phase's replicas started early enough to serve from its first second;
+- ``replicas-only``: the shipped law (genpool_core.scaler) with pausing off;
+- ``genpool``: the shipped law with pausing and the knob tuner: the ratio to
+  ``replicas-only`` is pausing's own;
+- ``llm-d-slo``: llm-d's published SLO-aware law (genpool_sim.llmd_slo), pausing off.
+
+Every scaled policy runs at the law's defaults; ``capacity_override`` pins the
+learned capacity (an expert override), ``learn_days`` lets a pool serve the load
+before the measured day, as a pool's learned state persists in its status.
 """
 
 from __future__ import annotations
@@ -25,12 +32,17 @@ from genpool_core.field_help import DESCRIPTION, describe
 from genpool_core.names import OFF_MODE, SLO_MODE
 from genpool_core.quantiles import percentile
 from genpool_core.scaler import ScalerSettings
+from genpool_core.scaler_estimates import Estimates
 from genpool_sim.cluster import Cluster, ClusterConfig
 from genpool_sim.experiment import Workload, measure, simulate
-from genpool_sim.pool_control import SimPool, TuneConfig
+from genpool_sim.llmd_slo import LlmdSloPool, LlmdSloSettings
+from genpool_sim.pool_control import PoolDriver, SimPool, TuneConfig
 from genpool_sim.report import mean_ci
+from genpool_sim.schedule_pool import SchedulePool
 
-POLICIES = ("static", "replicas-only", "genpool")
+LEARN_SEED_STRIDE = 1000  # day k before the measured one draws seed + k * this
+POLICIES = ("static", "oracle", "replicas-only", "genpool", "llm-d-slo")
+DEFAULT_POLICIES = ("static", "replicas-only", "genpool", "llm-d-slo")
 SUMMARY_METRICS = (
     "replica_seconds",
     "slo_windows_met",
@@ -43,9 +55,8 @@ SUMMARY_METRICS = (
 
 @dataclass(frozen=True)
 class AutoscaleConfig:
-    """The SLO and the scaler's settings of the policies (``scaler_settings``); the
-    utilisation ceilings default to the scaler's, bench/sim_autoscale_sweep.py tunes each
-    to its SLO."""
+    """The SLO, the replica bounds and the start-up the policies share; the scaled ones
+    run the law at its defaults (``scaler_settings``)."""
 
     slo_ttft_p90_s: float = field(metadata={DESCRIPTION: describe(ScalerSettings, "ttft_p90_s")})
     target_output_tps: float = field(
@@ -88,18 +99,22 @@ class AutoscaleConfig:
             DESCRIPTION: "the windows the SLO is scored in (SLO windows met), simulated seconds"
         },
     )
-    planner_max_utilisation: float = field(
-        default=0.85,
+    capacity_override: float | None = field(
+        default=None,
+        metadata={DESCRIPTION: describe(ScalerSettings, "capacity_override")},
+    )
+    learn_days: int = field(
+        default=0,
         metadata={
-            DESCRIPTION: "replicas-only: the share of the batch positions the load (batch,"
-            " waiting) may fill, with headroom for bursts, unitless"
+            DESCRIPTION: "days of the same load (other seeds) a scaled pool serves before"
+            " the measured one, starting it with what its scaler learned; 0: a new pool"
         },
     )
-    genpool_max_utilisation: float = field(
-        default=0.95,
+    schedule: tuple[tuple[float, int], ...] | None = field(
+        default=None,
         metadata={
-            DESCRIPTION: "genpool: the share of the batch positions the load (batch, paused,"
-            " waiting) may fill, higher since pausing absorbs the bursts, unitless"
+            DESCRIPTION: "the oracle policy's replica table: (phase start s, replicas) in"
+            " order, from 0"
         },
     )
 
@@ -110,20 +125,28 @@ class AutoscaleConfig:
             raise ValueError(f"T must be > 0 tok/s, got {self.target_output_tps}")
         self.scaler_settings(1)  # validates the SLO and the replica bounds
 
-    def scaler_settings(
-        self, max_batch: int, *, knobs: bool = True, cap_max: int | None = None
-    ) -> ScalerSettings:
-        """``knobs=False``: the replica-only planner (TTFT alone, no knob lever)."""
+    def scaler_settings(self, max_batch: int, *, is_pausing: bool = True) -> ScalerSettings:
+        """The law's settings at the shipped defaults; ``is_pausing=False``: the same law
+        for a pool that does not pause."""
         return ScalerSettings(
             ttft_p90_s=self.slo_ttft_p90_s,
             min_replicas=self.min_replicas,
             max_replicas=self.max_replicas,
             max_batch=max_batch,
-            attainment=self.attainment if knobs else None,
-            cap_max=cap_max if knobs else None,
-            max_utilisation=self.planner_max_utilisation,
-            max_utilisation_with_pausing=self.genpool_max_utilisation,
+            attainment=self.attainment,
+            is_pausing=is_pausing,
             interval_s=self.interval_s,
+            startup_s=self.startup_delay_s,
+            capacity_override=self.capacity_override,
+        )
+
+    def llmd_settings(self) -> LlmdSloSettings:
+        return LlmdSloSettings(
+            ttft_s=self.slo_ttft_p90_s,
+            tpot_s=1.0 / self.target_output_tps,
+            min_replicas=self.min_replicas,
+            max_replicas=self.max_replicas,
+            startup_delay_s=self.startup_delay_s,
         )
 
 
@@ -143,25 +166,59 @@ def run_policy(
     auto: AutoscaleConfig,
     tune: TuneConfig,
 ) -> PolicyRun:
-    """One policy on one seed. ``base.workers`` is the static pool's size."""
+    """One policy on one seed. ``base.workers`` is the static pool's size. With
+    ``auto.learn_days``, a scaled pool first serves that many days of the same load
+    (other seeds), unmeasured, and starts the measured one with what its scaler learned
+    (capacity and service time: what the operator keeps in status.scaling.state)."""
+    learned = None
+    for day in range(1, auto.learn_days + 1):
+        config, driver = policy_pool(policy, base, auto, tune, learned)
+        simulate(config, workload, seed + LEARN_SEED_STRIDE * day, driver)
+        learned = carried_estimates(driver)
+    config, driver = policy_pool(policy, base, auto, tune, learned)
+    cluster = simulate(config, workload, seed, driver)
+    timeline = driver.timeline if driver is not None else []
+    return PolicyRun(policy, seed, policy_metrics(cluster, workload, auto), timeline)
+
+
+def carried_estimates(driver: PoolDriver | None) -> Estimates | None:
+    """What a scaled pool's next day starts from: its learned capacity and service time
+    (the forecast and the round's history are today's)."""
+    if not isinstance(driver, SimPool):
+        return None
+    estimates = driver.state.scaler.estimates
+    return Estimates(service_s=estimates.service_s, capacity=estimates.capacity)
+
+
+def policy_pool(
+    policy: str, base: ClusterConfig, auto: AutoscaleConfig, tune: TuneConfig,
+    learned: Estimates | None = None,
+) -> tuple[ClusterConfig, PoolDriver | None]:  # fmt: skip
+    """The workers' settings and the replica controller of a policy (module doc)."""
     slo = replace(base, mode=SLO_MODE, target_output_tps=auto.target_output_tps)
+    off = replace(base, mode=OFF_MODE, workers=auto.min_replicas)
     interval, delay = auto.interval_s, auto.startup_delay_s
-    if policy == "static":  # observed, never scaled
-        config, pool = slo, SimPool(interval)
-    elif policy == "replicas-only":
-        config = replace(base, mode=OFF_MODE, workers=auto.min_replicas)
-        pool = SimPool(interval, None, auto.scaler_settings(base.max_batch, knobs=False), delay)
-    elif policy == "genpool":
-        bounds = tune.bounds
-        config = replace(slo, workers=auto.min_replicas,
-                         max_resident_headroom=bounds.max_resident_headroom)  # fmt: skip
-        settings = auto.scaler_settings(base.max_batch, cap_max=bounds.max_paused_cap)
-        tuner = TuneConfig(bounds, interval, tune.settings)
-        pool = SimPool(interval, tuner, settings, delay)
-    else:
-        raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
-    cluster = simulate(config, workload, seed, pool)
-    return PolicyRun(policy, seed, policy_metrics(cluster, workload, auto), pool.timeline)
+    match policy:
+        case "static":  # observed, never scaled
+            return slo, SimPool(interval)
+        case "oracle":
+            if auto.schedule is None:
+                raise ValueError("the oracle policy needs a schedule (AutoscaleConfig.schedule)")
+            table = SchedulePool(auto.schedule, delay)
+            return replace(slo, workers=table.start_replicas), table
+        case "replicas-only":
+            settings = auto.scaler_settings(base.max_batch, is_pausing=False)
+            return off, SimPool(interval, None, settings, delay, learned)
+        case "genpool":
+            bounds = tune.bounds
+            config = replace(slo, workers=auto.min_replicas,
+                             max_resident_headroom=bounds.max_resident_headroom)  # fmt: skip
+            tuner = TuneConfig(bounds, interval, tune.settings)
+            settings = auto.scaler_settings(base.max_batch)
+            return config, SimPool(interval, tuner, settings, delay, learned)
+        case "llm-d-slo":
+            return off, LlmdSloPool(auto.llmd_settings())
+    raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
 
 
 def policy_metrics(cluster: Cluster, workload: Workload, auto: AutoscaleConfig) -> dict[str, float]:
@@ -179,6 +236,7 @@ def policy_metrics(cluster: Cluster, workload: Workload, auto: AutoscaleConfig) 
         "ttft_from_arrival_p90": base["ttft_p90"],
         "below_target": base.get("below_target", math.nan),
         "tpot_mean": base["tpot_mean"],
+        "output_rate_p50": base["output_rate_p50"],
         "output_tokens_per_s": base["output_tokens_per_s"],
         "requests": base["requests"],
     }

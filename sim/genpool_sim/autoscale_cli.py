@@ -14,6 +14,7 @@ from pathlib import Path
 from genpool_core.field_help import help_for
 from genpool_core.knobs import KnobBounds
 from genpool_sim.autoscale import (
+    DEFAULT_POLICIES,
     POLICIES,
     SUMMARY_METRICS,
     AutoscaleConfig,
@@ -36,9 +37,20 @@ def add_autoscale_options(sim: argparse.ArgumentParser) -> None:
                        help="compare the replica policies on the same seeds")  # fmt: skip
     group.add_argument(
         "--policies",
-        default=",".join(POLICIES),
-        help=f"comma-separated, among {', '.join(POLICIES)} (default: all)",
+        default=",".join(DEFAULT_POLICIES),
+        help=f"comma-separated, among {', '.join(POLICIES)} (default:"
+        f" {','.join(DEFAULT_POLICIES)}; oracle needs --schedule)",
     )
+    group.add_argument(
+        "--schedule",
+        help=help_for(
+            AutoscaleConfig,
+            "schedule",
+            note="as SECONDS:REPLICAS,...; each"
+            " phase's replicas start early enough to serve from its first second",
+        ),
+    )
+    group.add_argument("--learn-days", default="0", help=help_for(AutoscaleConfig, "learn_days"))
     group.add_argument(
         "--slo-ttft-p90",
         help=help_for(AutoscaleConfig, "slo_ttft_p90_s", note="required with --autoscale"),
@@ -58,16 +70,7 @@ def add_autoscale_options(sim: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--scale-interval", default="30", help=help_for(AutoscaleConfig, "interval_s")
     )
-    group.add_argument(
-        "--planner-max-utilisation",
-        default="0.85",
-        help=help_for(AutoscaleConfig, "planner_max_utilisation"),
-    )
-    group.add_argument(
-        "--genpool-max-utilisation",
-        default="0.95",
-        help=help_for(AutoscaleConfig, "genpool_max_utilisation"),
-    )
+    group.add_argument("--capacity-override", help=help_for(AutoscaleConfig, "capacity_override"))
 
 
 def _number(ns: argparse.Namespace, name: str, kind: type[float] | type[int]) -> float:
@@ -96,8 +99,7 @@ def autoscale_config(ns: argparse.Namespace) -> AutoscaleConfig:
         "max_replicas": _number(ns, "max_replicas", int),
         "startup_delay": _number(ns, "startup_delay", float),
         "scale_interval": _number(ns, "scale_interval", float),
-        "planner_max_utilisation": _number(ns, "planner_max_utilisation", float),
-        "genpool_max_utilisation": _number(ns, "genpool_max_utilisation", float),
+        "learn_days": _number(ns, "learn_days", int),
     }
     checks = (
         ("slo_ttft_p90", values["slo_ttft_p90"] > 0, "must be > 0 s"),
@@ -105,8 +107,7 @@ def autoscale_config(ns: argparse.Namespace) -> AutoscaleConfig:
         ("min_replicas", values["min_replicas"] >= 1, "must be >= 1"),
         ("startup_delay", values["startup_delay"] >= 0, "must be >= 0 s"),
         ("scale_interval", values["scale_interval"] > 0, "must be > 0 s"),
-        ("planner_max_utilisation", 0 < values["planner_max_utilisation"] <= 1, _SHARE),
-        ("genpool_max_utilisation", 0 < values["genpool_max_utilisation"] <= 1, _SHARE),
+        ("learn_days", 0 <= values["learn_days"] <= 30, "must be in 0..30"),
     )
     for name, ok, what in checks:
         if not ok:
@@ -126,14 +127,44 @@ def autoscale_config(ns: argparse.Namespace) -> AutoscaleConfig:
         attainment=values["slo_attainment"],
         startup_delay_s=values["startup_delay"],
         interval_s=values["scale_interval"],
-        planner_max_utilisation=values["planner_max_utilisation"],
-        genpool_max_utilisation=values["genpool_max_utilisation"],
+        capacity_override=_override(ns),
+        learn_days=int(values["learn_days"]),
+        schedule=_schedule(ns),
     )
+
+
+def _override(ns: argparse.Namespace) -> float | None:
+    if ns.capacity_override is None:
+        return None
+    value = _number(ns, "capacity_override", float)
+    if not 0 < value <= 1:
+        raise AutoscaleUsageError(f"--capacity-override: {_SHARE}, got {ns.capacity_override}")
+    return value
+
+
+def _schedule(ns: argparse.Namespace) -> tuple[tuple[float, int], ...] | None:
+    if ns.schedule is None:
+        return None
+    entries = []
+    for item in ns.schedule.split(","):
+        start, sep, count = item.partition(":")
+        try:
+            entry = (float(start), int(count))
+        except ValueError:
+            entry = None
+        if not sep or entry is None or not math.isfinite(entry[0]) or entry[1] < 1:
+            raise AutoscaleUsageError(f"--schedule: {item!r}: expected SECONDS:REPLICAS >= 1")
+        entries.append(entry)
+    if entries[0][0] != 0 or [t for t, _ in entries] != sorted(t for t, _ in entries):
+        raise AutoscaleUsageError("--schedule: entries in time order, the first at 0")
+    return tuple(entries)
 
 
 def policies(ns: argparse.Namespace) -> list[str]:
     chosen = [p for p in ns.policies.split(",") if p]
     unknown = [p for p in chosen if p not in POLICIES]
+    if "oracle" in chosen and ns.schedule is None:
+        raise AutoscaleUsageError("--policies oracle needs --schedule")
     if unknown or not chosen:
         raise AutoscaleUsageError(f"--policies: choose among {', '.join(POLICIES)}, got "
                                   f"{ns.policies!r}")  # fmt: skip

@@ -129,6 +129,16 @@ class Cluster:
             self._retire_if_empty(worker)
         return worker
 
+    def scale_to(self, desired: int, startup_delay_s: float) -> None:
+        """Add replicas (serving after the start-up delay) or take them away until
+        ``desired`` neither retire nor drain."""
+        current = sum(1 for w in self.workers if w.retired_at is None and not w.is_draining)
+        for _ in range(desired - current):
+            self.add_worker(startup_delay_s)
+        for _ in range(current - desired):
+            if self.remove_worker() is None:
+                break
+
     def _ready(self, worker: GenWorker) -> None:
         if worker.retired_at is None:  # not cancelled while it was starting
             worker.is_ready = True

@@ -20,7 +20,7 @@ from genpool_core.names import OFF_MODE, SLO_MODE
 from genpool_core.quantiles import percentile
 from genpool_sim.cluster import Cluster, ClusterConfig
 from genpool_sim.phases import Phase, clients_at, phase_starts
-from genpool_sim.pool_control import SimPool, TuneConfig
+from genpool_sim.pool_control import PoolDriver, SimPool, TuneConfig
 from genpool_sim.records import SimRequest
 from genpool_sim.slo_classes import ClassPicker, SloClass, class_metrics
 from genpool_sim.workload import (
@@ -123,7 +123,7 @@ def simulate(
     config: ClusterConfig,
     workload: Workload,
     seed: int,
-    pool: SimPool | None = None,
+    pool: PoolDriver | None = None,
     carries_slo: bool = False,
 ) -> Cluster:
     """One run; with classes, requests carry their class's SLO only if ``carries_slo``."""

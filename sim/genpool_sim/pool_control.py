@@ -13,7 +13,8 @@ desired replicas are added (serving after the start-up delay) or drained.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 from genpool_core.controller import (
     ControllerSettings,
@@ -25,12 +26,24 @@ from genpool_core.controller import (
 )
 from genpool_core.field_help import DESCRIPTION
 from genpool_core.knobs import KnobBounds
-from genpool_core.scaler import ScalerSettings
+from genpool_core.scaler import ScalerSettings, ScalerState
+from genpool_core.scaler_estimates import Estimates
 from genpool_core.statline import StatLine, format_statline, make_statline, parse_statline
 from genpool_core.stats import SchedulerStats
 from genpool_core.tuner import TunerSettings
 from genpool_sim.cluster import Cluster
 from genpool_sim.replica import GenWorker
+
+
+class PoolDriver(Protocol):
+    """What runs a simulated pool's replicas: rounds every ``interval_s`` (``tick``)."""
+
+    interval_s: float
+    timeline: list[dict[str, object]]
+
+    def attach(self, cluster: Cluster) -> None: ...
+
+    def tick(self, cluster: Cluster, now: float) -> None: ...
 
 
 class PoolReader:
@@ -88,6 +101,7 @@ class SimPool:
         tune: TuneConfig | None = None,
         scaler: ScalerSettings | None = None,
         startup_delay_s: float = 0.0,
+        learned: Estimates | None = None,
     ) -> None:
         if tune is not None and tune.interval_s != interval_s:
             raise ValueError(f"one round interval: tuner {tune.interval_s} s vs {interval_s} s")
@@ -96,7 +110,10 @@ class SimPool:
         self.scaler = scaler
         self.startup_delay_s = startup_delay_s
         self.settings: ControllerSettings | None = None
-        self.state = ControllerState()
+        # a pool that ran before starts from what its scaler learned (status.scaling.state)
+        self.state = ControllerState(
+            scaler=ScalerState(estimates=learned) if learned is not None else ScalerState()
+        )
         self.records: list[dict[str, object]] = []
         self.timeline: list[dict[str, object]] = []
         self._reader = PoolReader()
@@ -131,7 +148,7 @@ class SimPool:
         if decision.knobs != decision.knobs_before:
             self._push(cluster)
         if decision.scaling is not None:
-            self._apply(cluster, decision.desired)
+            cluster.scale_to(decision.desired, self.startup_delay_s)
         self._record(decision, now, num_ready)
 
     def _record(self, decision: RoundDecision, now: float, num_ready: int) -> None:
@@ -145,10 +162,12 @@ class SimPool:
                 "stats": None if stats is None else stats.to_status(),
             })  # fmt: skip
         p90 = None if stats is None else stats.ttft_p90
+        inputs = None if scaling is None or scaling.inputs is None else scaling.inputs
         self.timeline.append({
             "t": now, "desired": decision.desired, "ready": num_ready,
             "reason": scaling.reason if scaling is not None else "static",
             "ttft_p90": None if p90 is None else round(p90, 4),
+            "inputs": None if inputs is None else _rounded(asdict(inputs)),
         })  # fmt: skip
 
     def _push(self, cluster: Cluster) -> None:
@@ -160,14 +179,10 @@ class SimPool:
         if self.settings.is_pausing:
             worker.scheduler.set_knobs(knobs_in_force(self.settings, self.state))
 
-    def _apply(self, cluster: Cluster, desired: int) -> None:
-        current = sum(1 for w in cluster.workers if w.retired_at is None and not w.is_draining)
-        for _ in range(desired - current):
-            cluster.add_worker(self.startup_delay_s)
-        for _ in range(current - desired):
-            if cluster.remove_worker() is None:
-                break
-
     @property
     def num_changes(self) -> int:
         return sum(1 for record in self.records if record["changed"])
+
+
+def _rounded(values: dict[str, object]) -> dict[str, object]:
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in values.items()}

@@ -20,7 +20,7 @@ DESIGN_EXAMPLE = (
     "paused=8 cap=12 headroom=12 waiters=5 at_risk=2 X=0.84 below_target=0.115/0.121 "
     "credit=3.40 victims=laxity:40,below_target:10,sacrificed:7 mean_laxity=1.27 "
     "laxity_resumes=38 forced_resumes=17 paused_below_target=1 completed=180/5230 "
-    "pauses=57/2110"
+    "slo_completed=200/5000 pauses=57/2110"
 )
 
 
@@ -171,6 +171,9 @@ def expected_after_round_trip(line: StatLine) -> StatLine:
             changes[name] = round(value, printed[name]) + 0.0  # -0.0 -> 0.0
     if line.mode != SLO:
         changes.update(_SLO_ONLY_OTHERS)
+    if line.batch_seconds is not None:  # shown once the worker has seen a request
+        shown = line.arrivals_total > 0
+        changes["batch_seconds"] = round(line.batch_seconds, 1) + 0.0 if shown else None
     return dataclasses.replace(line, **changes)  # type: ignore[arg-type]
 
 

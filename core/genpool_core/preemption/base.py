@@ -10,6 +10,7 @@ pausing itself is :class:`genpool_core.preemption.pausing.PauseLane`, the knobs
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import ClassVar, Protocol
 
@@ -59,6 +60,11 @@ class PreemptionPolicy(Protocol):
         """The scheduler paused ``victim`` (before it asks for the next one)."""
         ...
 
+    def num_pausable(self, now: float, limit: int) -> int:
+        """How many batch members (at most ``limit``) the policy would pause now, one
+        after another; mutates nothing (the pause budget of the stat line)."""
+        ...
+
     def on_step_time(self, seconds: float) -> None:
         """A decode step of a non-empty batch took ``seconds``."""
         ...
@@ -98,6 +104,9 @@ class PolicyBase:
 
     def choose_victims(self, now: float) -> Iterator[Victim]:
         return iter(())
+
+    def num_pausable(self, now: float, limit: int) -> int:
+        return sum(1 for _ in itertools.islice(self.choose_victims(now), max(0, limit)))
 
     def choose_victim(self, now: float) -> Victim | None:
         """The first of :meth:`choose_victims` (tests and tools)."""

@@ -185,6 +185,20 @@ class TargetOutputTpsPolicy(PolicyBase):
                 due = now + self.WINDOW_FRACTION * self.decode_span(request)
                 yield Victim(request, VictimKind.SACRIFICED, due)
 
+    def num_pausable(self, now: float, limit: int) -> int:
+        """As the base counts, but sacrifices only as far as the credit pays for them
+        (the ranking re-reads the credit, which only a real pause spends)."""
+        count, sacrifices = 0, 0
+        for victim in self.choose_victims(now):
+            if count >= limit:
+                break
+            if victim.kind is VictimKind.SACRIFICED:
+                if sacrifices + 1 > self.credit:
+                    break
+                sacrifices += 1
+            count += 1
+        return count
+
     def on_pause(self, victim: Victim) -> None:
         if victim.kind is VictimKind.SACRIFICED:
             victim.request.is_sacrificed = True

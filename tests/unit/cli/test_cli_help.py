@@ -60,8 +60,9 @@ SIM_FLAGS: dict[str, tuple[type, str]] = {
     "--max-replicas": (AutoscaleConfig, "max_replicas"),
     "--startup-delay": (AutoscaleConfig, "startup_delay_s"),
     "--scale-interval": (AutoscaleConfig, "interval_s"),
-    "--planner-max-utilisation": (AutoscaleConfig, "planner_max_utilisation"),
-    "--genpool-max-utilisation": (AutoscaleConfig, "genpool_max_utilisation"),
+    "--capacity-override": (AutoscaleConfig, "capacity_override"),
+    "--schedule": (AutoscaleConfig, "schedule"),
+    "--learn-days": (AutoscaleConfig, "learn_days"),
 }
 # `genpool sim` flags whose help stays hand-written: they set no described field (a mode,
 # a file, a run count, a switch); --workers, --ctx-servers and --paused-cap-fraction set

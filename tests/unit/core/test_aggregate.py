@@ -40,7 +40,28 @@ def test_counters_are_summed() -> None:
     assert pool.victim_share("sacrificed") == pytest.approx(2 / 7)
 
 
+def test_below_target_is_weighted_by_the_completions_it_was_counted_over() -> None:
+    # worker a finished 90 requests but only 10 counted against a floor (the rest were
+    # unkeyed probes); b's 20 all counted: the pool's share weighs 10 and 20, not 90 and 20
+    a = line(
+        below_target_window=0.5,
+        completed_window=90,
+        slo_completed_window=10,
+        below_target_total=0.5,
+        completed_total=900,
+        slo_completed_total=100,
+    )
+    b = line(below_target_window=0.05, completed_window=20, slo_completed_window=20,
+             below_target_total=0.05, completed_total=200, slo_completed_total=200)  # fmt: skip
+    pool = aggregate([a, b])
+    assert pool is not None
+    assert pool.below_target_window == pytest.approx((0.5 * 10 + 0.05 * 20) / 30)
+    assert pool.below_target_total == pytest.approx((0.5 * 100 + 0.05 * 200) / 300)
+    assert pool.slo_completed_window == 30
+
+
 def test_ratios_are_weighted_by_what_they_count() -> None:
+    # lines from older workers carry no slo_completed: their completions weigh instead
     busy = line(below_target_window=0.1, completed_window=90, below_target_total=0.2,
                 completed_total=100)  # fmt: skip
     idle = line(below_target_window=1.0, completed_window=10, below_target_total=0.0,
@@ -106,8 +127,8 @@ def test_status_shape_is_camel_case_and_json_safe() -> None:
     assert pool is not None
     status = pool.to_status()
     assert set(status) == {
-        "paused", "cap", "headroom", "kvUsage", "kvPausedShare", "belowTargetWindow",
-        "belowTargetTotal", "credit",
+        "paused", "cap", "headroom", "kvUsage", "kvPausedShare", "pauseBudget",
+        "belowTargetWindow", "belowTargetTotal", "credit",
         "victims", "victimsText", "meanLaxitySeconds", "laxityResumes", "pausedBelowTarget",
         "waiters", "atRisk", "admissionTargetSeconds",
     }  # fmt: skip

@@ -24,7 +24,7 @@ from genpool_core.tuner import TunerSettings, TunerState
 ROOT = Path(__file__).resolve().parents[3]
 INTERVAL = 30.0
 SCALER = ScalerSettings(ttft_p90_s=1.0, min_replicas=1, max_replicas=8, max_batch=8,
-                        attainment=0.8, cap_max=8, interval_s=INTERVAL)  # fmt: skip
+                        attainment=0.8, is_pausing=True, interval_s=INTERVAL)  # fmt: skip
 SETTINGS = ControllerSettings(
     interval_s=INTERVAL, start_replicas=2, bounds=KnobBounds(0, 8, 0, 8),
     start_knobs=Knobs(3, 3), is_pausing=True, tuner=TunerSettings(confirm_rounds=1),
@@ -108,10 +108,14 @@ def test_knobs_in_force_are_clamped_into_new_bounds() -> None:
 
 
 def test_replica_news_is_a_change_or_new_advice() -> None:
-    missed = Observation({"p-0": [line(30.0, ttft_hist=hist(5.0, 60))]}, num_ready=2)
+    # 10 req/s of 8 position-seconds each: 80 positions, about 13 replicas of 8 at 0.8
+    busy = line(30.0, arrivals_window=300, completed_window=300, batch_seconds=2400.0)
+    missed = Observation({"p-0": [busy]}, num_ready=2)
     up = run_round(SETTINGS, ControllerState(), missed, now=31.0)
-    assert up.desired > 2 and up.is_replica_news
-    assert up.replica_change_text() == f"up-ttft-miss: replicas 2 -> {up.desired}"
+    assert up.desired == 8 and up.is_replica_news  # at max replicas
+    assert up.replica_change_text().startswith(
+        "up-forecast: replicas 2 -> 8 (forecast 10.00 req/s, capacity 0.80 req/s per replica"
+    )
     advisory = replace(SETTINGS, is_advisory=True)
     advice = run_round(advisory, ControllerState(replicas=up.desired), missed, now=31.0)
     assert not advice.is_replica_news  # the same advice as recorded

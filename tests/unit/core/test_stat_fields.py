@@ -80,8 +80,8 @@ def test_status_keys_come_from_the_rows_in_the_documented_order() -> None:
     pool = aggregate([parse_statline(_full_text(SLO_MODE))])
     assert pool is not None
     assert list(pool.to_status()) == [
-        "paused", "cap", "headroom", "kvUsage", "kvPausedShare", "belowTargetWindow",
-        "belowTargetTotal", "credit",
+        "paused", "cap", "headroom", "kvUsage", "kvPausedShare", "pauseBudget",
+        "belowTargetWindow", "belowTargetTotal", "credit",
         "victims", "victimsText", "meanLaxitySeconds", "laxityResumes", "pausedBelowTarget",
         "waiters", "atRisk", "admissionTargetSeconds",
     ]  # fmt: skip
@@ -102,6 +102,7 @@ def _full_line(mode: str) -> StatLine:
         completed_window=20, completed_total=200, pauses_window=6, pauses_total=60,
         tpot_budget=0.125, window_s=0.375, inflation=0.5, arrivals_window=30,
         arrivals_total=300, steps_window=40, batch_mean=7.5, ttft_hist=tuple(hist),
+        slo_completed_window=15, slo_completed_total=150, batch_seconds=92.5, pause_budget=3,
     )  # fmt: skip
 
 
@@ -109,11 +110,11 @@ def _full_text(mode: str) -> str:
     return format_statline(_full_line(mode))
 
 
+_SET = {"pause_budget", "slo_completed", "below_target"}  # set on the full line in any mode
 _MODE_ROWS = {
-    SLO_MODE: {"T", "below_target", "credit", "mean_laxity", "laxity_resumes",
-               "paused_below_target"},
-    TPOT_MODE: {"budget", "window", "inflation", "below_target"},
-    OFF_MODE: {"below_target"},
+    SLO_MODE: {"T", "credit", "mean_laxity", "laxity_resumes", "paused_below_target"} | _SET,
+    TPOT_MODE: {"budget", "window", "inflation"} | _SET,
+    OFF_MODE: _SET,
 }  # fmt: skip
 
 

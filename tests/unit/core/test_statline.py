@@ -126,7 +126,7 @@ def test_quiet_window_has_no_ratios_but_keeps_totals() -> None:
     assert " below_target=-/0.121 " in text
     assert " mean_laxity=- " in text
     assert " victims=- " in text
-    assert text.endswith(" completed=0/5230 pauses=0/2110")
+    assert text.endswith(" completed=0/5230 slo_completed=0/5000 pauses=0/2110")
 
 
 def test_no_slo_completions_at_all() -> None:

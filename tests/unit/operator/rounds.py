@@ -75,23 +75,30 @@ def hist(seconds: float, n: int) -> tuple[int, ...]:
 
 
 def statline(t: float, **overrides: Any) -> StatLine:
-    """One worker's window at half occupancy, TTFT well inside 1 s."""
+    """One worker's 10 s window: 5 req/s of 0.6 batch position-seconds each (3 of its 8
+    positions), TTFT well inside 1 s, pausing able to admit two more."""
     base = StatLine(
         t=t, mode="target_output_tps", residents=4, active=4, paused=0, cap=2, headroom=2,
-        waiters=0, completed_window=50, below_target_window=0.05, arrivals_window=50,
-        steps_window=500, batch_mean=4.0, ttft_hist=hist(0.1, 50),
+        waiters=0, completed_window=50, slo_completed_window=50, below_target_window=0.05,
+        arrivals_window=50, arrivals_total=500, steps_window=500, batch_mean=4.0,
+        ttft_hist=hist(0.1, 50), batch_seconds=30.0, pause_budget=2,
     )  # fmt: skip
     return replace(base, **overrides)
 
 
+# 20 req/s into one worker, its batch full, a queue pausing cannot admit, TTFT missed
 OVERLOAD: dict[str, Any] = {
     "waiters": 30,
     "arrivals_window": 200,
+    "completed_window": 100,
+    "slo_completed_window": 100,
     "batch_mean": 8.0,
+    "batch_seconds": 80.0,
+    "pause_budget": 0,
     "ttft_hist": hist(4.0, 60),
 }
-BURST: dict[str, Any] = {**OVERLOAD, "ttft_hist": hist(0.1, 60)}  # load alone, SLO holds
-QUIET: dict[str, Any] = {"batch_mean": 0.5, "arrivals_window": 20, "completed_window": 20}
+QUIET: dict[str, Any] = {"batch_mean": 0.5, "arrivals_window": 20, "completed_window": 20,
+                         "slo_completed_window": 20, "batch_seconds": 12.0}  # fmt: skip
 
 
 def pods(num: int, t: float, **overrides: Any) -> dict[str, Sequence[StatLine]]:

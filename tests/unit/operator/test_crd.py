@@ -182,7 +182,8 @@ def test_scale_and_status_subresources(crd: dict[str, Any]) -> None:
     assert columns == {
         "Mode": 0, "Ready": 0, "Prefill": 0, "Below-T": 0, "Credit": 0, "Headroom": 0, "Cap": 0,
         "Paused": 0, "Desired": 0, "SLO": 0, "Age": 0, "Victims": 1, "InSync": 1,
-        "Last-Tune": 1, "TTFT-P90": 1, "Scaling": 1,
+        "Last-Tune": 1, "TTFT-P90": 1, "Scaling": 1, "Forecast": 1, "Per-Replica": 1,
+        "Tail": 1, "Budget": 1,
     }  # fmt: skip
     status = root_schema(crd)["properties"]["status"]
     for column in version["additionalPrinterColumns"]:

@@ -1,16 +1,18 @@
 """The replica half of a round: settings from the spec, replicas in force, the scaler's
 call with its stabilisation windows, advisory mode, status and Events.
 
-The scaler's state (its recommendations, ``loadedAt``) and ``desiredReplicas`` live in
+The scaler's state (its recommendations and estimates) and ``desiredReplicas`` live in
 the status: each round's patch is applied and read back by the next round."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import pytest
 
+from genpool_core.scaler import ScalerSettings
+from genpool_core.scaler_settings import DEFAULT_DOWN_WINDOW_S, DEFAULT_MAX_STEP
 from genpool_operator.round_plan import (
     PushOutcome,
     controller_settings,
@@ -29,7 +31,6 @@ from genpool_operator.scaling_plan import (
 from genpool_operator.spec import GenPoolSpec
 from tests.unit.operator.rounds import (
     AUTO,
-    BURST,
     LINE,
     ONE,
     OVERLOAD,
@@ -52,20 +53,29 @@ def test_settings_come_from_the_spec() -> None:
     assert settings.max_batch == 8 and settings.down_window_s == 20.0
     assert settings.up_window_s == 0.0 and settings.interval_s == 10.0
     assert scaler_settings(autoscaling_spec(scaleUpStabilizationSeconds=40)).up_window_s == 40.0
+    assert scaler_settings(autoscaling_spec(startupSeconds=150)).startup_s == 150.0
     # The scaler rounds windows up to whole intervals, never shorter than asked.
     odd = scaler_settings(autoscaling_spec(scaleDownStabilizationSeconds=25))
     assert odd.down_window_s == 25.0 and odd.whole_intervals(odd.down_window_s) == 30.0
-    assert settings.cap_max == 8  # the tuner's cap bound: pausing is a lever
+    assert settings.is_pausing and settings.capacity_override is None  # learned
     off = scaler_settings(auto_spec(preemption={"mode": "Off"}))
-    assert off.attainment is None and off.cap_max is None  # TTFT alone, no knob lever
-    # The shipped ceilings unless the spec names one, which then holds with or without pausing.
-    assert (settings.max_utilisation, settings.max_utilisation_with_pausing) == (0.85, 0.95)
-    for preemption in (AUTO["preemption"], {"mode": "Off"}):
-        ceiling = {**AUTO["autoscaling"], "targetUtilization": 0.6}
-        chosen = scaler_settings(auto_spec(preemption=preemption, autoscaling=ceiling))
-        assert (chosen.max_utilisation, chosen.max_utilisation_with_pausing) == (0.6, 0.6)
+    assert off.attainment is None and not off.is_pausing  # TTFT alone, nothing absorbed
+    pinned = scaler_settings(autoscaling_spec(targetUtilization=0.6))
+    assert pinned.capacity_override == 0.6  # the expert override
     assert controller_settings(auto_spec()).scaler == settings
     assert controller_settings(auto_spec(autoscaling={"enabled": False})).scaler is None
+
+
+def test_a_pools_law_is_the_simulators_at_every_default() -> None:
+    """One source for every default: what the spec leaves unset is ScalerSettings's own."""
+    spec = GenPoolSpec.from_body({**AUTO, "autoscaling": {"enabled": True, "maxReplicas": 3}})
+    settings = scaler_settings(spec)
+    defaults = ScalerSettings(ttft_p90_s=1.0, min_replicas=1, max_replicas=3, max_batch=8)
+    for f in fields(ScalerSettings):
+        if f.name not in ("interval_s", "is_pausing", "attainment", "ttft_p90_s"):
+            assert getattr(settings, f.name) == getattr(defaults, f.name), f.name
+    assert (settings.max_step, settings.down_window_s) == (DEFAULT_MAX_STEP,
+                                                           DEFAULT_DOWN_WINDOW_S)  # fmt: skip
 
 
 @pytest.mark.parametrize("bad", [0, 0.0, -0.5, 1.01, "0.8", True])
@@ -100,28 +110,33 @@ def test_overload_scales_up_and_says_so() -> None:
     decision = plan.decision
     assert decision.scaling is not None
     assert decision.replicas_before == 1 and decision.desired == 3 and decision.is_replica_news
-    assert decision.scaling.reason.startswith("up-")
-    assert decision.replica_change_text() == f"{decision.scaling.reason}: replicas 1 -> 3"
+    assert decision.scaling.reason == "up-forecast"
+    text = decision.replica_change_text()
+    assert text.startswith("up-forecast: replicas 1 -> 3 (forecast 20.00 req/s, capacity ")
+    assert "pause budget 0, backlog 30" in text
     assert status["desiredReplicas"] == 3 and status["scaling"]["advisory"] is False
     assert (
         status["scaling"]["lastChange"]["from"] == 1 and status["scaling"]["lastChange"]["to"] == 3
     )
+    inputs = status["scaling"]["inputs"]
+    assert inputs["forecast"] == 20.0 and inputs["backlog"] == 30 and inputs["pauseBudget"] == 0
+    assert inputs["forecastReplicas"] >= 3 and inputs["capacityPerReplica"] > 0
     events = [(e.reason, e.message) for e in round_events(plan, ONE)]
-    assert ("ScaledUp", decision.replica_change_text()) in events
+    assert ("ScaledUp", text) in events
 
 
-def test_a_single_burst_waits_for_a_second_loaded_window_kept_in_status() -> None:
-    seen, status = run_rounds(auto_spec(), {"desiredReplicas": 1}, (1000.0, 1010.3), 1, **BURST)
-    assert seen[0] == (1, "hold-single-burst") and seen[1][0] == 3
-    assert seen[1][1] == "up-arrivals-outrun-completions"
-    # A burst that does not come back a window later buys nothing.
-    _, status = run_round(auto_spec(), {"desiredReplicas": 1}, pods(1, 30.0, **BURST), 1000.0)
-    assert status["scaling"]["state"]["loadedAt"] == 1000.0
-    _, status = run_round(auto_spec(), status, pods(1, 40.0), 1010.0)
-    assert status["scaling"]["state"]["loadedAt"] is None
-    again, _ = run_round(auto_spec(), status, pods(1, 50.0, **BURST), 1020.0)
-    assert again.decision.scaling is not None
-    assert (again.decision.desired, again.decision.scaling.reason) == (1, "hold-single-burst")
+def test_waiters_the_pause_budget_admits_buy_nothing_and_a_backlog_beyond_it_does() -> None:
+    spec = auto_spec()
+    settled = {"desiredReplicas": 2, "scaling": {"state": {"estimates": {
+        "level": 10.0, "serviceSeconds": 0.6, "ready": 2, "calmRounds": 3}}}}  # fmt: skip
+    absorbed, status = run_round(spec, settled, pods(2, 30.0, waiters=2, pause_budget=2), 1000.0)
+    assert absorbed.decision.scaling is not None
+    assert absorbed.decision.desired == 2 and not absorbed.decision.scaling.reason.startswith("up")
+    assert status["scaling"]["inputs"]["backlog"] == 0
+    queued, status = run_round(spec, settled, pods(2, 30.0, waiters=600, pause_budget=2), 1000.0)
+    assert queued.decision.scaling is not None
+    assert (queued.decision.desired, queued.decision.scaling.reason) == (3, "up-backlog")
+    assert status["scaling"]["inputs"]["backlog"] == 2 * (600 - 2)
 
 
 def test_rounds_that_are_not_due_leave_the_replicas_and_the_status() -> None:
@@ -153,7 +168,8 @@ def test_stale_stats_give_the_scaler_stats_missing_and_restart_its_window() -> N
     stale, status = run_round(spec, status, pods(2, 30.0, **QUIET), 1021.0)
     assert stale.decision.is_stale and stale.decision.scaling is not None
     assert (stale.decision.desired, stale.decision.scaling.reason) == (2, "stats-missing")
-    assert status["scaling"]["state"] == {"recommendations": [], "loadedAt": None}
+    state = status["scaling"]["state"]
+    assert state["recommendations"] == [] and state["estimates"]["level"] is not None
     assert not stale.decision.is_replica_news
 
 
@@ -163,7 +179,7 @@ def test_scale_down_waits_for_the_window_restored_from_status() -> None:
         auto_spec(), {"desiredReplicas": 3}, (1000.3, 1010.9, 1021.4), 3, **QUIET
     )
     assert seen[0] == (3, "hold-down-window") and seen[1] == (3, "hold-down-window")
-    assert seen[2] == (1, "down-utilisation-low")
+    assert seen[2] == (1, "down-consolidate")
     assert status["desiredReplicas"] == 1
 
 
@@ -243,20 +259,19 @@ def test_turning_autoscaling_off_clears_the_scalers_status() -> None:
 def test_the_controller_state_round_trips_through_the_status() -> None:
     spec = auto_spec()
     status: dict[str, Any] = {"desiredReplicas": 1, "tuning": {**PENDING_RAISE}}
-    lines = {"a": [replace(LINE, **BURST)], "b": [statline(30.0, **BURST)]}
-    plan, status = run_round(spec, status, lines, 1000.25)
+    lines = {"a": [replace(LINE, **OVERLOAD)], "b": [statline(30.0, **OVERLOAD)]}
+    plan, status = run_round(spec, status, lines, 1000.25, num_ready=1)
     state = plan.decision.state
     # Every part of it carries something, so a lost part would show.
     assert state.knobs is not None and state.knobs != spec.start_knobs()
     assert state.tuner.cooldown_remaining > 0
-    assert state.scaler.recommendations and state.scaler.loaded_at == 1000.25
+    assert state.scaler.recommendations and state.scaler.estimates.level == 40.0  # 2 x 20/s
+    assert state.scaler.estimates.service_s is not None
     assert state.windows.last_t == {"a": 30.0, "b": 30.0} and state.windows.entered_at == 1000.25
-    assert state.replicas == 1  # the single burst held
+    assert state.replicas == 3
     assert controller_state(spec, status) == state
-    # And once more after a round that moves the replicas.
-    lines = {"a": [replace(LINE, t=40.0, **BURST)], "b": [statline(40.0, **BURST)]}
-    plan, status = run_round(spec, status, lines, 1010.5)
-    assert (
-        plan.decision.state.replicas == 3 and len(plan.decision.state.scaler.recommendations) == 2
-    )
+    # And once more after a round that holds.
+    lines = {"a": [replace(LINE, t=40.0, **OVERLOAD)], "b": [statline(40.0, **OVERLOAD)]}
+    plan, status = run_round(spec, status, lines, 1010.5, num_ready=3)
+    assert len(plan.decision.state.scaler.recommendations) == 2
     assert controller_state(spec, status) == plan.decision.state

@@ -68,16 +68,20 @@ def test_unknown_slo_keeps_its_transition_time() -> None:
 
 
 SLOW_LINE = replace(LINE, ttft_hist=hist(3.0, 60))  # p90 3 s: three times the target
+# a pool the scaler has watched settle: its tail a round ago as high as now
+SETTLED = {"state": {"estimates": {"level": 1.0, "ready": 1, "calmRounds": 3, "tail": 2.0}}}
 
 
 def test_a_round_records_slo_replicas_one_history_and_events() -> None:
     history = [{"time": str(i), "kind": "Knobs"} for i in range(9)]
-    status = {"desiredReplicas": 1, "tuning": {**PENDING_RAISE, "history": history}}
-    plan = plan_round(auto_spec(), status, {"p": [SLOW_LINE]}, now=1000.0, num_ready=1)
+    status = {"desiredReplicas": 1, "tuning": {**PENDING_RAISE, "history": history},
+              "scaling": SETTLED}  # fmt: skip
+    slow = {"p": [replace(SLOW_LINE, waiters=0)]}
+    plan = plan_round(auto_spec(), status, slow, now=1000.0, num_ready=1)
     scaling = plan.decision.scaling
-    assert scaling is not None and scaling.reason == "up-ttft-miss" and plan.decision.desired == 2
+    assert scaling is not None and scaling.reason == "up-tail" and plan.decision.desired == 2
     patch = status_patch(auto_spec(), plan, ONE, status, observed_generation=1, now_text="T0")
-    assert patch["desiredReplicas"] == 2 and patch["scaling"]["reason"] == "up-ttft-miss"
+    assert patch["desiredReplicas"] == 2 and patch["scaling"]["reason"] == "up-tail"
     assert patch["scaling"]["lastChange"]["from"] == 1 and patch["scaling"]["lastChange"]["to"] == 2
     assert patch["slo"]["ttftP90Seconds"] > 1.0 and patch["slo"]["attainment"] == 0.885
     slo_met = next(c for c in patch["conditions"] if c["type"] == "SLOMet")

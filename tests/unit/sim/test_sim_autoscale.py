@@ -1,17 +1,18 @@
 """Replicas that come and go: start-up, draining, replica-seconds, per-seed open-loop
-arrivals, the three policies and ``genpool sim --autoscale``."""
+arrivals, the policies and ``genpool sim --autoscale``."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+from dataclasses import fields, replace
 from pathlib import Path
-from unittest import mock
 
 import pytest
 
-from bench.sim_autoscale_sweep import cheapest_meeting, compare, goal_check
 from genpool_core.knobs import KnobBounds
+from genpool_core.scaler import ScalerSettings
 from genpool_core.stepmodel import StepModel
 from genpool_sim import cli
 from genpool_sim.autoscale import AutoscaleConfig, run_policy, slo_windows
@@ -128,17 +129,29 @@ def test_static_counts_its_fixed_pool_and_the_scalers_follow_the_load() -> None:
         assert run.metrics["replica_seconds"] < 6 * 170.0
 
 
-def test_each_scaler_gets_its_own_utilisation_ceiling() -> None:
+def test_both_scaled_policies_run_the_same_law_at_its_defaults() -> None:
     auto = AutoscaleConfig(slo_ttft_p90_s=1.0, target_output_tps=5.0, min_replicas=1,
-                           max_replicas=4, planner_max_utilisation=0.6,
-                           genpool_max_utilisation=0.8)  # fmt: skip
-    planner = auto.scaler_settings(16, knobs=False)
-    genpool = auto.scaler_settings(16, cap_max=16)
-    assert (planner.max_utilisation, planner.attainment, planner.cap_max) == (0.6, None, None)
-    assert (genpool.max_utilisation_with_pausing, genpool.cap_max) == (0.8, 16)
-    with pytest.raises(ValueError, match="utilisation"):
+                           max_replicas=4, startup_delay_s=45.0)  # fmt: skip
+    planner = auto.scaler_settings(16, is_pausing=False)
+    genpool = auto.scaler_settings(16)
+    assert replace(planner, is_pausing=True) == genpool  # pausing is the only difference
+    defaults = ScalerSettings(ttft_p90_s=1.0, min_replicas=1, max_replicas=4, max_batch=16)
+    law = {f.name for f in fields(ScalerSettings)} - {
+        "ttft_p90_s",
+        "min_replicas",
+        "max_replicas",
+        "max_batch",
+        "is_pausing",
+        "startup_s",
+        "interval_s",
+    }
+    assert all(getattr(genpool, name) == getattr(defaults, name) for name in law)
+    assert genpool.startup_s == 45.0  # the scaler is told the start-up the pool has
+    pinned = replace(auto, capacity_override=0.6).scaler_settings(16)
+    assert pinned.capacity_override == 0.6
+    with pytest.raises(ValueError, match="shares"):
         AutoscaleConfig(slo_ttft_p90_s=1.0, target_output_tps=5.0, min_replicas=1,
-                        max_replicas=4, genpool_max_utilisation=1.2)  # fmt: skip
+                        max_replicas=4, capacity_override=1.2)  # fmt: skip
 
 
 def test_slo_windows_check_both_parts_per_window() -> None:
@@ -176,12 +189,12 @@ def test_cli_autoscale_writes_the_summary_per_seed_and_timeline(
     assert code == 0
     assert "SLO windows met" in capsys.readouterr().out
     run = json.loads(out.read_text())["runs"][0]
-    assert set(run["summary"]) == {"static", "replicas-only", "genpool"}
+    assert set(run["summary"]) == {"static", "replicas-only", "genpool", "llm-d-slo"}
     for metrics in run["summary"].values():
         for name in ("replica_seconds", "slo_windows_met", "ttft_p90", "below_target",
                      "tpot_mean", "output_tokens_per_s"):  # fmt: skip
             assert set(metrics[name]) == {"mean", "ci95"}
-    assert len(run["per_seed"]) == 6 and set(run["timeline_seed0"]) == set(run["summary"])
+    assert len(run["per_seed"]) == 8 and set(run["timeline_seed0"]) == set(run["summary"])
     assert (tmp_path / "plots" / "autoscale.png").stat().st_size > 0
 
 
@@ -195,9 +208,12 @@ def test_cli_autoscale_writes_the_summary_per_seed_and_timeline(
         (["--slo-ttft-p90", "0"], "--slo-ttft-p90"),
         (["--policies", "static,bogus"], "--policies"),
         (["--target-output-tps", "auto"], "--target-output-tps"),
-        (["--planner-max-utilisation", "0"], "--planner-max-utilisation"),
-        (["--genpool-max-utilisation", "1.5"], "--genpool-max-utilisation"),
-        (["--genpool-max-utilisation", "x"], "--genpool-max-utilisation"),
+        (["--capacity-override", "0"], "--capacity-override"),
+        (["--capacity-override", "1.5"], "--capacity-override"),
+        (["--capacity-override", "x"], "--capacity-override"),
+        (["--policies", "oracle"], "--schedule"),
+        (["--policies", "oracle", "--schedule", "0:2,10:x"], "--schedule"),
+        (["--policies", "oracle", "--schedule", "5:2"], "--schedule"),
     ],
 )
 def test_cli_autoscale_bad_input_is_one_line_naming_the_flag(
@@ -212,29 +228,35 @@ def test_cli_autoscale_bad_input_is_one_line_naming_the_flag(
     assert err.count("\n") == 1 and err.startswith("genpool: error: ") and flag in err
 
 
-def _row(policy: str, setting: float, cost: list[float], met: list[float]) -> dict[str, object]:
-    return {
-        "policy": policy, "setting": setting,
-        "replica_seconds": {"mean": sum(cost) / len(cost), "ci95": 0.0},
-        "slo_windows_met": {"mean": sum(met) / len(met), "min": min(met)},
-        "per_seed": dict(enumerate(cost)),
-    }  # fmt: skip
+def test_the_oracle_serves_each_phase_from_its_first_second_and_pays_the_start_up() -> None:
+    auto = replace(AUTO, schedule=((0.0, 1), (60.0, 3), (150.0, 1)))
+    run = run_policy("oracle", BASE, STEP, 0, auto, TUNE)
+    # 1 replica over [10, 180), 2 more from 50 (ready at 60) until 150, then draining
+    assert 170.0 + 2 * 100.0 <= run.metrics["replica_seconds"] <= 170.0 + 2 * 115.0
+    changes = [(e["t"], e["desired"]) for e in run.timeline if e["reason"] == "schedule"]
+    assert changes == [(50.0, 3), (150.0, 1)]
+    with pytest.raises(ValueError, match="schedule"):
+        run_policy("oracle", BASE, STEP, 0, AUTO, TUNE)
 
 
-def test_the_sweep_compares_each_policys_cheapest_setting_that_meets_the_slo() -> None:
-    rows = [
-        _row("replicas-only", 0.5, [100.0, 100.0], [0.97, 0.96]),
-        _row("replicas-only", 0.6, [90.0, 90.0], [0.99, 0.93]),  # meets on the mean only
-        _row("replicas-only", 0.85, [60.0, 60.0], [0.90, 0.90]),  # cheapest, misses
-        _row("genpool", 0.8, [80.0, 70.0], [0.96, 0.95]),
-        _row("genpool", 0.95, [75.0, 65.0], [0.94, 0.94]),
-    ]
-    assert cheapest_meeting(rows, "replicas-only") == rows[1]
-    assert cheapest_meeting(rows, "replicas-only", "min") == rows[0]
-    assert cheapest_meeting(rows, "static") is None
-    goal = goal_check(rows)
-    mean, strict = goal["mean_over_seeds"], goal["every_seed"]
-    assert mean["saving_per_seed"] == pytest.approx([1 - 80 / 90, 1 - 70 / 90])
-    assert strict["saving_per_seed"] == pytest.approx([0.2, 0.3])
-    assert (mean["goal_met"], strict["goal_met"]) == (False, True)
-    assert compare(rows[:3], "mean") == {"chosen": mock.ANY, "goal_met": False}
+def test_llm_d_slo_scales_on_the_tail_and_holds_its_hpa_windows() -> None:
+    run = run_policy("llm-d-slo", BASE, STEP, 0, AUTO, TUNE)
+    desired = [int(str(e["desired"])) for e in run.timeline]
+    assert desired[0] == 1 and max(desired) > 1
+    ups = [e for e in run.timeline if e["reason"] == "up"]
+    assert ups and all(float(str(e["signal"])) > 0.55 for e in ups)
+    # down one replica at a time, 120 s apart at most
+    downs = [float(str(e["t"])) for e in run.timeline if e["reason"] == "down"]
+    assert all(b - a >= 120.0 for a, b in itertools.pairwise(downs))
+
+
+def test_a_pool_that_served_before_starts_from_what_its_scaler_learned() -> None:
+    learned = replace(AUTO, learn_days=1)
+    cold = run_policy("genpool", BASE, STEP, 0, AUTO, TUNE)
+    warm = run_policy("genpool", BASE, STEP, 0, learned, TUNE)
+    first = next(e for e in warm.timeline if e.get("inputs"))["inputs"]
+    cold_first = next(e for e in cold.timeline if e.get("inputs"))["inputs"]
+    assert isinstance(first, dict) and isinstance(cold_first, dict)
+    # the cold pool's service time is its first window's; the warm one's is yesterday's,
+    # smoothed with it
+    assert first["service_s"] is not None and first["service_s"] != cold_first["service_s"]
