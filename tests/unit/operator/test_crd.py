@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from genpool_core.scaler import ScaleInputs
 from genpool_operator.quantity import POSITIVE_QUANTITY, QUANTITY
 from genpool_operator.spec import GPU_SHARE_NEEDS_GPU, GenPoolSpec, GenPoolSpecError
 from genpool_operator.spec_sections import KV_CACHE_MEMORY_POSITIVE, ONE_KV_BUDGET
@@ -196,6 +197,23 @@ def test_scale_and_status_subresources(crd: dict[str, Any]) -> None:
             for part in path[1:]:
                 node = node["properties"][part]
             assert node["type"] == column["type"] or column["type"] == "date", column
+
+
+def test_the_status_schema_keeps_every_scaling_input(crd: dict[str, Any]) -> None:
+    """The apiserver prunes status fields its schema lacks: each key of
+    ``ScaleInputs.to_status`` is in ``status.scaling.inputs``, with its JSON type."""
+    inputs = ScaleInputs(
+        arrival_rate=1.0, forecast=1.5, service_s=2.0, capacity=0.8, occupancy=0.5, tail=0.4,
+        pause_budget=3, backlog=0, forecast_replicas=2, backlog_replicas=0, tail_replicas=0,
+        consolidated=1, per_replica_rate=6.4,
+    ).to_status()  # fmt: skip
+    status = root_schema(crd)["properties"]["status"]
+    schema = status["properties"]["scaling"]["properties"]["inputs"]["properties"]
+    assert set(schema) == set(inputs)
+    json_type = {bool: "boolean", int: "integer", float: "number"}
+    assert {k: json_type[type(v)] for k, v in inputs.items()} == {
+        k: v["type"] for k, v in schema.items()
+    }
 
 
 def engine_schema(crd: dict[str, Any]) -> dict[str, Any]:
