@@ -12,7 +12,9 @@ classes (interactive, with llm-d's SLO headers; batch, without), sent as any cli
 sends them. It prints, per phase, each pool's latency, attainment per class, TPOT,
 tokens/s, replicas and paused residents; then each pool's replica-seconds and their
 ratio and the share of 10 s SLO windows met; then the operator's decisions (its
-Events) for both pools, and writes a PNG of TTFT, replicas and paused residents.
+Events, which quote the scaler's inputs) for both pools and the inputs of each scaler's
+latest round, and writes a PNG of TTFT, replicas and paused residents. Both pools run
+the scaler at its defaults: each learns its replicas' capacity from its own windows.
 """
 
 from __future__ import annotations
@@ -51,13 +53,13 @@ from genpool_devcluster.demo_pools import (
     SLO_TTFT_S,
     SLO_WINDOW_S,
     TARGET_TPS,
-    TARGET_UTILIZATION,
     cost_summary,
     format_cost,
     pool_specs,
 )
 from genpool_devcluster.demo_report import (
     format_events,
+    format_inputs,
     format_table,
     phase_rows,
     ttft_p90_series,
@@ -153,8 +155,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=[],
         metavar="POOL=U",
         type=_ceiling,
-        help=f"a pool's spec.autoscaling.targetUtilization, 0 < U <= 1 (pools: "
-        f"{', '.join(POOLS)}; default: {TARGET_UTILIZATION}, None = the operator's); repeatable",
+        help=f"expert override: pin a pool's spec.autoscaling.targetUtilization, 0 < U <= 1, the "
+        f"share of the batch positions its scaler sizes a replica to fill (pools: "
+        f"{', '.join(POOLS)}; default: unset, the scaler learns it); repeatable",
     )
     parser.add_argument(
         "--min-replicas",
@@ -224,8 +227,9 @@ def _apply_pools(tools: Tools, specs: dict[str, dict[str, Any]]) -> None:
         wait(functools.partial(pool_ready, tools, name), f"pool {name}: its workers ready", 300)
 
 
-def _print_decisions(tools: Tools, name: str) -> None:
-    """The operator's decisions for one pool: its Events in order, then its status."""
+def _print_decisions(tools: Tools, name: str, pinned: float | None) -> dict[str, Any]:
+    """The operator's decisions for one pool: its Events in order, then its status and
+    the scaler's latest inputs; returns ``status.scaling``."""
     pool = tools.pool(name)
     selector = f"involvedObject.uid={pool['metadata']['uid']}"
     events = json.loads(tools.run("kubectl", "get", "events", "-n", NAMESPACE,
@@ -243,6 +247,8 @@ def _print_decisions(tools: Tools, name: str) -> None:
           f"{scaling.get('reason')}, last change {last.get('from')} -> {last.get('to')} "
           f"({last.get('reason')}); measured SLO {json.dumps(status.get('slo'))}; "
           f"SLOMet={slo_met.get('status')} {slo_met.get('reason', '')}")  # fmt: skip
+    print(f"  {format_inputs(scaling, pinned)}")
+    return scaling
 
 
 def _report(tools: Tools, runs: dict[str, PoolRun], out: Path, specs: dict[str, Any]) -> int:
@@ -262,19 +268,19 @@ def _report(tools: Tools, runs: dict[str, PoolRun], out: Path, specs: dict[str, 
     print()
     cost = cost_summary(runs, bounds[-1][2], slo_ttft_s)
     print(format_cost(cost))
-    for name in runs:
-        ceiling = specs[name]["autoscaling"].get("targetUtilization", "operator default")
-        print(f"  {name}: targetUtilization {ceiling}")
     print()
+    scaling: dict[str, dict[str, Any]] = {}
     for name in runs:
-        _print_decisions(tools, name)
+        scaling[name] = _print_decisions(
+            tools, name, specs[name]["autoscaling"].get("targetUtilization")
+        )
         print()
     print(tools.run("kubectl", "get", "gp", "-n", NAMESPACE, "-o", "wide"))
     series = {name: ttft_p90_series(sent, SLO_WINDOW_S) for name, (sent, _) in runs.items()}
     samples = {name: seen for name, (_, seen) in runs.items()}
     busy = {p.name for p in PHASES if p.rate_per_s > PHASES[0].rate_per_s}
     plot = write_plot(series, samples, bounds, busy, slo_ttft_s, out / "genpool-demo.png")
-    summary = {"phases": rows, "cost": cost, "specs": specs}
+    summary = {"phases": rows, "cost": cost, "specs": specs, "scaling": scaling}
     (out / "genpool-demo.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"plot: {plot}\nsummary: {out / 'genpool-demo.json'}")
     return sum(row["failed"] for pool_rows in rows.values() for row in pool_rows.values())
@@ -282,7 +288,8 @@ def _report(tools: Tools, runs: dict[str, PoolRun], out: Path, specs: dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    specs = pool_specs(dict(args.target_utilization), args.min_replicas, args.slo_ttft_p90)
+    overrides = dict(args.target_utilization)
+    specs = pool_specs(overrides, args.min_replicas, args.slo_ttft_p90)
     started = time.monotonic()
     print("[1/5] control plane (first run builds it from Go modules)", flush=True)
     build.ensure_binaries()
@@ -291,10 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     tools = Tools(Path(cli.DEFAULT_STATE_DIR).expanduser() / "kubeconfig")
     print("[2/5] helm install the chart (operator pod under the pod runner)", flush=True)
     _install_operator(tools)
+    pinned = f", expert override targetUtilization {overrides}" if overrides else ""
     print(f"[3/5] GenPools {GENPOOL} (TargetOutputTps, tuner, scaler) and {REPLICAS_ONLY} "
           f"(preemption Off, same scaler), same SLO, autoscaling "
-          f"{args.min_replicas}..{MAX_REPLICAS}, synthetic workers",
-          flush=True)  # fmt: skip
+          f"{args.min_replicas}..{MAX_REPLICAS} at the scaler's defaults (capacity learned"
+          f"{pinned}), synthetic workers", flush=True)  # fmt: skip
     _apply_pools(tools, specs)
     print("[4/5] load: " + ", ".join(f"{p.name} {p.duration_s:g} s at {p.rate_per_s:g}/s"
                                      for p in PHASES), flush=True)  # fmt: skip

@@ -202,3 +202,27 @@ def format_events(events: Sequence[Mapping[str, Any]], reasons: Sequence[str]) -
 def _event_time(event: Mapping[str, Any]) -> str:
     stamp = event.get("lastTimestamp") or event.get("eventTime") or ""
     return str(stamp)
+
+
+def format_inputs(scaling: Mapping[str, Any], pinned: float | None = None) -> str:
+    """The scaler's latest inputs (``status.scaling.inputs``) in one line: what its last
+    decision read. ``pinned``: the pool's targetUtilization (the capacity is then fixed,
+    not learned)."""
+    inputs = scaling.get("inputs")
+    if not isinstance(inputs, Mapping) or not inputs:
+        return "scaler inputs: none yet (no round has decided on a window)"
+    source = "learned" if pinned is None else f"pinned by targetUtilization {pinned:g}"
+    budget = inputs.get("pauseBudget")
+    return (
+        f"scaler inputs ({scaling.get('reason', '-')}): forecast "
+        f"{_rate(inputs.get('forecast'))} req/s, {_rate(inputs.get('capacityPerReplica'))} req/s"
+        f" per replica (capacity {_rate(inputs.get('capacity'))}, {source}), tail "
+        f"{_rate(inputs.get('tail'))}, pause budget {'off' if budget is None else budget}, "
+        f"backlog {inputs.get('backlog', '-')}"
+    )
+
+
+def _rate(value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "-"
+    return f"{value:.2f}"

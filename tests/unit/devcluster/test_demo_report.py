@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from bench import sim_demo_load
+from genpool_core.scaler_settings import (
+    DEFAULT_DOWN_WINDOW_S,
+    DEFAULT_MAX_STEP,
+    DEFAULT_UP_WINDOW_S,
+)
 from genpool_devcluster import demo, demo_pools
 from genpool_devcluster.demo_load import (
     CLASSES,
@@ -21,6 +28,7 @@ from genpool_devcluster.demo_plot import write_plot
 from genpool_devcluster.demo_report import (
     delivered_tokens,
     format_events,
+    format_inputs,
     format_table,
     phase_rows,
     replica_seconds,
@@ -28,7 +36,10 @@ from genpool_devcluster.demo_report import (
     ttft_p90_series,
 )
 from genpool_devcluster.loadgen import RequestResult
+from genpool_operator.scaling_plan import scaler_settings
 from genpool_operator.spec import GenPoolSpec
+from genpool_sim.autoscale_cli import autoscale_config
+from genpool_sim.cli_options import build_parser
 from genpool_worker.slo_request import TPOT_HEADER, TTFT_HEADER
 
 PHASES = (Phase("quiet", 100, 1.0), Phase("burst", 50, 8.0), Phase("after", 100, 0.0))
@@ -175,6 +186,32 @@ def test_format_events_keeps_decisions_in_time_order() -> None:
     assert [line.split()[1] for line in lines] == ["ScaledUp", "ScaledDown"]
 
 
+def test_demo_pools_run_the_scaler_at_its_defaults() -> None:
+    for spec in demo_pools.pool_specs().values():
+        auto = GenPoolSpec.model_validate(spec).autoscaling
+        assert auto.target_utilization is None  # the capacity is learned
+        assert auto.max_step == DEFAULT_MAX_STEP
+        assert auto.scale_down_stabilization_seconds == DEFAULT_DOWN_WINDOW_S
+        assert auto.scale_up_stabilization_seconds == DEFAULT_UP_WINDOW_S
+        assert auto.startup_seconds == demo_pools.STARTUP_S  # the synthetic workers'
+
+
+def test_the_simulated_demo_pools_run_the_law_the_live_ones_do(tmp_path: Path) -> None:
+    argv = sim_demo_load.sim_argv(tmp_path / "t.csv", 1, 1, tmp_path / "o.json", 0.7)
+    auto = autoscale_config(build_parser().parse_args(argv))
+    assert auto.learn_days == 1 and auto.capacity_override is None
+    assert auto.startup_delay_s == demo_pools.STARTUP_S
+    specs = demo_pools.pool_specs(slo_ttft_s=0.7)
+    for name, is_pausing in ((demo_pools.GENPOOL, True), (demo_pools.REPLICAS_ONLY, False)):
+        spec = GenPoolSpec.model_validate(specs[name])
+        live = scaler_settings(spec)
+        simulated = auto.scaler_settings(spec.engine.max_batch_size, is_pausing=is_pausing)
+        # The operator gives a pool in mode Off no attainment; the simulator gives it the
+        # SLO's (its workers measure it only for requests with their own floor).
+        assert simulated == replace(live, attainment=simulated.attainment), name
+        assert simulated.attainment == live.attainment or not is_pausing
+
+
 def test_demo_pools_are_valid_genpools_that_differ_only_where_meant() -> None:
     specs = demo_pools.pool_specs({demo_pools.REPLICAS_ONLY: 0.6})
     ours, theirs = (GenPoolSpec.model_validate(specs[n]) for n in demo_pools.POOLS)
@@ -183,7 +220,7 @@ def test_demo_pools_are_valid_genpools_that_differ_only_where_meant() -> None:
     assert ours.preemption.mode == "TargetOutputTps" and theirs.preemption.mode == "Off"
     assert ours.autoscaling.enabled and ours.autoscaling.max_replicas == 3
     assert theirs.autoscaling.target_utilization == 0.6
-    assert ours.autoscaling.target_utilization == demo_pools.TARGET_UTILIZATION[demo_pools.GENPOOL]
+    assert ours.autoscaling.target_utilization is None
     same = {"target_utilization"}
     assert ours.autoscaling.model_dump(exclude=same) == theirs.autoscaling.model_dump(exclude=same)
     assert ours.engine == theirs.engine and ours.model == theirs.model
@@ -211,7 +248,22 @@ def test_the_flags_reach_both_pools_alike() -> None:
     for spec in specs.values():
         assert spec["slo"]["ttftP90Seconds"] == 0.3 and spec["autoscaling"]["minReplicas"] == 1
     assert specs[demo_pools.REPLICAS_ONLY]["autoscaling"]["targetUtilization"] == 0.6
-    assert specs[demo_pools.GENPOOL]["autoscaling"]["targetUtilization"] == 0.95
+    assert "targetUtilization" not in specs[demo_pools.GENPOOL]["autoscaling"]
+
+
+def test_format_inputs_shows_what_the_scalers_last_round_read() -> None:
+    inputs = {"forecast": 5.2, "capacityPerReplica": 1.625, "capacity": 0.8125, "tail": 0.42,
+              "pauseBudget": 3, "backlog": 0}  # fmt: skip
+    line = format_inputs({"reason": "up-forecast", "inputs": inputs})
+    assert line == (
+        "scaler inputs (up-forecast): forecast 5.20 req/s, 1.62 req/s per replica (capacity"
+        " 0.81, learned), tail 0.42, pause budget 3, backlog 0"
+    )
+    off = {k: v for k, v in inputs.items() if k not in ("pauseBudget", "tail")}
+    line = format_inputs({"reason": "hold", "inputs": off}, pinned=0.6)
+    assert "pause budget off" in line and "tail -," in line
+    assert "pinned by targetUtilization 0.6" in line
+    assert "none yet" in format_inputs({}) and "none yet" in format_inputs({"inputs": None})
 
 
 def test_write_plot_writes_a_png(tmp_path: Path) -> None:
