@@ -42,9 +42,10 @@ from tests.polling import wait_for
 
 POOL = "auto"
 SLO_TTFT_S = 0.5
-# Eight users need three replicas (four batch positions each, at most 85 % used) and
-# leave room for round-robin's uneven spread over them.
+# Eight closed-loop users keep about eight batch positions busy: three replicas of four
+# at the scaler's starting capacity (0.8 of them; it learns from there), two users one.
 HIGH_CLIENTS, LOW_CLIENTS = 8, 2
+UP_REASONS = ("up-forecast", "up-backlog", "up-tail")
 MAX_TOKENS = 24  # about 0.8 s of decode per request at the synthetic model's step time
 SPEC = synthetic_spec(
     replicas=1,
@@ -212,6 +213,36 @@ def _hold_steady_through_restart(
     return samples
 
 
+def _check_the_scalers_reasoning(
+    api: client.ApiClient, kubectl: Kubectl, namespace: str
+) -> list[tuple[int, int, str]]:
+    """Up 1 -> 3 on the law's up terms and back to 1 by consolidation, each change an
+    Event that quotes the inputs, the latest inputs in the status and -o wide."""
+    status = _status(api, namespace)
+    history = [h for h in status["tuning"]["history"] if h.get("kind") == "Replicas"]
+    steps = [(h["from"]["replicas"], h["to"]["replicas"], h["reason"]) for h in history]
+    assert steps[0][0] == 1 and max(s[1] for s in steps) == 3 and steps[-1][1] == 1, steps
+    assert all(r in UP_REASONS if b > a else r == "down-consolidate" for a, b, r in steps), steps
+    events = _events(api, namespace)
+    reasons = [reason for reason, _ in events]
+    assert "ScaledUp" in reasons and "ScaledDown" in reasons and "SLOMissed" in reasons
+    assert reasons.index("ScaledUp") < reasons.index("ScaledDown")
+    scaled = [m for reason, m in events if reason in ("ScaledUp", "ScaledDown")]
+    assert all("req/s per replica" in m and "backlog" in m for m in scaled), scaled
+    inputs = status["scaling"]["inputs"]
+    assert inputs["capacityPerReplica"] > 0 and "pauseBudget" not in inputs, inputs  # mode Off
+
+    def wide_shows_the_inputs() -> bool:  # a round may land between the two reads
+        wide = kubectl("get", "gp", POOL, "-n", namespace, "-o", "wide").stdout
+        header, row = wide.splitlines()[:2]
+        shown = float(row[header.index("PER-REPLICA") :].split()[0])
+        now = _status(api, namespace)["scaling"]["inputs"]["capacityPerReplica"]
+        return bool(shown == pytest.approx(now, rel=0.01))
+
+    wait_for(wide_shows_the_inputs, "-o wide's Per-Replica column", 30)
+    return steps
+
+
 def test_autoscaled_pool_meets_its_slo_scales_down_draining_and_survives_a_restart(
     cluster: DevCluster,
     kube_api: client.ApiClient,
@@ -267,13 +298,7 @@ def test_autoscaled_pool_meets_its_slo_scales_down_draining_and_survives_a_resta
     assert not failed, failed[:5]
     served_while_down = {r.pod for t, r in results if t > fell_at}
     assert len(served_while_down) > 1, "the leaving pods served requests until drained"
-    status = _status(kube_api, namespace)
-    history = [h for h in status["tuning"]["history"] if h.get("kind") == "Replicas"]
-    steps = [(h["from"]["replicas"], h["to"]["replicas"]) for h in history]
-    assert steps[0][0] == 1 and max(to for _, to in steps) == 3 and steps[-1][1] == 1, steps
-    reasons = [reason for reason, _ in _events(kube_api, namespace)]
-    assert "ScaledUp" in reasons and "ScaledDown" in reasons and "SLOMissed" in reasons
-    assert reasons.index("ScaledUp") < reasons.index("ScaledDown")
+    steps = _check_the_scalers_reasoning(kube_api, kubectl, namespace)
     header, row = kubectl("get", "gp", POOL, "-n", namespace).stdout.splitlines()[:2]
     # Cut by the header's column starts: a column may be empty (Below-T with mode Off).
     at = header.index("DESIRED")
@@ -285,7 +310,8 @@ def test_autoscaled_pool_meets_its_slo_scales_down_draining_and_survives_a_resta
     leaving = Counter(r.pod for t, r in results if t > fell_at and r.pod != f"{POOL}-worker-0")
     print(
         f"e2e autoscaling: {len(results)} requests, 0 failed; after the load fell, "
-        f"{sum(leaving.values())} finished on the leaving pods {dict(sorted(leaving.items()))}"
+        f"{sum(leaving.values())} finished on the leaving pods {dict(sorted(leaving.items()))}; "
+        f"replica changes {steps}"
     )
 
 

@@ -65,7 +65,9 @@ def test_crd_installs_with_useful_explain(kubectl: Kubectl, crd: None) -> None:
     out = " ".join(kubectl("explain", "gp.spec.engine.stampArrival").stdout.split())
     assert "<boolean>" in out and "x-genpool-arrival-time" in out and "unkeyed" in out
     out = " ".join(kubectl("explain", "gp.spec.autoscaling.targetUtilization").stdout.split())
-    assert "<number>" in out and "batch positions" in out
+    assert "<number>" in out and "Expert override" in out and "learns it" in out
+    out = " ".join(kubectl("explain", "gp.spec.autoscaling.startupSeconds").stdout.split())
+    assert "<integer>" in out and "horizon the scaler forecasts over" in out
 
 
 @pytest.mark.parametrize("case", INVALID_GENPOOLS, ids=lambda c: c.name)

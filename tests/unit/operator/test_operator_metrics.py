@@ -21,12 +21,12 @@ def _decisions(namespace: str, pool: str, reason: str) -> float | None:
 def test_forgetting_a_deleted_pool_drops_its_series_and_keeps_the_others() -> None:
     for pool in ("gone", "kept"):
         metrics.DESIRED_REPLICAS.labels("ns", pool).set(3)
-        metrics._count_decision(("ns", pool, "replicas", "up-ttft-miss", "false"))
+        metrics._count_decision(("ns", pool, "replicas", "up-tail", "false"))
         metrics.ROUND_SECONDS.labels("ns", pool).observe(0.1)
     metrics.forget_pool("ns", "gone")
     assert _desired("ns", "gone") is None
-    assert _decisions("ns", "gone", "up-ttft-miss") is None
+    assert _decisions("ns", "gone", "up-tail") is None
     assert _desired("ns", "kept") == 3
-    assert _decisions("ns", "kept", "up-ttft-miss") == 1
+    assert _decisions("ns", "kept", "up-tail") == 1
     metrics.forget_pool("ns", "never-seen")  # nothing written: nothing to drop, no error
     metrics.forget_pool("ns", "kept")

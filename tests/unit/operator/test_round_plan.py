@@ -127,7 +127,9 @@ def test_knobs_in_force_ignore_hand_edited_garbage() -> None:
     assert _knobs_in_force(spec, status) == spec.start_knobs() == Knobs(6, 6)
     garbage = {
         "tuning": {"residentHeadroom": True, "pendingRounds": "x", "cooldownRemaining": -3},
-        "scaling": {"state": {"recommendations": "x", "loadedAt": "soon"}},
+        "scaling": {
+            "state": {"recommendations": "x", "estimates": {"capacity": 7, "level": "soon"}}
+        },
         "statWindows": {"lastWindowEnd": {"p": "x"}, "enteredAt": True, "startedAt": None},
         "desiredReplicas": "2",
     }
