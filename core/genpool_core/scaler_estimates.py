@@ -97,7 +97,8 @@ class Estimates:
     def _smoothed_rate(self, rate: float, settings: ScalerSettings) -> tuple[float, float]:
         if self.level is None:
             return rate, 0.0
-        alpha, beta = settings.forecast_level_gain, settings.forecast_trend_gain
+        alpha = settings.per_window(settings.forecast_level_gain)
+        beta = settings.per_window(settings.forecast_trend_gain)
         trend = settings.forecast_trend_damping * self.trend
         level = alpha * rate + (1 - alpha) * (self.level + trend)
         return level, beta * (level - self.level) + (1 - beta) * trend

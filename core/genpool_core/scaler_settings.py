@@ -18,6 +18,7 @@ DEFAULT_MAX_STEP = 8
 DEFAULT_UP_WINDOW_S = 0.0
 DEFAULT_DOWN_WINDOW_S = 300.0
 DEFAULT_STARTUP_S = 60.0
+GAIN_REFERENCE_S = 30.0  # the forecast's gains are stated per this much of windows
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,15 +132,16 @@ class ScalerSettings:
     forecast_level_gain: float = field(
         default=0.5,
         metadata={
-            DESCRIPTION: "the forecast's smoothing of the arrival rate (Holt's alpha), per"
-            " window, in (0, 1]"
+            DESCRIPTION: "the forecast's smoothing of the arrival rate (Holt's alpha) per"
+            " 30 s of windows, in (0, 1]; a shorter interval takes proportionally smaller"
+            " steps, so the forecast follows the load alike at any interval"
         },
     )
     forecast_trend_gain: float = field(
         default=0.3,
         metadata={
-            DESCRIPTION: "the forecast's smoothing of the arrival rate's trend (Holt's beta),"
-            " per window, in [0, 1]"
+            DESCRIPTION: "the forecast's smoothing of the arrival rate's trend (Holt's beta)"
+            " per 30 s of windows, in [0, 1]"
         },
     )
     forecast_trend_damping: float = field(
@@ -193,6 +195,10 @@ class ScalerSettings:
         unit = (self.forecast_trend_gain, self.forecast_trend_damping)
         if bad or not all(0 <= v <= 1 for v in unit):
             raise ValueError(f"need shares in (0, 1]: {', '.join(bad) or 'trend, margin'}")
+
+    def per_window(self, gain_per_30_s: float) -> float:
+        """A smoothing gain stated per 30 s, for one interval: ``1 - (1 - g)^(I / 30)``."""
+        return 1.0 - (1.0 - gain_per_30_s) ** (self.interval_s / GAIN_REFERENCE_S)
 
     @property
     def horizon_s(self) -> float:

@@ -4,8 +4,8 @@ one, a table of one entry).
 The oracle knows the load's phases: each phase's replicas are started the start-up
 delay before it begins, so they serve from its first second, and the extra ones drain
 when it ends. Its cost counts the start-up (replica-seconds count from the moment a
-replica is added). ``bench/sim_autoscale_law.py`` finds the cheapest table that meets
-the SLO by sweeping each phase's count.
+replica is added). ``bench/autoscale_study.py`` finds the cheapest table that meets the
+SLO by sweeping each rate's count.
 """
 
 from __future__ import annotations

@@ -159,13 +159,15 @@ def test_consolidation_waits_for_a_whole_window_and_goes_to_its_highest_need() -
     settings = replace(SETTINGS, down_window_s=120.0)
     state = ScalerState(estimates=replace(KNOWN, level=3.0, ready=10))
     now, reasons, replicas = 0.0, [], 10
-    for rate in (3.0, 3.0, 4.0, 3.0, 3.0, 3.0):
+    for rate in (3.0, 3.0, 4.0, 3.0, 3.0, 3.0, 3.0):
         now += 30.0
         stats = pool(rate=rate, workers=replicas)
         decision = scale(replicas, replicas, stats, settings, state, now)
         state, replicas = decision.state, decision.replicas
         reasons.append(decision.reason)
-    assert reasons[:4] == ["hold-down-window"] * 4  # the window is not covered yet
+    # the window is not covered yet (the 4 req/s round's trend holds one round itself:
+    # the forecast climbs past the level)
+    assert set(reasons[:4]) <= {"hold-down-window", "hold"} and "hold" in reasons[:4]
     assert DOWN in reasons[4:]
     # the highest need over the window: the 4 req/s round's (the level 3.5 req/s, with
     # the down margin 3 replicas), not the 3 req/s rounds' 2

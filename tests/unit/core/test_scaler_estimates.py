@@ -169,3 +169,17 @@ def test_estimates_round_trip_and_garbage_restarts_each_part() -> None:
     odd = {"level": -1, "trend": "up", "serviceSeconds": 0, "capacity": 0.05, "tail": True,
            "ready": 2.5, "calmRounds": -1}  # fmt: skip
     assert Estimates.from_status(odd) == Estimates()
+
+
+def test_the_forecast_follows_a_step_alike_at_any_interval() -> None:
+    """Gains are per 30 s: six 5 s windows move the level as far as one 30 s window."""
+    at_30 = Estimates(level=4.0).updated(signals(arrival_rate=12.0), SETTINGS, num_ready=4,
+                                         replicas=4)  # fmt: skip
+    fine = replace(SETTINGS, interval_s=5.0)
+    at_5 = Estimates(level=4.0, trend=0.0)
+    for _ in range(6):
+        at_5 = at_5.updated(signals(arrival_rate=12.0), fine, num_ready=4, replicas=4)
+    assert SETTINGS.per_window(0.5) == pytest.approx(0.5)
+    assert fine.per_window(0.5) == pytest.approx(1 - 0.5 ** (1 / 6))
+    assert at_30.level is not None and at_5.level is not None
+    assert at_5.level == pytest.approx(at_30.level, rel=0.15)  # Holt's trend differs a little
