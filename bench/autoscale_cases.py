@@ -113,9 +113,11 @@ SHAPES = {
     "bursts": bursts_shape,
 }
 
+# every shape at CV 2; the smooth ones also at CV 1 and 4; code lengths on the diurnal day
 GOAL_LOADS = [
-    *(Load(shape, CONV, cv) for shape in SHAPES for cv in (1.0, 2.0, 4.0)),
-    *(Load(shape, CODE, 2.0) for shape in ("ramp", "diurnal")),
+    *(Load(shape, CONV, 2.0) for shape in SHAPES),
+    *(Load(shape, CONV, cv) for shape in ("ramp", "diurnal") for cv in (1.0, 4.0)),
+    Load("diurnal", CODE, 2.0),
 ]
 BURST_LENGTHS_S = (30.0, 60.0, 90.0, 180.0, 360.0)
 # the sweeps' SLO tightness: multiples of the unloaded GEN TTFT p90 (bench measures it)

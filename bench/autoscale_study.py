@@ -170,54 +170,67 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     ns = parser.parse_args(argv)
     started = time.time()
-    result: dict[str, Any] = {"meta": _meta(ns)}
+    # resumable: each part is written as it ends, and a rerun keeps what the file has
+    result: dict[str, Any] = json.loads(ns.out.read_text()) if ns.out.exists() else {}
+    result.setdefault("meta", _meta(ns))
     parts = set(ns.parts.split(","))
     if "goals" in parts:
         chosen = [load for load in cases.GOAL_LOADS if load.name.startswith(ns.loads)]
-        result["goals"] = _goals(chosen, ns.seeds, ns.jobs)
-    if parts & {"bursts", "tightness", "slack"}:
-        result["sweeps"] = _sweeps(parts, ns.seeds, ns.jobs)
-    result["meta"]["wall_s"] = round(time.time() - started)
-    ns.out.parent.mkdir(parents=True, exist_ok=True)
-    ns.out.write_text(json.dumps(result, indent=1, allow_nan=True))
-    print(f"wrote {ns.out}", file=sys.stderr)
+        result["goals"] = _goals(chosen, ns.seeds, ns.jobs, result, ns.out)
+    for part in ("bursts", "tightness", "slack"):
+        if part in parts and part not in result.setdefault("sweeps", {}):
+            result["sweeps"][part] = _sweep(part, ns.seeds, ns.jobs)
+            _write(ns.out, result)
+    result["meta"]["wall_s"] = result["meta"].get("wall_s", 0) + round(time.time() - started)
+    _write(ns.out, result)
     return 0
 
 
-def _goals(loads: Sequence[cases.Load], seeds: int, workers: int) -> list[dict[str, object]]:
-    tables: dict[tuple[str, float], dict[str, object]] = {}
+def _write(path: Path, result: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, allow_nan=True))
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def _goals(
+    loads: Sequence[cases.Load], seeds: int, workers: int, result: dict[str, Any], out: Path
+) -> list[dict[str, object]]:
+    """Each goal load's row; rows already in ``result`` (a rerun) are kept, not rerun."""
+    done = {row["load"]: row for row in result.get("goals", [])}
+    tables: dict[tuple[str, float], dict[str, Any]] = {}
     rows = []
     for load in loads:
+        if load.name in done:
+            rows.append(done[load.name])
+            continue
         key = (load.lengths.name, load.cv)
         if key not in tables:
             tables[key] = oracle_table(load, seeds, workers)
         need = tables[key]["need"]
-        assert isinstance(need, dict)
         row = goal_load(load, need, seeds, workers)
         row["oracle_sweep"] = tables[key]["sweeps"]
         rows.append(row)
+        result["goals"] = rows
+        _write(out, result)
         print(json.dumps({"load": load.name, "goals": row["goals"]}), file=sys.stderr)
     return rows
 
 
-def _sweeps(parts: set[str], seeds: int, workers: int) -> dict[str, object]:
-    sweeps: dict[str, object] = {}
-    if "bursts" in parts:
+def _sweep(part: str, seeds: int, workers: int) -> dict[str, object]:
+    """One sweep: burst length, SLO tightness or slack (module doc of autoscale_cases)."""
+    if part == "bursts":
         loads = [cases.Load("bursts2x", burst_s=s, labels={"burst_s": f"{s:g}"})
                  for s in cases.BURST_LENGTHS_S]  # fmt: skip
-        sweeps["bursts"] = pair_sweep(loads, seeds, workers)
-    if "tightness" in parts:
+        return {"rows": pair_sweep(loads, seeds, workers)}
+    if part == "tightness":
         base = unloaded_ttft_p90(seeds, workers)
         loads = [cases.Load("ramp", slo_ttft_s=round(k * base, 3), labels={"times": f"{k:g}"})
                  for k in cases.TIGHTNESS]  # fmt: skip
-        sweeps["tightness"] = {"unloaded_ttft_p90": base,
-                               "rows": pair_sweep(loads, seeds, workers)}  # fmt: skip
-    if "slack" in parts:
-        rate = decode_rate(seeds, workers)
-        loads = [cases.Load("ramp", target_output_tps=round(k * rate, 2),
-                            labels={"share": f"{k:g}"}) for k in cases.SLACK]  # fmt: skip
-        sweeps["slack"] = {"decode_rate": rate, "rows": pair_sweep(loads, seeds, workers)}
-    return sweeps
+        return {"unloaded_ttft_p90": base, "rows": pair_sweep(loads, seeds, workers)}
+    rate = decode_rate(seeds, workers)
+    loads = [cases.Load("ramp", target_output_tps=round(k * rate, 2), labels={"share": f"{k:g}"})
+             for k in cases.SLACK]  # fmt: skip
+    return {"decode_rate": rate, "rows": pair_sweep(loads, seeds, workers)}
 
 
 def _meta(ns: argparse.Namespace) -> dict[str, Any]:

@@ -198,7 +198,8 @@ class ScalerSettings:
 
     def per_window(self, gain_per_30_s: float) -> float:
         """A smoothing gain stated per 30 s, for one interval: ``1 - (1 - g)^(I / 30)``."""
-        return 1.0 - (1.0 - gain_per_30_s) ** (self.interval_s / GAIN_REFERENCE_S)
+        keep: float = (1.0 - gain_per_30_s) ** (self.interval_s / GAIN_REFERENCE_S)
+        return 1.0 - keep
 
     @property
     def horizon_s(self) -> float:

@@ -73,3 +73,4 @@ def test_every_study_shape_stays_on_its_levels_and_starts_with_the_warm_up() -> 
     assert [p.duration_s for p in bursts[1:3]] == [90.0, 300.0] and bursts[1].rate == 2 * low
     names = [load.name for load in cases.GOAL_LOADS]
     assert len(names) == len(set(names)) and "step/conv/cv2/slo2/T12" in names
+    assert {load.cv for load in cases.GOAL_LOADS} == {1.0, 2.0, 4.0}
