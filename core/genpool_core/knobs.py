@@ -16,9 +16,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from genpool_core.field_help import DESCRIPTION
+from genpool_core.names import PreemptionMode
 
 # P defaults to floor(0.375 A) and H to P, where A is the base resident capacity.
 DEFAULT_PAUSED_CAP_FRACTION = 0.375
+# In the SLO mode P (and H) start at A: every pause there is guarded by the victim's
+# laxity, so a cap no at-risk waiter needs goes unused, while a burst needs it at once,
+# rounds before the tuner could raise it (docs/design.md#slo-mode-knobs-start-at-a).
+SLO_PAUSED_CAP_FRACTION = 1.0
 # The knobs' field names at the CRD/JSON edge (GenPool status.tuning), and nowhere else.
 JSON_NAMES = {"resident_headroom": "residentHeadroom", "paused_cap": "pausedCap"}
 
@@ -32,6 +37,13 @@ def default_paused_cap(
             f"need A >= 0 and a fraction >= 0, got A={base_resident_capacity}, fraction={fraction}"
         )
     return math.floor(fraction * base_resident_capacity)
+
+
+def start_paused_cap_fraction(mode: PreemptionMode) -> float:
+    """P's start as a fraction of A in ``mode``: A in the SLO mode, else the default."""
+    if mode is PreemptionMode.TARGET_OUTPUT_TPS:
+        return SLO_PAUSED_CAP_FRACTION
+    return DEFAULT_PAUSED_CAP_FRACTION
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +114,13 @@ class KnobBounds:
                 f"resident_headroom max {self.max_resident_headroom}"
             )
 
-    def start(self, base_resident_capacity: int) -> Knobs:
-        """The knobs a pool starts with: the default P clamped into the bounds, H = that P
-        clamped (H defaults to P)."""
-        cap = self.clamp(Knobs(0, default_paused_cap(base_resident_capacity))).paused_cap
+    def start(
+        self, base_resident_capacity: int, fraction: float = DEFAULT_PAUSED_CAP_FRACTION
+    ) -> Knobs:
+        """The knobs a pool starts with: P = floor(fraction A) clamped into the bounds,
+        H = that P clamped (H defaults to P)."""
+        cap = default_paused_cap(base_resident_capacity, fraction)
+        cap = self.clamp(Knobs(0, cap)).paused_cap
         return self.clamp(Knobs(cap, cap))
 
     def clamp(self, knobs: Knobs) -> Knobs:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from genpool_core.knobs import KnobBounds, Knobs
+from genpool_core.knobs import KnobBounds, Knobs, start_paused_cap_fraction
 from genpool_core.names import PreemptionMode
 from genpool_operator.kv_budget import KVBudgetError, KVBudgetInputs, kv_cache_fields
 from genpool_operator.spec_sections import (
@@ -151,7 +151,8 @@ class GenPoolSpec(Section):
         """The knobs a new pod starts with; (0, 0) with mode Off."""
         if not self.preemption_on:
             return Knobs(0, 0)
-        return self.bounds().start(self.capacity_a())
+        fraction = start_paused_cap_fraction(self.preemption.kind)
+        return self.bounds().start(self.capacity_a(), fraction)
 
     def worker_model(self) -> str:
         """The worker's ``--model``: ``model`` itself, or its directory in the mounted volume."""

@@ -29,7 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from genpool_core.field_help import DESCRIPTION, describe
-from genpool_core.names import OFF_MODE, SLO_MODE
+from genpool_core.knobs import start_paused_cap_fraction
+from genpool_core.names import OFF_MODE, SLO_MODE, PreemptionMode
 from genpool_core.quantiles import percentile
 from genpool_core.scaler import ScalerSettings
 from genpool_core.scaler_estimates import Estimates
@@ -195,7 +196,10 @@ def policy_pool(
     learned: Estimates | None = None,
 ) -> tuple[ClusterConfig, PoolDriver | None]:  # fmt: skip
     """The workers' settings and the replica controller of a policy (module doc)."""
-    slo = replace(base, mode=SLO_MODE, target_output_tps=auto.target_output_tps)
+    # the pausing policies start their knobs as a GenPool in the SLO mode does
+    fraction = start_paused_cap_fraction(PreemptionMode.TARGET_OUTPUT_TPS)
+    slo = replace(base, mode=SLO_MODE, target_output_tps=auto.target_output_tps,
+                  paused_cap_fraction=fraction)  # fmt: skip
     off = replace(base, mode=OFF_MODE, workers=auto.min_replicas)
     interval, delay = auto.interval_s, auto.startup_delay_s
     match policy:

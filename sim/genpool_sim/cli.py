@@ -14,7 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from genpool_core.knobs import KnobBounds
+from genpool_core.knobs import DEFAULT_PAUSED_CAP_FRACTION, KnobBounds
 from genpool_core.kv_blocks import reserved_tokens
 from genpool_core.tuner import TunerSettings
 from genpool_sim.autoscale_cli import AutoscaleUsageError, run_autoscale
@@ -102,8 +102,10 @@ def run_sim(ns: argparse.Namespace) -> int:
         if len(scenarios) != 1:
             raise UsageError("--autoscale runs one load: give one --concurrency value")
         name, workload = scenarios[0]
-        fraction = ns.paused_cap_fraction[0]
-        return run_autoscale(ns, name, workload, replace(base, paused_cap_fraction=fraction), tune)
+        if ns.paused_cap_fraction is not None:
+            raise UsageError("--autoscale pools start their knobs as a GenPool does: drop"
+                             " --paused-cap-fraction")  # fmt: skip
+        return run_autoscale(ns, name, workload, base, tune)
     return report(ns, _run_seeds(ns, scenarios, base, tune))
 
 
@@ -193,7 +195,7 @@ def _run_seeds(
         modes.insert(0, "off")  # T = auto is defined by the off run
     jobs = []
     for name, workload in scenarios:
-        for fraction in ns.paused_cap_fraction:
+        for fraction in ns.paused_cap_fraction or [DEFAULT_PAUSED_CAP_FRACTION]:
             config = replace(base, paused_cap_fraction=fraction)
             for seed in range(ns.seeds):
                 keep = seed == 0 and ns.plot is not None

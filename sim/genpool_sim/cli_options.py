@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 from genpool_core.field_help import help_for
-from genpool_core.knobs import KnobBounds
+from genpool_core.knobs import DEFAULT_PAUSED_CAP_FRACTION, KnobBounds
 from genpool_core.preemption import GenCapacity, GenPreemptionSettings
 from genpool_core.tuner import TunerSettings
 from genpool_sim.autoscale_cli import add_autoscale_options
@@ -203,9 +203,13 @@ def _add_pool_options(sim: argparse.ArgumentParser) -> None:
     sim.add_argument(
         "--paused-cap-fraction",
         type=_list_of(float),
-        default=[0.375],
+        default=None,
         help=help_for(
-            ClusterConfig, "paused_cap_fraction", note="a comma-separated list gives the curve"
+            ClusterConfig,
+            "paused_cap_fraction",
+            default=DEFAULT_PAUSED_CAP_FRACTION,
+            note="a comma-separated list gives the curve; not with --autoscale, whose pools"
+            " start as a GenPool does",
         ),
     )
     _add_positive(

@@ -124,7 +124,7 @@ def test_knobs_in_force_prefer_status_and_clamp_to_spec_bounds() -> None:
 def test_knobs_in_force_ignore_hand_edited_garbage() -> None:
     spec = GenPoolSpec.from_body(SLO_SPEC)
     status = {"tuning": {"residentHeadroom": "lots", "pausedCap": float("nan")}}
-    assert _knobs_in_force(spec, status) == spec.start_knobs() == Knobs(6, 6)
+    assert _knobs_in_force(spec, status) == spec.start_knobs() == Knobs(16, 16)  # A
     garbage = {
         "tuning": {"residentHeadroom": True, "pendingRounds": "x", "cooldownRemaining": -3},
         "scaling": {
@@ -133,7 +133,7 @@ def test_knobs_in_force_ignore_hand_edited_garbage() -> None:
         "statWindows": {"lastWindowEnd": {"p": "x"}, "enteredAt": True, "startedAt": None},
         "desiredReplicas": "2",
     }
-    assert controller_state(spec, garbage) == ControllerState(knobs=Knobs(6, 6))
+    assert controller_state(spec, garbage) == ControllerState(knobs=Knobs(16, 16))
 
 
 def test_live_config_carries_knobs_and_the_specs_live_fields() -> None:

@@ -11,6 +11,7 @@ from genpool_operator.spec import GenPoolSpec, GenPoolSpecError
 from tests.invalid_genpools import INVALID_GENPOOLS, InvalidGenPool
 
 TPS = {"mode": "TargetOutputTps", "targetOutputTps": 8}
+TPOT = {"mode": "TpotBudget", "tpotBudget": 0.1}
 
 
 def spec_of(**fields: Any) -> GenPoolSpec:
@@ -40,12 +41,14 @@ def test_camel_and_snake_case_both_accepted() -> None:
     ("fields", "knobs"),
     [
         ({}, (0, 0)),  # mode Off: nothing reserved
-        ({"preemption": TPS}, (6, 6)),  # floor(0.375 * 16)
-        ({"preemption": TPS, "engine": {"maxNumActiveRequests": 40}}, (15, 15)),
+        ({"preemption": TPS}, (16, 16)),  # the SLO mode starts at A
+        ({"preemption": TPS, "engine": {"maxNumActiveRequests": 40}}, (40, 40)),
         ({"preemption": TPS, "tuning": {"pausedCap": {"max": 4}}}, (4, 4)),
-        ({"preemption": TPS, "tuning": {"pausedCap": {"min": 8}}}, (8, 8)),
-        ({"preemption": TPS, "tuning": {"residentHeadroom": {"min": 10}}}, (10, 6)),
         ({"preemption": TPS, "tuning": {"residentHeadroom": {"max": 3}}}, (3, 3)),
+        ({"preemption": TPOT}, (6, 6)),  # floor(0.375 * 16)
+        ({"preemption": TPOT, "engine": {"maxNumActiveRequests": 40}}, (15, 15)),
+        ({"preemption": TPOT, "tuning": {"pausedCap": {"min": 8}}}, (8, 8)),
+        ({"preemption": TPOT, "tuning": {"residentHeadroom": {"min": 10}}}, (10, 6)),
     ],
 )
 def test_start_knobs(fields: dict[str, Any], knobs: tuple[int, int]) -> None:
@@ -68,7 +71,7 @@ def test_worker_config_target_output_tps() -> None:
     assert config["device"] == "cpu" and config["preemption_mode"] == "target_output_tps"
     assert config["target_output_tps"] == 8 and "tpot_budget" not in config
     assert config["max_resident_headroom"] == 16
-    assert (config["resident_headroom"], config["paused_cap"]) == (6, 6)
+    assert (config["resident_headroom"], config["paused_cap"]) == (16, 16)  # A
     assert config["stat_interval_s"] == 10.0 and config["slack_s"] == 1.5
     assert spec.live_config() == {
         "slack_s": 1.5,

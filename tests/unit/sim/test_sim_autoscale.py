@@ -15,7 +15,7 @@ from genpool_core.knobs import KnobBounds
 from genpool_core.scaler import ScalerSettings
 from genpool_core.stepmodel import StepModel
 from genpool_sim import cli
-from genpool_sim.autoscale import AutoscaleConfig, run_policy, slo_windows
+from genpool_sim.autoscale import AutoscaleConfig, policy_pool, run_policy, slo_windows
 from genpool_sim.cluster import Cluster, ClusterConfig
 from genpool_sim.experiment import Workload, simulate
 from genpool_sim.pool_control import TuneConfig
@@ -154,6 +154,19 @@ def test_both_scaled_policies_run_the_same_law_at_its_defaults() -> None:
                         max_replicas=4, capacity_override=1.2)  # fmt: skip
 
 
+def test_the_pausing_policies_start_their_knobs_as_a_slo_genpool_does() -> None:
+    base = ClusterConfig(workers=2, max_batch=16)
+    tune = TuneConfig(KnobBounds(0, 16, 0, 16))
+    for policy in ("static", "genpool"):
+        config, _ = policy_pool(policy, base, AUTO, tune)
+        assert (config.settings()["paused_cap"], config.settings()["resident_headroom"]) == (
+            16,
+            16,
+        ), policy
+    off, _ = policy_pool("replicas-only", base, AUTO, tune)
+    assert "paused_cap" not in off.settings()
+
+
 def test_slo_windows_check_both_parts_per_window() -> None:
     cluster = Cluster(ClusterConfig(workers=1, step_model=FLAT))
     fast = SimRequest("fast", 0.0, 10, 11, gen_arrival=1.0, first_gen_token=1.5,
@@ -214,6 +227,7 @@ def test_cli_autoscale_writes_the_summary_per_seed_and_timeline(
         (["--policies", "oracle"], "--schedule"),
         (["--policies", "oracle", "--schedule", "0:2,10:x"], "--schedule"),
         (["--policies", "oracle", "--schedule", "5:2"], "--schedule"),
+        (["--paused-cap-fraction", "0.5"], "--paused-cap-fraction"),
     ],
 )
 def test_cli_autoscale_bad_input_is_one_line_naming_the_flag(
