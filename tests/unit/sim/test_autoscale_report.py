@@ -74,3 +74,21 @@ def test_every_study_shape_stays_on_its_levels_and_starts_with_the_warm_up() -> 
     names = [load.name for load in cases.GOAL_LOADS]
     assert len(names) == len(set(names)) and "step/conv/cv2/slo2/T12" in names
     assert {load.cv for load in cases.GOAL_LOADS} == {1.0, 2.0, 4.0}
+
+
+def test_the_tables_show_each_policy_and_each_verdict() -> None:
+    from bench import autoscale_tables as tables
+
+    runs = {
+        "static": [metrics(200.0), metrics(200.0)],
+        "oracle": [metrics(100.0), metrics(100.0)],
+        "replicas-only": [metrics(140.0, 0.9), metrics(140.0, 0.92)],
+        "genpool": [metrics(110.0, 0.96), metrics(112.0, 0.97)],
+    }
+    row = {"load": "step/conv", "static_replicas": 5, "per_seed": runs,
+           "summary": report.summarize(runs), "goals": report.goals(runs)}  # fmt: skip
+    goals = tables.goals_table([row])
+    assert "| step/conv | 200 (2.00x) [5] | 100 | 140 (1.40x) | 111 (1.11x) | - |" in goals
+    assert "| windows met, mean / worst seed (%) | 100.0 / 100 |" in goals
+    verdicts = tables.verdicts_table([row])
+    assert "96.5 % **met**" in verdicts and "1.11 ± " in verdicts and "| - |" in verdicts
