@@ -36,7 +36,7 @@ def running_pool_tables(
     need = pool.budget.blocks_for(tokens)
     if rows * need > num_blocks:
         raise ValueError(f"{rows} requests of {need} blocks do not fit {num_blocks}")
-    held: list[tuple[int, ...]] = []
+    held: list[list[int]] = []
     for _ in range(4):  # rounds of admissions until full, then half the requests finish
         while True:
             size = rng.randint(1, 2 * need)

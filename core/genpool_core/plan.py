@@ -26,8 +26,10 @@ class GenPlan:
     whose chunk ends short of its prompt is in no other field and gets no token.
     ``admitted_blocks`` is each admitted request's KV block table (aligned with
     ``admitted_ids``; empty without a KV budget): the runner writes their KV there until
-    they finish. ``finish_reasons`` is aligned with ``finished_ids``. ``stat`` is the
-    pass's stat line, when one is due.
+    they finish. ``admitted_cached_tokens`` (aligned with ``admitted_ids``): the prompt
+    tokens each admission found in the prefix cache, held in the first blocks of its
+    table; its prefill computes the positions after them. ``finish_reasons`` is aligned
+    with ``finished_ids``. ``stat`` is the pass's stat line, when one is due.
     """
 
     now: float
@@ -44,6 +46,7 @@ class GenPlan:
     finish_reasons: tuple[FinishReason, ...]
     stat: StatLine | None = None
     prefill_chunks: tuple[tuple[str, int, int], ...] = ()
+    admitted_cached_tokens: tuple[int, ...] = ()
 
     @property
     def stat_line(self) -> str | None:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 
 from genpool_core.admission import AdaptiveTarget, AdmissionQueue
 from genpool_core.knobs import Knobs
-from genpool_core.kv_blocks import KVAccount, KVBudget
+from genpool_core.kv_account import KVAccount
+from genpool_core.kv_blocks import KVBudget
 from genpool_core.live import LiveConfig
 from genpool_core.names import DEFAULT_STAT_INTERVAL_S
 from genpool_core.plan import GenPlan
@@ -46,6 +47,9 @@ class SchedulerConfig:
     # Prompt tokens prefilled per pass (chunked prefill, genpool_core.prefill_budget);
     # None: each prompt whole in the pass that admits it.
     max_prefill_tokens_per_pass: int | None = None
+    # Prefix caching (genpool_core.kv_account): admissions share the cached blocks their
+    # prompt starts with. Needs a KV budget and requests that carry block hashes.
+    enable_prefix_caching: bool = False
 
 
 class GenScheduler(SchedulerViews):
@@ -63,7 +67,7 @@ class GenScheduler(SchedulerViews):
         settings = policy.settings
         self.max_batch_size = cap.max_batch_size
         self.slots = SlotPool(cap.max_batch_size, cap.resident_headroom, cap.max_resident_headroom)
-        self.kv = KVAccount(self.config.kv_budget)
+        self.kv = KVAccount(self.config.kv_budget, is_caching=self.config.enable_prefix_caching)
         target = AdaptiveTarget(
             settings.admission_target_min_s,
             settings.admission_target_max_s,
@@ -117,6 +121,13 @@ class GenScheduler(SchedulerViews):
             self._pending_finish.setdefault(request_id, FinishReason.ABORT)
         else:
             raise UnknownRequestError(request_id)
+
+    def forget_kv(self, request_id: str) -> None:
+        """A resident's KV may not be what its hashes say (it failed in the engine): what
+        of it the prefix cache could share is forgotten. Unknown ids are ignored."""
+        request = self._residents.get(request_id)
+        if request is not None:
+            self.kv.forget(request)
 
     def release_held(self, request_id: str) -> bool:
         """Free a finished request's held KV blocks (pulled, cancelled or expired; docs/pd.md).
@@ -209,6 +220,9 @@ class GenScheduler(SchedulerViews):
             paused_in_place_slots=tuple([r.slot for r in paused_now if r.slot is not None]),
             admitted_ids=admitted_ids,
             admitted_blocks=tuple(self._residents[i].blocks for i in admitted_ids),
+            admitted_cached_tokens=tuple(
+                self._residents[i].num_cached_tokens for i in admitted_ids
+            ),
             resumed_ids=tuple(resumed),
             paused_ids=tuple(paused),
             finished_ids=tuple(request_id for request_id, _ in finished),
@@ -229,6 +243,8 @@ class GenScheduler(SchedulerViews):
             active = self._active
             return [], tuple(i for i in admitted_ids if active[i].num_output_tokens == 0)
         chunks, completed = self._prefill.hand_out(is_decoding=bool(self._active))
+        for request_id, _, end in chunks:
+            self.kv.register_computed(self._residents[request_id], end)
         for request in completed:  # after every pause: a new member is no victim this pass
             self._enter_batch(request)
         return chunks, tuple(r.request_id for r in completed)
@@ -338,6 +354,8 @@ class GenScheduler(SchedulerViews):
         if self._prefill is not None and request.num_output_tokens == 0:
             self._prefill.add(request)  # joins the batch when its last chunk runs
         else:
+            if request.num_output_tokens == 0:  # prefilled whole this pass, in plan order:
+                self.kv.register_computed(request, request.prompt_len)  # later ones share it
             self._enter_batch(request)
         self._residents[request.request_id] = request
         return request.request_id

@@ -78,11 +78,11 @@ class _Reply:
         return self.head("chat.completion.chunk") | {"choices": [choice]}
 
 
-def _usage(ends: list[End]) -> dict[str, int]:
+def _usage(ends: list[End]) -> dict[str, Any]:
     """The prompt once (the n choices share it), every choice's output."""
-    return Usage(
-        ends[0].usage.prompt_tokens, sum(e.usage.completion_tokens for e in ends)
-    ).as_dict()
+    first = ends[0].usage
+    completion = sum(e.usage.completion_tokens for e in ends)
+    return Usage(first.prompt_tokens, completion, first.cached_tokens).as_dict()
 
 
 async def stream(reply: _Reply, include_usage: bool) -> AsyncIterator[bytes]:

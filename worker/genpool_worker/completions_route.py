@@ -56,11 +56,13 @@ class _Reply:
                 "model": self.model, "choices": choices}  # fmt: skip
 
 
-def total_usage(choices: Choices, ends: list[End], n: int) -> dict[str, int]:
-    """Each prompt's tokens once (its ``n`` choices share it), every choice's output."""
+def total_usage(choices: Choices, ends: list[End], n: int) -> dict[str, Any]:
+    """Each prompt's tokens once (its ``n`` choices share it; its first choice's cached
+    count), every choice's output."""
     prompt_tokens = sum(len(started.arrival.prompt_ids) for started in choices.started[::n])
     completion = sum(end.usage.completion_tokens for end in ends)
-    return Usage(prompt_tokens, completion).as_dict()
+    cached = sum(end.usage.cached_tokens for end in ends[::n])
+    return Usage(prompt_tokens, completion, cached).as_dict()
 
 
 @router.post("/v1/completions")

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from genpool_core.block_hash import extend_hashes
 from genpool_core.live import LiveUpdate
 from genpool_core.names import RECENT_STAT_LINES
 from genpool_core.plan import GenPlan
@@ -29,6 +30,7 @@ from genpool_worker.engine_io import (
     EngineObserver,
     EngineRequest,
     EngineSnapshot,
+    KVEventSink,
     LocalCoordinator,
     ModelRunner,
     PassInputs,
@@ -72,6 +74,7 @@ class GenEngine(RequestLifecycle):
         self._aborts: list[str] = []
         self._kv_releases: list[str] = []
         self.kv_handoff = KVHandoff(scheduler.kv, runner.info, self.release_kv)  # docs/pd.md
+        self.kv_events: KVEventSink | None = None  # the KV event publisher, when configured
         self._configs: list[tuple[LiveUpdate, Future[dict[str, Any]]]] = []
         self._config_futures: list[Future[dict[str, Any]]] = []
         self._requests: dict[str, EngineRequest] = {}
@@ -80,7 +83,6 @@ class GenEngine(RequestLifecycle):
         self._last_now = 0.0
         self._inflight = 0
         self._tokens_total = 0
-        self._shared_prefill_tokens_total = 0
         self._passes = 0
         # The periodic lines a controller has not necessarily read: it counts each once.
         self._recent_stats: tuple[StatLine, ...] = ()
@@ -224,6 +226,7 @@ class GenEngine(RequestLifecycle):
         for request_id, message in result.failed.items():
             self._fail_alone(request_id, message)
         tokens = result.tokens
+        self._track_cache(plan, tokens)
         self._prev_end = self._now()
         # A prefill leg's handle reports when its prefill began (its first chunk's pass).
         first_chunks = [rid for rid, start, _ in plan.prefill_chunks if start == 0]
@@ -247,7 +250,6 @@ class GenEngine(RequestLifecycle):
             except Exception as exc:  # its text cannot be made: it fails, the others go on
                 self._fail_alone(request_id, describe(exc))
         self._tokens_total += len(tokens)
-        self._shared_prefill_tokens_total += result.num_shared_prefill_tokens
         self._passes += 1
         if plan.batch_ids and self._on_step is not None:
             self._on_step(time.perf_counter() - started, len(plan.batch_ids))
@@ -257,6 +259,9 @@ class GenEngine(RequestLifecycle):
         plan = self.scheduler.step(now)
         if self._observer is not None:
             self._observer.on_plan(plan)
+        events = self.scheduler.kv.take_events()
+        if events and self.kv_events is not None:  # before the finished requests go
+            self.kv_events.publish(events, self._tokens_of)
         for request_id, reason in zip(plan.finished_ids, plan.finish_reasons, strict=True):
             self._finish(request_id, reason)
         if plan.stat is not None:
@@ -305,5 +310,26 @@ class GenEngine(RequestLifecycle):
         stat = recent[-1] if recent else make_statline(stats, None)
         return EngineSnapshot(
             stats, stat, self.config(), self._inflight, self._tokens_total, self._passes,
-            self._recent_stats, self._shared_prefill_tokens_total,
+            self._recent_stats,
         )  # fmt: skip
+
+    def _tokens_of(self, request_id: str) -> list[int]:
+        """A request's tokens so far, prompt first (its KV events' token ids)."""
+        request = self._requests[request_id]
+        return [*request.arrival.prompt_ids, *request.output_ids]
+
+    def _track_cache(self, plan: GenPlan, tokens: dict[str, int]) -> None:
+        """What the prefix cache gave each admission (its reply's ``cached_tokens``), and
+        the hashes of output blocks that filled this pass (shared once it ends)."""
+        for request_id, cached in zip(plan.admitted_ids, plan.admitted_cached_tokens,
+                                      strict=True):  # fmt: skip
+            self._requests[request_id].num_cached_tokens = cached
+        if not self.scheduler.kv.is_caching:
+            return
+        size = self.model_info.kv_block_size
+        for request_id, token in tokens.items():
+            request = self._requests[request_id]
+            gen = request.gen
+            num_tokens = len(request.arrival.prompt_ids) + len(request.output_ids) + 1
+            if gen is not None and num_tokens >= (len(gen.block_hashes) + 1) * size:
+                extend_hashes(gen.block_hashes, [*self._tokens_of(request_id), token], size)

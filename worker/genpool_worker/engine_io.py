@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from genpool_core.block_hash import BlockHash
+from genpool_core.kv_blocks import KVEvent
 from genpool_core.live import LiveUpdate
 from genpool_core.plan import GenPlan
 from genpool_core.request import FinishReason, GenRequest
@@ -48,8 +50,6 @@ class StepResult:
 
     tokens: dict[str, int]
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
-    # Prompt tokens not computed: copied from a resident with the same prompt (n choices).
-    num_shared_prefill_tokens: int = 0
     # Requests that failed this pass (request id -> why): each fails alone, the rest go on.
     failed: dict[str, str] = field(default_factory=dict)
 
@@ -115,8 +115,9 @@ class Arrival:
     kv_export: str | None = None
     kv_import: KVImport | None = None
 
-    def gen_request(self, now: float) -> GenRequest:
-        """What the scheduler queues (an arrival stamped later than ``now`` is clamped)."""
+    def gen_request(self, now: float, block_hashes: list[BlockHash] | None = None) -> GenRequest:
+        """What the scheduler queues (an arrival stamped later than ``now`` is clamped);
+        ``block_hashes``: its prompt's full blocks' prefix-cache hashes."""
         return GenRequest(
             request_id=self.request_id,
             prompt_len=len(self.prompt_ids),
@@ -128,6 +129,7 @@ class Arrival:
             slo_ttft_s=self.slo_ttft_s,
             target_output_tps=self.target_output_tps,
             holds_kv_at_finish=self.kv_export is not None,
+            block_hashes=block_hashes or [],
         )
 
 
@@ -168,6 +170,8 @@ class EngineRequest:
     received_at: float = 0.0  # Unix s of the HTTP receipt (a prefill leg's handle ages)
     prefill_started_at: float | None = None  # Unix s, set by the engine (prefill legs)
     first_token_at: float | None = None
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache held at its admission
+    gen: GenRequest | None = None  # the scheduler's request, once queued
 
     def __post_init__(self) -> None:
         if self.arrival.stop:
@@ -232,6 +236,13 @@ class LocalCoordinator:
         return inputs
 
 
+class KVEventSink(Protocol):
+    """Where each pass's prefix-cache events go (the worker's KV event publisher), with a
+    way to read a still-resident request's tokens (a stored block's token ids)."""
+
+    def publish(self, events: Sequence[KVEvent], tokens_of: Callable[[str], list[int]]) -> None: ...
+
+
 class EngineObserver(Protocol):
     """Sees every plan and every finished request (tests of rank identity record them)."""
 
@@ -252,7 +263,6 @@ class EngineSnapshot:
     tokens_total: int
     passes: int
     recent: tuple[StatLine, ...] = ()  # the last periodic lines, oldest first
-    shared_prefill_tokens_total: int = 0
 
     @property
     def recent_lines(self) -> str:

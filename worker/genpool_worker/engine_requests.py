@@ -8,9 +8,10 @@ from __future__ import annotations
 import threading
 
 from genpool_core.admission import QueueFullError
+from genpool_core.block_hash import BlockHash, block_hashes
 from genpool_core.request import FinishReason
 from genpool_core.scheduler import GenScheduler
-from genpool_worker.engine_io import EngineObserver, EngineRequest, ModelRunner
+from genpool_worker.engine_io import Arrival, EngineObserver, EngineRequest, ModelRunner
 from genpool_worker.events import Accepted, Failed, Rejected
 from genpool_worker.output_processor import OutputProcessor
 from genpool_worker.pd.engine_side import KVHandoff
@@ -33,8 +34,9 @@ class RequestLifecycle:
         if self.kv_handoff.is_done_at_first(arrival):
             self._answer_from_first_token(request)
             return
+        gen = arrival.gen_request(now, self._prompt_hashes(arrival))
         try:
-            self.scheduler.add_request(arrival.gen_request(now), now)
+            self.scheduler.add_request(gen, now)
         except (QueueFullError, ValueError) as exc:
             status = 429 if isinstance(exc, QueueFullError) else 400
             self._reject(request, status, str(exc))
@@ -46,12 +48,20 @@ class RequestLifecycle:
             self._reject(request, 500, f"request failed in the engine: {describe(exc)}")
             return
         self._requests[arrival.request_id] = request
+        request.gen = gen
         request.emit(Accepted())
         if arrival.kv_import is not None:  # the client gets the first token at once
             try:
                 self.output.on_token(request, arrival.kv_import.first_token)
             except Exception as exc:
                 self._fail_alone(arrival.request_id, describe(exc))
+
+    def _prompt_hashes(self, arrival: Arrival) -> list[BlockHash]:
+        """Its prompt's full blocks' hashes when the prefix cache may share them (a pulled
+        request's prompt KV comes whole from the prefill tier)."""
+        if not self.scheduler.kv.is_caching or arrival.kv_import is not None:
+            return []
+        return block_hashes(arrival.prompt_ids, self.runner.info.kv_block_size)
 
     def _reject(self, request: EngineRequest, status: int, message: str) -> None:
         self._requests.pop(request.request_id, None)
@@ -82,6 +92,7 @@ class RequestLifecycle:
         if request_id in self._failures or request_id not in self._requests:
             return
         self._failures[request_id] = message
+        self.scheduler.forget_kv(request_id)  # its KV may be wrong: nobody shares it
         self.scheduler.abort(request_id)
 
     def _finish(self, request_id: str, reason: FinishReason) -> None:

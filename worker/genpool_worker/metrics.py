@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
 NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
 KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc"
+# vLLM v1's prefix-cache counters (exposed with _total), in prompt tokens
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
 KV_CACHE_USAGE_PERC_OLD = "vllm:gpu_cache_usage_perc"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"  # GIE reads block_size and num_gpu_blocks
 MODEL_NAME_LABEL = "model_name"  # vLLM's label on these series
@@ -119,9 +122,8 @@ class WorkerMetrics(Collector):
         s = snap.stats
         yield from self.model_server_gauges(s)
         yield counter("genpool_tokens", "Output tokens produced", snap.tokens_total)
-        yield counter("genpool_prefill_tokens_shared",
-                      "Prompt tokens not recomputed: KV copied from a resident request with the"
-                      " same prompt (n choices)", snap.shared_prefill_tokens_total)  # fmt: skip
+        yield gauge("genpool_kv_blocks_cached", "KV-cache blocks holding a cached prefix",
+                    s.kv_blocks_cached)  # fmt: skip
         yield gauge("genpool_queue_length", "Waiters in the admission queue", s.waiters)
         yield gauge("genpool_residents", "Resident requests (active + paused)", s.residents)
         yield gauge("genpool_active", "Requests in the batch", s.active)
@@ -168,6 +170,14 @@ class WorkerMetrics(Collector):
             family = GaugeMetricFamily(name, doc, labels=list(labels))
             family.add_metric(list(labels.values()), float(value))
             yield family
+        for name, doc, count in (
+            (PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache",
+             s.prefix_cache_queries),
+            (PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache", s.prefix_cache_hits),
+        ):  # fmt: skip
+            counted = CounterMetricFamily(name, doc, labels=list(labels))
+            counted.add_metric(list(labels.values()), float(count))
+            yield counted
         # vLLM's info metric: a constant 1 whose labels carry the cache geometry.
         info = GaugeMetricFamily(
             CACHE_CONFIG_INFO, "KV-cache configuration", labels=["block_size", "num_gpu_blocks"]

@@ -65,7 +65,8 @@ class _RunState:
     blocks: tuple[int, ...] = ()  # the KV block table, from the plan that admitted it
     kv_import: KVImport | None = None  # another worker's prefill, written at admission
     num_output_tokens: int = 0
-    num_prefilled: int = 0  # prompt tokens whose KV is written (chunked prefill)
+    num_prefilled: int = 0  # prompt tokens whose KV is written (cached, or prefilled)
+    num_cached_blocks: int = 0  # its table's first blocks, shared from the prefix cache
     last_token: int | None = field(default=None)
     min_tokens: int = 0
     # What may not end it before ``min_tokens`` (vLLM masks them): EOS unless ``ignore_eos``,
@@ -122,32 +123,31 @@ class TorchModelRunner:
     def execute(self, plan: GenPlan) -> StepResult:
         """Run ``plan.prefill_chunks`` (chunked prefill), prefill ``plan.prefill_ids``
         (their token this pass; their last chunk), decode the rest; each request's KV
-        goes to the block table its admission's plan gave it. The whole batch is
-        sampled in one call; a request still mid-prefill has no row. What one request
-        causes fails it alone (``StepResult.failed``; request_faults.py)."""
+        goes to the block table its admission's plan gave it, its prefill starting after
+        the prompt tokens the prefix cache held. Prefill work runs in plan order: an
+        admission may share blocks an earlier one computes in the same pass. The whole
+        batch is sampled in one call; a request still mid-prefill has no row. What one
+        request causes fails it alone (``StepResult.failed``; request_faults.py), and so
+        does a request sharing blocks whose prefill failed this pass."""
         faults = RequestFaults()
-        for request_id, blocks in zip(plan.admitted_ids, plan.admitted_blocks, strict=True):
+        cached = plan.admitted_cached_tokens or (0,) * len(plan.admitted_ids)
+        for request_id, blocks, num_cached in zip(
+            plan.admitted_ids, plan.admitted_blocks, cached, strict=True
+        ):
             with faults.of(request_id):
-                self._admit(self._states[request_id], blocks)
+                self._admit(self._states[request_id], blocks, num_cached)
         prefill = set(plan.prefill_ids)
         ends = {rid: end for rid, _, end in plan.prefill_chunks}
-        last_rows: dict[int, torch.Tensor] = {}  # id(state) -> its prompt-end logits, this pass
-        num_shared = 0
         for request_id, _, _ in plan.prefill_chunks:
-            if request_id not in prefill and request_id not in faults.failed:
-                with faults.of(request_id):  # a chunk short of the prompt: no row
-                    state = self._states[request_id]
-                    num_shared += self._prefill_or_copy(state, ends[request_id], last_rows)[1]
+            if request_id not in prefill:  # a chunk short of the prompt: no row
+                self._prefill_alone(request_id, ends[request_id], faults)
         rows: list[torch.Tensor] = []
         order: list[str] = []
         for request_id in plan.batch_ids:
-            if request_id in prefill and request_id not in faults.failed:
-                with faults.of(request_id):
-                    state = self._states[request_id]
-                    end = ends.get(request_id, len(state.prompt_ids))
-                    row, shared = self._prefill_or_copy(state, end, last_rows)
-                    assert row is not None, f"{request_id}: a prompt's end has its logits"
-                    num_shared += shared
+            if request_id in prefill:
+                end = ends.get(request_id, len(self._states[request_id].prompt_ids))
+                row = self._prefill_alone(request_id, end, faults)
+                if row is not None:
                     rows.append(row[None, :])
                     order.append(request_id)
         decoding = [r for r in plan.batch_ids if r not in prefill and r not in faults.failed]
@@ -156,11 +156,28 @@ class TorchModelRunner:
             rows.extend(decoded)
             order.extend(kept)
         if not order:  # only chunks short of their prompts ran (or every row failed)
-            return StepResult({}, num_shared_prefill_tokens=num_shared, failed=faults.failed)
+            return StepResult({}, failed=faults.failed)
         tokens = self._sample(order, torch.cat(rows), faults)
         logprobs = {rid: lp for rid, (_, lp) in tokens.items() if lp is not None}
-        return StepResult({rid: t for rid, (t, _) in tokens.items()}, logprobs, num_shared,
+        return StepResult({rid: t for rid, (t, _) in tokens.items()}, logprobs,
                           failed=faults.failed)  # fmt: skip
+
+    def _prefill_alone(
+        self, request_id: str, end: int, faults: RequestFaults
+    ) -> torch.Tensor | None:
+        """One request's prefill up to ``end`` (its logits there), unless it failed or
+        reads a block whose writer failed this pass (then it fails too)."""
+        if request_id in faults.failed:
+            return None
+        state = self._states[request_id]
+        with faults.of(request_id):
+            if not self._bad_blocks(faults).isdisjoint(state.blocks[: state.num_cached_blocks]):
+                raise RuntimeError("a prefix it shares was being computed by a request that failed")
+            return self._prefill(state, end)
+        return None
+
+    def _bad_blocks(self, faults: RequestFaults) -> set[int]:
+        return {b for rid in faults.failed if rid in self._states for b in self._states[rid].blocks}
 
     def _sample(
         self, order: list[str], logits: torch.Tensor, faults: RequestFaults
@@ -182,41 +199,6 @@ class TorchModelRunner:
         for rid, token in zip(kept, tokens, strict=True):
             states[rid].took(token)
         return dict(zip(kept, zip(tokens, logprobs, strict=True), strict=True))
-
-    def _prefill_or_copy(
-        self, state: _RunState, end: int, last_rows: dict[int, torch.Tensor]
-    ) -> tuple[torch.Tensor | None, int]:
-        """Its prompt's KV up to ``end`` and the logits there; returns them and the prompt
-        tokens not recomputed. The ``n`` choices of a reply are requests with one prompt:
-        where another's KV already covers ``end`` this one copies those blocks. At the
-        prompt's end it reuses that one's logits if it got them this pass (``last_rows``),
-        else recomputes the last position alone; short of it there are no logits (None)."""
-        start, num_prompt = state.num_prefilled, len(state.prompt_ids)
-        twin = self._twin(state, end)
-        if twin is None:
-            row = self._prefill(state, end)
-            if end == num_prompt:
-                last_rows[id(state)] = row
-            return row, 0
-        size = self.info.kv_block_size
-        first, last = start // size, -(-end // size)
-        self.model.copy_kv(twin.blocks[first:last], state.blocks[first:last])
-        state.num_prefilled = end
-        if end < num_prompt:  # a chunk short of the prompt: no logits wanted
-            return None, end - start
-        reused = last_rows.get(id(twin))
-        if reused is not None:
-            return reused, end - start
-        state.num_prefilled = end - 1  # the logits at end - 1: one position computed
-        return self._prefill(state, end), end - start - 1
-
-    def _twin(self, state: _RunState, end: int) -> _RunState | None:
-        """Another admitted request with this prompt whose KV reaches ``end``."""
-        for other in self._states.values():
-            if (other is not state and other.blocks and other.num_prefilled >= end
-                    and other.prompt_ids == state.prompt_ids):  # fmt: skip
-                return other
-        return None
 
     def _prefill(self, state: _RunState, end: int) -> torch.Tensor:
         """Its prompt from where its KV ends up to ``end``; last-position logits.
@@ -240,15 +222,18 @@ class TorchModelRunner:
             positions.append(len(state.prompt_ids) + state.num_output_tokens - 1)
         return self.model.decode(tables, last, positions)
 
-    def _admit(self, state: _RunState, blocks: tuple[int, ...]) -> None:
-        """Its blocks; an imported request's pulled KV goes into the first of them and it
+    def _admit(self, state: _RunState, blocks: tuple[int, ...], num_cached: int) -> None:
+        """Its blocks, the first ``num_cached`` prompt tokens' KV already in them (the prefix
+        cache's); an imported request's pulled KV goes into the first of them and it
         decodes from its first token (it has no prefill here: docs/pd.md)."""
         state.blocks = blocks
+        state.num_prefilled = num_cached
+        state.num_cached_blocks = -(-num_cached // self.info.kv_block_size)
         imported, state.kv_import = state.kv_import, None
         if imported is not None and not state.num_output_tokens:
             # The pulled bytes leave host memory as they are written (KVImport.take).
             self.model.write_kv(blocks[: imported.num_blocks], imported.take())
-            state.num_prefilled = len(state.prompt_ids)  # its n choices' twins copy it
+            state.num_prefilled = len(state.prompt_ids)
             state.took(imported.first_token)
 
     def kv_layout(self) -> KVLayout | None:

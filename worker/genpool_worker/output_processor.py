@@ -62,5 +62,6 @@ class OutputProcessor:
         if request.unsent_logprobs:  # tokens whose text the stop matcher dropped
             request.emit(TokenDelta("", tuple(request.unsent_logprobs)))
             request.unsent_logprobs.clear()
-        usage = Usage(len(request.arrival.prompt_ids), len(request.output_ids))
+        usage = Usage(len(request.arrival.prompt_ids), len(request.output_ids),
+                      request.num_cached_tokens)  # fmt: skip
         request.emit(Finished(reason, usage))

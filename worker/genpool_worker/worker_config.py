@@ -138,6 +138,13 @@ class WorkerConfig(BaseModel):
         le=1024,
         description="tokens per KV-cache block (the unit of KV memory a request holds), tokens",
     )
+    enable_prefix_caching: bool = Field(
+        default=True,
+        description="prefix caching: a request shares the KV blocks of the prompt prefix an"
+        " earlier request computed (whole blocks of tokens, found by hash), and its prefill"
+        " starts after them; cached blocks nobody holds are evicted least recently used"
+        " when memory is needed (vLLM's --enable-prefix-caching)",
+    )
     max_prefill_tokens_per_pass: int | None = Field(
         default=None,
         ge=0,
@@ -382,5 +389,6 @@ def build_scheduler(config: WorkerConfig, kv_budget: KVBudget | None = None) -> 
             stat_interval_s=config.stat_interval_s,
             kv_budget=kv_budget,
             max_prefill_tokens_per_pass=config.prefill_budget(),
+            enable_prefix_caching=config.enable_prefix_caching,
         ),
     )

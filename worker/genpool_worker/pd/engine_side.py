@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from genpool_core.kv_blocks import KVAccount
+from genpool_core.kv_account import KVAccount
 from genpool_worker.engine_io import Arrival, EngineRequest, ModelInfo
 from genpool_worker.pd.exports import ExportRegistry
 
