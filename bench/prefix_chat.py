@@ -123,8 +123,9 @@ async def _conversation(api: openai.AsyncOpenAI, c: int, turns: int, system: dic
 async def run_turns(url: str, conversations: int, turns: int) -> list[report.Turn]:
     api = client(url)
     system = system_prompt(14)
-    chats = await asyncio.gather(*(_conversation(api, c, turns, system)
-                                   for c in range(conversations)))  # fmt: skip
+    async with api:  # closed in this event loop
+        chats = await asyncio.gather(*(_conversation(api, c, turns, system)
+                                       for c in range(conversations)))  # fmt: skip
     return [turn for chat in chats for turn in chat]
 
 
@@ -150,7 +151,8 @@ async def run_residents(url: str, requests: int) -> dict[str, float]:
         return await _turn(api, messages, i, 0)
 
     sampler = asyncio.create_task(sample())
-    turns = await asyncio.gather(*(one(i) for i in range(requests)))
+    async with api:  # closed in this event loop
+        turns = await asyncio.gather(*(one(i) for i in range(requests)))
     done.set()
     await sampler
     return {"residents_max": max(samples, default=0.0),
