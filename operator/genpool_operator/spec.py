@@ -215,6 +215,7 @@ class GenPoolSpec(Section):
             **self.kv_budget(),
             "max_queue_length": engine.max_queue_length,
             "stamp_arrival": engine.stamp_arrival,
+            "enable_prefix_caching": engine.enable_prefix_caching,
             "preemption_mode": preemption.kind.value,
             "max_pauses_per_request": preemption.max_pauses_per_request,
             # With mode Off (a template field) no slot is reserved: the KV cache stays small.

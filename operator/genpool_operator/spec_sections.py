@@ -71,6 +71,8 @@ class Engine(Section):
     # Chunked prefill (docs/design.md#chunked-prefill); 0: each prompt whole; None: the
     # worker's default for its device.
     max_prefill_tokens_per_pass: int | None = Field(default=None, ge=0, le=1048576)
+    # Prefix caching (docs/design.md#prefix-caching): share cached prompt prefixes.
+    enable_prefix_caching: bool = True
 
     @field_validator("kv_cache_memory")
     @classmethod

@@ -30,6 +30,7 @@ CPU = {"accelerator": "none"}
         {"engine": {"kvCacheMemory": 8589934592}},
         {"engine": {"gpuMemoryUtilization": 0.75}},
         {**CPU, "engine": {"maxPrefillTokensPerPass": 256}},
+        {**CPU, "engine": {"enablePrefixCaching": False}},
     ],
 )  # fmt: skip
 def test_the_worker_accepts_worker_config(fields: dict[str, Any]) -> None:
@@ -53,3 +54,11 @@ def test_chunked_prefill_reaches_the_worker_only_when_asked_for() -> None:
     assert config.max_prefill_tokens_per_pass == 512
     assert build_scheduler(config).config.max_prefill_tokens_per_pass == 512
     assert "max_prefill_tokens_per_pass" not in GenPoolSpec.from_body(CPU).worker_config()
+
+
+def test_prefix_caching_is_on_unless_the_spec_turns_it_off() -> None:
+    on = WorkerConfig.model_validate(GenPoolSpec.from_body(CPU).worker_config())
+    assert on.enable_prefix_caching and build_scheduler(on).config.enable_prefix_caching
+    spec = GenPoolSpec.from_body({**CPU, "engine": {"enablePrefixCaching": False}})
+    off = WorkerConfig.model_validate(spec.worker_config())
+    assert not off.enable_prefix_caching and not build_scheduler(off).config.enable_prefix_caching
