@@ -17,7 +17,7 @@ import httpx
 import pytest
 import zmq
 
-from genpool_core.kv_blocks import BlockRemoved
+from genpool_core.kv_blocks import BlockRemoved, BlockStored
 from genpool_worker.kv_events import KVEventPublisher, KVEventsSocketError
 from genpool_worker.kv_events_config import KVEventsConfig
 from tests.polling import wait_for
@@ -124,13 +124,31 @@ def test_a_connecting_endpoint_reaches_a_central_subscriber(
         context.destroy(linger=0)
 
 
+@pytest.mark.parametrize("field", ["endpoint", "replay_endpoint"])
 def test_a_taken_port_is_a_configuration_error_naming_the_flag(
-    publishers: list[KVEventPublisher],
+    publishers: list[KVEventPublisher], field: str
 ) -> None:
     port = free_port()
     publishers.append(KVEventPublisher(config(endpoint=f"tcp://*:{port}"), 16, host="127.0.0.1"))
-    with pytest.raises(KVEventsSocketError, match=rf"--kv-events-config: .*127.0.0.1:{port}"):
-        KVEventPublisher(config(endpoint=f"tcp://*:{port}"), 16, host="127.0.0.1")
+    fields = {"endpoint": f"tcp://*:{free_port()}", field: f"tcp://*:{port}"}
+    with pytest.raises(KVEventsSocketError, match=rf"--kv-events-config: tcp://127.0.0.1:{port}: "):
+        KVEventPublisher(config(**fields), 16, host="127.0.0.1")
+
+
+def test_an_event_that_cannot_be_converted_is_skipped_never_raised(
+    publishers: list[KVEventPublisher],
+) -> None:
+    publisher = KVEventPublisher(config(endpoint=f"tcp://*:{free_port()}"), 16, host="127.0.0.1")
+    publishers.append(publisher)
+
+    def broken(request_id: str) -> list[int]:
+        raise RuntimeError("a bug in the engine's token lookup")
+
+    stored = BlockStored("r", 0, (2**63 + 1,), None)
+    publisher.publish([stored, *removed(1)], broken)  # returns: the engine goes on
+    publisher.publish([BlockStored("gone", 0, (2**63 + 2,), None)], NO_TOKENS.__getitem__)
+    assert publisher.counts.skipped == 2
+    wait_for(lambda: publisher.counts.sent == 1, "the rest of the pass sent", 10, interval=0.01)
 
 
 def test_closing_sends_what_is_queued() -> None:

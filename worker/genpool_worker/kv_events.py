@@ -121,15 +121,11 @@ class KVEventPublisher:
         self._context = zmq.Context()
         self.is_bound = binds(config.endpoint)  # decided before "*" becomes --host
         self.endpoint = local_endpoint(config.endpoint, host)
-        try:
-            self._pub = self._open(zmq.PUB, self.endpoint, config.hwm, bind=self.is_bound)
-            self._replay = None
-            if config.replay_endpoint is not None:
-                replay = local_endpoint(config.replay_endpoint, host)
-                self._replay = self._open(zmq.ROUTER, replay, config.hwm, bind=True)
-        except zmq.ZMQError as exc:
-            self._context.destroy(linger=0)
-            raise KVEventsSocketError(f"{FLAG}: {exc} ({self.endpoint})") from None
+        self._pub = self._open(zmq.PUB, self.endpoint, config.hwm, bind=self.is_bound)
+        self._replay = None
+        if config.replay_endpoint is not None:
+            replay = local_endpoint(config.replay_endpoint, host)
+            self._replay = self._open(zmq.ROUTER, replay, config.hwm, bind=True)
         self._queue = DropOldestQueue(config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._next_seq = 0  # engine thread
@@ -147,10 +143,14 @@ class KVEventPublisher:
         sock.setsockopt(zmq.LINGER, LINGER_MS)
         if "[" in endpoint or "::" in endpoint:
             sock.setsockopt(zmq.IPV6, 1)
-        if bind:
-            sock.bind(endpoint)
-        else:
-            sock.connect(endpoint)
+        try:
+            if bind:
+                sock.bind(endpoint)
+            else:
+                sock.connect(endpoint)
+        except zmq.ZMQError as exc:  # a port taken, an address not this host's
+            self._context.destroy(linger=0)
+            raise KVEventsSocketError(f"{FLAG}: {endpoint}: {exc}") from None
         return sock
 
     # -- the engine thread ----------------------------------------------------------
@@ -162,9 +162,12 @@ class KVEventPublisher:
         for event in events:
             try:
                 wire.append(to_wire(event, tokens_of, self._block_size))
-            except (WireError, ValueError, TypeError) as exc:
+            except WireError as exc:
                 self.counts.skipped += 1
                 log.warning("KV event skipped: %s", exc)
+            except Exception:  # a bug here must not end the engine loop
+                self.counts.skipped += 1
+                log.exception("KV event skipped: %r", event)
         if not wire:
             return
         seq, self._next_seq = self._next_seq, self._next_seq + 1
@@ -183,7 +186,11 @@ class KVEventPublisher:
                     if self._closing.is_set():
                         return
                     continue
-                self._send(batch)
+                try:
+                    self._send(batch)
+                except Exception:  # the thread goes on: the next batch may go
+                    self.counts.failed += 1
+                    log.exception("KV event batch %d not sent", batch.seq)
         finally:
             self._context.destroy(linger=LINGER_MS)
 
