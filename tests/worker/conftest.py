@@ -16,6 +16,7 @@ import uvicorn
 
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import EngineObserver
+from genpool_worker.kv_events import KVEventPublisher, start_kv_events
 from genpool_worker.metrics import WorkerMetrics
 from genpool_worker.pd.setup import PDSettings
 from genpool_worker.server import create_app
@@ -27,6 +28,7 @@ from tests.polling import wait_for
 class RunningWorker:
     url: str
     engine: GenEngine
+    kv_events: KVEventPublisher | None = None  # --kv-events-config's publisher
 
     def client(self, **kw: object) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30.0, **kw)  # type: ignore[arg-type]
@@ -57,6 +59,9 @@ def run_worker(
     engine = GenEngine(
         runner, tokenizer, scheduler, on_step=metrics.observe_step, observer=observer
     )
+    # As the CLI wires it (worker_cli._serve): a binding "*" is the server's 127.0.0.1.
+    kv_events = start_kv_events(config.kv_events(), runner.info.kv_block_size, "127.0.0.1")
+    engine.kv_events = metrics.kv_events = kv_events
     app = create_app(engine, tokenizer, metrics, admin_token=admin_token,
                      stamp_arrival=config.stamp_arrival,
                      max_arrival_age_s=config.max_arrival_age_s,
@@ -75,11 +80,13 @@ def run_worker(
 
     wait_for(started, "the worker's HTTP server to start", 15, interval=0.02)
     try:
-        yield RunningWorker(f"http://127.0.0.1:{port}", engine)
+        yield RunningWorker(f"http://127.0.0.1:{port}", engine, kv_events)
     finally:
         server.should_exit = True
         thread.join(10)
         engine.stop()
+        if kv_events is not None:
+            kv_events.close()
         sock.close()
 
 

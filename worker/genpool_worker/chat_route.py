@@ -32,15 +32,21 @@ async def models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": [card]})
 
 
+def chat_prompt_ids(context: ServerContext, body: ChatCompletionRequest) -> list[int]:
+    """The chat's prompt: its messages through the model's template (a 400 when the
+    template refuses them); what ``/v1/chat/completions/render`` answers too."""
+    try:
+        return context.chat.prompt_ids([m.as_template_input() for m in body.messages])
+    except ChatTemplateError as exc:
+        raise ApiError(400, f"messages: {exc}") from None
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     context = context_of(request)
     body = await read_json(request, ChatCompletionRequest, limits=context.edge_limits)
     check_model(context, body.model)
-    try:
-        ids = context.chat.prompt_ids([m.as_template_input() for m in body.messages])
-    except ChatTemplateError as exc:
-        raise ApiError(400, f"messages: {exc}") from None
+    ids = chat_prompt_ids(context, body)
     max_seq_len = context.engine.model_info.max_seq_len
     max_tokens = body.length_limit() or max(1, max_seq_len - len(ids))
     choices = await start_choices(context, body, [ids], lambda _: max_tokens, request,

@@ -17,6 +17,7 @@ from genpool_worker.api import ARRIVAL_SOURCES
 if TYPE_CHECKING:
     from genpool_core.stats import SchedulerStats
     from genpool_worker.engine import GenEngine
+    from genpool_worker.kv_events import KVEventPublisher
 
 # The model-server protocol (Gateway API Inference Extension endpoint pickers, llm-d,
 # KEDA): vLLM's names, so unmodified consumers read a GenPool worker. The picker of GIE
@@ -41,6 +42,7 @@ class WorkerMetrics(Collector):
         self.labels = {"model": model_name, "synthetic": "true" if is_synthetic else "false"}
         self.engine: GenEngine | None = None
         self.kv_block_size = 0  # tokens per KV block, fixed for the worker's life
+        self.kv_events: KVEventPublisher | None = None  # --kv-events-config's publisher
         self.requests_total = {"ok": 0, "rejected": 0, "invalid": 0}
         self.step_seconds = Histogram(
             "genpool_step_seconds",
@@ -116,6 +118,8 @@ class WorkerMetrics(Collector):
         for outcome, count in sorted(self.requests_total.items()):
             requests.add_metric([*values, outcome], count)
         yield requests
+        if self.kv_events is not None:
+            yield from self.kv_event_counters(self.kv_events)
         if self.engine is None:
             return
         snap = self.engine.snapshot
@@ -154,6 +158,26 @@ class WorkerMetrics(Collector):
         if s.admission_target_s is not None:
             yield gauge("genpool_admission_target_seconds", "Adaptive target X",
                         s.admission_target_s)  # fmt: skip
+
+    def kv_event_counters(self, publisher: KVEventPublisher) -> Iterator[Metric]:
+        """The KV event publisher's batches by outcome, and the events it skipped."""
+        names, values = list(self.labels), list(self.labels.values())
+        counts = publisher.counts
+        batches = CounterMetricFamily(
+            "genpool_kv_event_batches",
+            "KV event batches: sent, dropped (the send queue was full), failed (the socket"
+            " refused them)",
+            labels=[*names, "outcome"],
+        )
+        for outcome, count in (("sent", counts.sent), ("dropped", counts.dropped),
+                               ("failed", counts.failed)):  # fmt: skip
+            batches.add_metric([*values, outcome], count)
+        yield batches
+        skipped = CounterMetricFamily(
+            "genpool_kv_events_skipped", "KV events whose tokens were gone", labels=names
+        )
+        skipped.add_metric(values, counts.skipped)
+        yield skipped
 
     def model_server_gauges(self, s: SchedulerStats) -> Iterator[Metric]:
         """Queued = waiting for admission. Running = residents: a paused resident keeps

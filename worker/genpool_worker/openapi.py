@@ -23,6 +23,8 @@ REF_TEMPLATE = "#/components/schemas/{model}"
 BODIES: dict[tuple[str, str], tuple[type[BaseModel], bool]] = {
     ("/v1/completions", "post"): (CompletionRequest, True),
     ("/v1/chat/completions", "post"): (ChatCompletionRequest, True),
+    ("/v1/completions/render", "post"): (CompletionRequest, True),
+    ("/v1/chat/completions/render", "post"): (ChatCompletionRequest, True),
     ("/config", "put"): (LiveUpdate, True),
     ("/drain", "post"): (DrainRequest, False),
     ("/prefillers", "put"): (PrefillersBody, True),

@@ -10,7 +10,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from genpool_worker import admin_routes, chat_route, completions_route, status_routes
+from genpool_worker import (
+    admin_routes,
+    chat_route,
+    completions_route,
+    render_routes,
+    status_routes,
+)
 from genpool_worker.api import DEFAULT_MAX_ARRIVAL_AGE_S
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
@@ -77,7 +83,8 @@ def create_app(
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(Exception, _internal_error)
-    for module in (completions_route, chat_route, status_routes, admin_routes, pd_routes):
+    for module in (completions_route, chat_route, render_routes, status_routes, admin_routes,
+                   pd_routes):  # fmt: skip
         app.include_router(module.router)
     install_openapi(app)
     return app

@@ -20,6 +20,7 @@ from genpool_core.preemption import GenPreemptionConfigError
 from genpool_core.scheduler import GenScheduler
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
+from genpool_worker.kv_events import KVEventsSocketError, start_kv_events
 from genpool_worker.metrics import WorkerMetrics
 from genpool_worker.serving import ServerProcess, drain_timeout_s, read_kv_secret
 from genpool_worker.termination_log import report_fatal
@@ -167,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _config_error([str(exc)])
     try:
         return _run(config, scheduler)
-    except MaxSeqLenError as exc:  # known once the model's context is read
+    except (MaxSeqLenError, KVEventsSocketError) as exc:  # known once the model is read
         return _config_error([str(exc)])
     except Exception as exc:  # model load, engine set-up: the cause goes to the pod's status
         log.exception("worker failed")
@@ -260,6 +261,10 @@ def _serve(
     # A dead loop fails every request at once (503) and readiness goes false; the process
     # then exits non-zero so the kubelet restarts it (docs/worker.md#engine-loop).
     engine.on_death = lambda exc: server.stop()
+    # Rank 0 alone publishes: every rank's pool makes the same events.
+    kv_events = start_kv_events(config.kv_events(), engine.model_info.kv_block_size, config.host)
+    engine.kv_events = kv_events
+    metrics.kv_events = kv_events
     # uvicorn re-raises a SIGTERM it handled once it has shut down, to the handler found
     # before it: this one lets the shutdown below (engine, ranks) run, then exit 0.
     signal.signal(signal.SIGTERM, lambda sig, frame: None)
@@ -268,6 +273,8 @@ def _serve(
         server.run()
     finally:
         engine.stop()
+        if kv_events is not None:
+            kv_events.close()
     if engine.error:
         report_fatal(f"engine failed: {engine.error}")
         return 1
