@@ -27,15 +27,23 @@ def test_sampling_knobs_are_accepted_and_seeded(worker_factory: Factory) -> None
 def test_n_choices_of_each_prompt(worker_factory: Factory) -> None:
     worker = worker_factory()
     client = sdk(worker)
-    reply = client.completions.create(model=MODEL, prompt=["hello", "world"], n=2, max_tokens=4)
-    # submitted together, admitted in one pass: each prompt's second choice copies the
-    # first one's KV (5 tokens each) instead of prefilling again
-    assert metric(worker.url, "genpool_prefill_tokens_shared_total") == 10
+    # 43 and 50 tokens (the synthetic model's text follows each prompt's last token):
+    # two and three full blocks of 16, one token always left to compute
+    prompts = ["hello " * 7 + "a", "world! " * 7 + "b"]
+    reply = client.completions.create(model=MODEL, prompt=prompts, n=2, max_tokens=4)
+    # submitted together, admitted in one pass: each prompt's second choice holds the
+    # first one's two full blocks (the prefix cache) instead of prefilling them again
+    assert metric(worker.url, "vllm:prefix_cache_hits_total") == 32 + 48
     assert [c.index for c in reply.choices] == [0, 1, 2, 3]
     texts = [c.text for c in reply.choices]
     assert texts[0] == texts[1] and texts[2] == texts[3] and texts[0] != texts[2]  # greedy
-    assert reply.usage is not None
-    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (10, 16)
+    assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (93, 16)
+    assert reply.usage.prompt_tokens_details.cached_tokens == 0  # each prompt computed once
+    again = client.completions.create(model=MODEL, prompt=prompts, n=2, max_tokens=4)
+    assert [c.text for c in again.choices] == texts
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    assert again.usage.prompt_tokens_details.cached_tokens == 32 + 48
     chat = client.chat.completions.create(model=MODEL, messages=HELLO, n=3, max_tokens=5)
     assert [c.index for c in chat.choices] == [0, 1, 2]
     assert chat.usage is not None and chat.usage.completion_tokens == 15
