@@ -38,7 +38,7 @@ def test_operator_worker_json_is_accepted() -> None:
     env = {"GENPOOL_WORKER_CONFIG": json.dumps(spec.worker_config())}
     config = parse_config([], env)
     assert config.preemption_mode == "target_output_tps" and config.target_output_tps == 8.0
-    assert config.paused_cap == 6 and config.max_resident_headroom == 16
+    assert config.paused_cap == 16 and config.max_resident_headroom == 16  # the SLO mode: A
 
 
 @pytest.mark.parametrize(
