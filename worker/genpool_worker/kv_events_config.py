@@ -16,8 +16,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from genpool_core.names import DEFAULT_KV_EVENTS_PORT
+
 FLAG = "--kv-events-config"
-DEFAULT_ENDPOINT = "tcp://*:5557"
+DEFAULT_ENDPOINT = f"tcp://*:{DEFAULT_KV_EVENTS_PORT}"
 MAX_TOPIC_CHARS = 1024
 MAX_STEPS = 10_000_000  # buffer_steps, hwm, max_queue_size: batches
 _SCHEMES = ("tcp://", "ipc://", "inproc://")

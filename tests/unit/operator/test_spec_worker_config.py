@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from genpool_operator.spec import GenPoolSpec
+from genpool_operator.spec import GenPoolSpec, GenPoolSpecError
 from genpool_worker.worker_config import WorkerConfig, build_scheduler
 
 TPS = {"mode": "TargetOutputTps", "targetOutputTps": 8}
@@ -62,3 +62,19 @@ def test_prefix_caching_is_on_unless_the_spec_turns_it_off() -> None:
     spec = GenPoolSpec.from_body({**CPU, "engine": {"enablePrefixCaching": False}})
     off = WorkerConfig.model_validate(spec.worker_config())
     assert not off.enable_prefix_caching and not build_scheduler(off).config.enable_prefix_caching
+
+
+def test_kv_events_need_the_prefix_cache_and_reach_the_worker_as_its_flag() -> None:
+    from genpool_worker.kv_events_config import parse_kv_events_config
+
+    spec = GenPoolSpec.from_body({**CPU, "engine": {"kvEvents": {"enabled": True, "port": 6000}}})
+    text = spec.kv_events_config()
+    assert text is not None
+    config = parse_kv_events_config(text.replace("$(POD_IP)", "10.0.0.7"))
+    assert config.is_publishing and config.endpoint == "tcp://*:6000"
+    assert config.topic == f"kv@10.0.0.7:8000@{spec.model}"
+    assert GenPoolSpec.from_body(CPU).kv_events_config() is None
+    for bad in ({"kvEvents": {"enabled": True}, "enablePrefixCaching": False},
+                {"kvEvents": {"enabled": True, "port": 8000}}):  # fmt: skip
+        with pytest.raises(GenPoolSpecError):
+            GenPoolSpec.from_body({**CPU, "engine": bad})

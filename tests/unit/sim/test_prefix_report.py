@@ -11,7 +11,7 @@ def test_the_oracle_counts_whole_blocks_an_earlier_request_computed() -> None:
     turn2 = [*reply1, 60, 61, 62, 63]  # the history and a new message
     other = [900, 901, 902, 903, 904]
     hits = report.oracle_hit_tokens([turn1, turn2, other, turn2],
-                                    [reply1, turn2 + [70], other, turn2], 4)  # fmt: skip
+                                    [reply1, [*turn2, 70], other, turn2], 4)  # fmt: skip
     # turn 1: nothing earlier; turn 2 (17 tokens): blocks [0:4], [4:8], [8:12] of turn 1's
     # 13 computed tokens; other: nothing; turn 2 again: four whole blocks of what the first
     # turn 2 computed, its 17th token left to compute
