@@ -1,7 +1,7 @@
 """Chunked prefill's greedy text equals whole prefill's (issue 25 item 6); prompts that
 share a prefix share its cached blocks (issue 34) and decode what each would alone.
 
-The model: a prompt run in chunks of 7 (``prefill(..., start)``) into scattered blocks
+The passes: a prompt run in chunks of 7 (``prefill(..., start)``) into scattered blocks
 decodes exactly the tokens of the same prompt prefilled whole. The runner under the
 scheduler: requests of 30..100 tokens prefilled 7 tokens a pass, while others decode,
 produce the tokens they produce with whole prefills; with prefix caching, prompts that
@@ -42,48 +42,49 @@ def _prompts(tokenizer: Any) -> list[list[int]]:
     return [ids[:30], ids[:47], ids[:71], ids[:100]]
 
 
-def _decode_greedy(model: Any, blocks: list[int], prompt: list[int], first: int) -> list[int]:
+def _decode_greedy(runner: Any, blocks: list[int], prompt: list[int], first: int) -> list[int]:
     out = [first]
     while len(out) < NEW_TOKENS:
         position = len(prompt) + len(out) - 1
-        out.append(int(model.decode([blocks], [out[-1]], [position])[0].argmax()))
+        out.append(int(runner.decode([blocks], [out[-1]], [position])[0].argmax()))
     return out
 
 
-def test_chunked_prefill_text_equals_whole(model: Any, tokenizer: Any) -> None:
-    pool = BlockPool.of(model, seed=5)
+def test_chunked_prefill_text_equals_whole(runner: Any, tokenizer: Any) -> None:
+    pool = BlockPool.of(runner, seed=5)
     for prompt in _prompts(tokenizer):
         blocks = pool.table(len(prompt) + NEW_TOKENS)
-        whole = _decode_greedy(model, blocks, prompt, int(model.prefill(blocks, prompt).argmax()))
+        whole = _decode_greedy(runner, blocks, prompt, int(runner.prefill(blocks, prompt).argmax()))
         for start in range(0, len(prompt), CHUNK):
-            logits = model.prefill(blocks, prompt[start : start + CHUNK], start)
-        chunked = _decode_greedy(model, blocks, prompt, int(logits.argmax()))
+            logits = runner.prefill(blocks, prompt[start : start + CHUNK], start)
+        chunked = _decode_greedy(runner, blocks, prompt, int(logits.argmax()))
         assert chunked == whole, (len(prompt), tokenizer.decode(chunked), tokenizer.decode(whole))
         pool.give_back(blocks)
 
 
 def _serve(
-    model: Any, prompts: list[list[int]], budget: int | None, per_pass: int = 1,
+    base: Any, prompts: list[list[int]], budget: int | None, per_pass: int = 1,
     *, caching: bool = False,
 ) -> tuple[dict[str, list[int]], int]:  # fmt: skip
-    """Every request through GenScheduler and TorchModelRunner, ``per_pass`` arriving each
-    pass: each request's tokens, and the prompt tokens the prefix cache held."""
+    """Every request through GenScheduler and a fresh TorchModelRunner over ``base``'s
+    network and cache, ``per_pass`` arriving each pass: each request's tokens, and the
+    prompt tokens the prefix cache held."""
     scheduler = GenScheduler.from_settings(
         {},
         GenCapacity(max_batch_size=4),
         SchedulerConfig(
-            kv_budget=KVBudget(model.num_blocks, model.block_size),
+            kv_budget=KVBudget(base.kv.num_blocks, base.kv.block_size),
             max_prefill_tokens_per_pass=budget,
             enable_prefix_caching=caching,
         ),
     )
-    runner = TorchModelRunner(model)
+    runner = TorchModelRunner(base.model, base.kv)
     out: dict[str, list[int]] = {}
     now, pending = 0.0, [(f"r{i}", p) for i, p in enumerate(prompts)]
     while pending or scheduler.num_residents or scheduler.num_waiting:
         for request_id, prompt in pending[:per_pass]:
             arrival = Arrival(request_id, prompt, NEW_TOKENS, arrival_time=now)
-            hashes = block_hashes(prompt, model.block_size)
+            hashes = block_hashes(prompt, runner.info.kv_block_size)
             scheduler.add_request(arrival.gen_request(now, hashes), now)
             runner.add_request(arrival)
             out[request_id] = []
@@ -101,40 +102,40 @@ def _serve(
     return out, scheduler.kv.num_hit_tokens
 
 
-def test_runner_chunked_prefill_text_equals_whole(model: Any, tokenizer: Any) -> None:
+def test_runner_chunked_prefill_text_equals_whole(runner: Any, tokenizer: Any) -> None:
     prompts = _prompts(tokenizer) * 2
-    whole, _ = _serve(model, prompts, None)
-    chunked, _ = _serve(model, prompts, CHUNK)
+    whole, _ = _serve(runner, prompts, None)
+    chunked, _ = _serve(runner, prompts, CHUNK)
     assert all(len(tokens) == NEW_TOKENS for tokens in whole.values())
     assert chunked == whole
 
 
 @pytest.mark.parametrize("budget", [None, CHUNK])
 def test_prefix_caching_shares_prompts_and_decodes_the_same_text(
-    model: Any, tokenizer: Any, budget: int | None
+    runner: Any, tokenizer: Any, budget: int | None
 ) -> None:
     """Prompts that extend one another (a conversation's turns) and repeat, one arriving
     each pass: with caching each later prompt's leading full blocks come from the cache
     and its prefill (whole, or in chunks of 7) starts after them; greedy text equal."""
     prompts = [*_prompts(tokenizer), *_prompts(tokenizer)[::-1]]
-    plain, none = _serve(model, prompts, budget)
-    cached, hits = _serve(model, prompts, budget, caching=True)
-    assert none == 0 and hits >= 2 * model.block_size
+    plain, none = _serve(runner, prompts, budget)
+    cached, hits = _serve(runner, prompts, budget, caching=True)
+    assert none == 0 and hits >= 2 * runner.kv.block_size
     assert cached == plain
 
 
 def test_identical_prompts_admitted_together_share_the_first_ones_blocks(
-    model: Any, tokenizer: Any
+    runner: Any, tokenizer: Any
 ) -> None:
     """``n`` choices: three copies of a prompt and one other arrive in one pass; the
     later copies hold the first copy's full blocks (computed earlier in the same pass),
     compute only the prompt's last partial block, and decode what the prompt decodes
     alone (then write only their own blocks)."""
     shared_prompt, other = _prompts(tokenizer)[1:3]
-    alone, _ = _serve(model, [shared_prompt, other], None, caching=True)
-    together, hits = _serve(model, [shared_prompt, other, shared_prompt, shared_prompt],
+    alone, _ = _serve(runner, [shared_prompt, other], None, caching=True)
+    together, hits = _serve(runner, [shared_prompt, other, shared_prompt, shared_prompt],
                             None, per_pass=4, caching=True)  # fmt: skip
-    full = (len(shared_prompt) - 1) // model.block_size * model.block_size
+    full = (len(shared_prompt) - 1) // runner.kv.block_size * runner.kv.block_size
     assert hits == 3 * full  # the two copies, and the other prompt (it starts the same)
     assert together["r0"] == together["r2"] == together["r3"] == alone["r0"]
     assert together["r1"] == alone["r1"]

@@ -3,6 +3,10 @@
 The loop hands it each pass's plan; it returns one sampled token per batch member.
 It keeps what the model step needs per request (prompt, last token, position,
 sampling parameters and the seeded generator), so the loop never touches a tensor.
+It holds a network (``DecodeModel``: layers, no state between calls) and the KV cache
+it runs over (``KVCacheOwner``: the cache, sized and allocated, the decode steps
+replayed from CUDA graphs over it, and the P/D port), built together at load
+(``worker_cli.build_model``; ``model/cache_engine.py`` for a Llama).
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import torch
 
@@ -21,8 +25,16 @@ from genpool_worker.pd.layout import KVLayout
 from genpool_worker.request_faults import RequestFaults
 from genpool_worker.sampling_params import TokenLogprobs
 
+Tables = Sequence[Sequence[int]]
+# The KV cache's type, as the runner's cache owner holds it and its network takes it.
+CacheT = TypeVar("CacheT")
+_CacheIn = TypeVar("_CacheIn", contravariant=True)
+_CacheOut = TypeVar("_CacheOut", covariant=True)
 
-class DecodeModel(Protocol):
+
+class DecodeModel(Protocol[_CacheIn]):
+    """A network: forward passes over the KV cache the runner hands it."""
+
     @property
     def name(self) -> str: ...
 
@@ -35,27 +47,44 @@ class DecodeModel(Protocol):
     @property
     def max_seq_len(self) -> int: ...
 
+    def prefill(
+        self, cache: _CacheIn, blocks: Sequence[int], token_ids: list[int], start: int = 0
+    ) -> torch.Tensor: ...
+
+    def decode(
+        self, cache: _CacheIn, block_tables: Tables, token_ids: list[int], positions: list[int]
+    ) -> torch.Tensor: ...
+
+
+class DecodeGraphs(Protocol):
+    """The network's decode step over the cache, replayed from CUDA graphs."""
+
+    def run(
+        self, block_tables: Tables, token_ids: list[int], positions: list[int]
+    ) -> torch.Tensor: ...
+
+
+class KVCacheOwner(Protocol[_CacheOut]):
+    """What the runner owns of the KV cache: the cache (sized and allocated), the decode
+    graphs captured over it (None: the network's own decode), and the P/D port."""
+
+    @property
+    def cache(self) -> _CacheOut: ...
+
     @property
     def num_blocks(self) -> int: ...
 
     @property
     def block_size(self) -> int: ...
 
-    def prefill(
-        self, blocks: Sequence[int], token_ids: list[int], start: int = 0
-    ) -> torch.Tensor: ...
-
-    def decode(
-        self, block_tables: Sequence[Sequence[int]], token_ids: list[int], positions: list[int]
-    ) -> torch.Tensor: ...
+    @property
+    def decode_graphs(self) -> DecodeGraphs | None: ...
 
     def kv_layout(self) -> KVLayout | None: ...
 
     def read_kv(self, blocks: Sequence[int]) -> Iterator[bytes]: ...
 
     def write_kv(self, blocks: Sequence[int], data: bytearray) -> None: ...
-
-    def copy_kv(self, source: Sequence[int], target: Sequence[int]) -> None: ...
 
 
 @dataclass
@@ -95,9 +124,12 @@ def _sample_row(arrival: Arrival) -> SampleRow:
     return SampleRow(params, generator, arrival.prompt_ids, [])
 
 
-class TorchModelRunner:
-    def __init__(self, model: DecodeModel) -> None:
+class TorchModelRunner(Generic[CacheT]):
+    """A network and the KV cache it runs over: the plan's passes, sampled."""
+
+    def __init__(self, model: DecodeModel[CacheT], kv: KVCacheOwner[CacheT]) -> None:
         self.model = model
+        self.kv = kv
         vocab_size = getattr(model, "vocab_size", None)
         self.info = ModelInfo(
             name=model.name,
@@ -105,8 +137,8 @@ class TorchModelRunner:
             max_seq_len=model.max_seq_len,
             eos_token_ids=tuple(model.eos_token_ids),
             vocab_size=vocab_size if isinstance(vocab_size, int) else None,
-            num_kv_blocks=model.num_blocks,
-            kv_block_size=model.block_size,
+            num_kv_blocks=kv.num_blocks,
+            kv_block_size=kv.block_size,
         )
         self._states: dict[str, _RunState] = {}
 
@@ -152,7 +184,9 @@ class TorchModelRunner:
                     order.append(request_id)
         decoding = [r for r in plan.batch_ids if r not in prefill and r not in faults.failed]
         if decoding:
-            kept, decoded = faults.retry_alone(decoding, self._decode, lambda r: self._decode([r]))
+            kept, decoded = faults.retry_alone(
+                decoding, self._decode_rows, lambda r: self._decode_rows([r])
+            )
             rows.extend(decoded)
             order.extend(kept)
         if not order:  # only chunks short of their prompts ran (or every row failed)
@@ -173,7 +207,7 @@ class TorchModelRunner:
         with faults.of(request_id):
             if not self._bad_blocks(faults).isdisjoint(state.blocks[: state.num_cached_blocks]):
                 raise RuntimeError("a prefix it shares was being computed by a request that failed")
-            return self._prefill(state, end)
+            return self._prefill_to(state, end)
         return None
 
     def _bad_blocks(self, faults: RequestFaults) -> set[int]:
@@ -200,19 +234,16 @@ class TorchModelRunner:
             states[rid].took(token)
         return dict(zip(kept, zip(tokens, logprobs, strict=True), strict=True))
 
-    def _prefill(self, state: _RunState, end: int) -> torch.Tensor:
+    def _prefill_to(self, state: _RunState, end: int) -> torch.Tensor:
         """Its prompt from where its KV ends up to ``end``; last-position logits.
 
         From its own count, not the chunk's start: a pass the engine did not run (no
         batch member, chunks only) is caught up here rather than leaving a KV gap.
         """
         start, state.num_prefilled = state.num_prefilled, end
-        chunk = state.prompt_ids[start:end]
-        if start == 0:  # a whole prefill calls the model as it always did
-            return self.model.prefill(state.blocks, chunk)
-        return self.model.prefill(state.blocks, chunk, start)
+        return self.prefill(state.blocks, state.prompt_ids[start:end], start)
 
-    def _decode(self, request_ids: Sequence[str]) -> torch.Tensor:
+    def _decode_rows(self, request_ids: Sequence[str]) -> torch.Tensor:
         tables, last, positions = [], [], []
         for request_id in request_ids:
             state = self._states[request_id]
@@ -220,7 +251,23 @@ class TorchModelRunner:
             tables.append(state.blocks)
             last.append(state.last_token)
             positions.append(len(state.prompt_ids) + state.num_output_tokens - 1)
-        return self.model.decode(tables, last, positions)
+        return self.decode(tables, last, positions)
+
+    # ---- one pass of the network over the cache (what execute runs; benchmarks too) ----
+
+    def prefill(self, blocks: Sequence[int], token_ids: list[int], start: int = 0) -> torch.Tensor:
+        """``token_ids`` into ``blocks`` at positions ``start..``; the last one's logits."""
+        return self.model.prefill(self.kv.cache, blocks, token_ids, start)
+
+    def decode(
+        self, block_tables: Tables, token_ids: list[int], positions: list[int]
+    ) -> torch.Tensor:
+        """One token per row at its position; logits ``[B, vocab]``. Replayed from the
+        cache owner's CUDA graphs where it has them, else the network's own decode."""
+        graphs = self.kv.decode_graphs
+        if graphs is not None:
+            return graphs.run(block_tables, token_ids, positions)
+        return self.model.decode(self.kv.cache, block_tables, token_ids, positions)
 
     def _admit(self, state: _RunState, blocks: tuple[int, ...], num_cached: int) -> None:
         """Its blocks, the first ``num_cached`` prompt tokens' KV already in them (the prefix
@@ -232,12 +279,12 @@ class TorchModelRunner:
         imported, state.kv_import = state.kv_import, None
         if imported is not None and not state.num_output_tokens:
             # The pulled bytes leave host memory as they are written (KVImport.take).
-            self.model.write_kv(blocks[: imported.num_blocks], imported.take())
+            self.kv.write_kv(blocks[: imported.num_blocks], imported.take())
             state.num_prefilled = len(state.prompt_ids)
             state.took(imported.first_token)
 
     def kv_layout(self) -> KVLayout | None:
-        return self.model.kv_layout()
+        return self.kv.kv_layout()
 
     def read_kv(self, blocks: Sequence[int]) -> Iterator[bytes]:
-        return self.model.read_kv(blocks)
+        return self.kv.read_kv(blocks)

@@ -10,7 +10,7 @@ import time
 import traceback
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
     from genpool_worker.engine_io import Coordinator
-    from genpool_worker.model_runner import DecodeModel, TorchModelRunner
+    from genpool_worker.model_runner import TorchModelRunner
 
 log = logging.getLogger("genpool.worker")
 RANK_DEATH_GRACE_S = 1.0
@@ -83,42 +83,43 @@ def model_max_seq_len(config: WorkerConfig) -> int:
 
 def build_model(
     config: WorkerConfig, num_slots: int, tp_rank: int = 0
-) -> tuple[DecodeModel, Tokenizer]:
-    """The model and its KV cache; ``num_slots`` (B + max headroom) sizes the default cache."""
+) -> tuple[TorchModelRunner[Any], Tokenizer]:
+    """The network (this rank's shard) and its KV cache behind a runner, and the
+    tokenizer; ``num_slots`` (B + max headroom) sizes the default cache."""
+    from genpool_worker.model_runner import TorchModelRunner
+
     max_seq_len = model_max_seq_len(config)
     num_blocks = default_num_blocks(config, num_slots, max_seq_len)
     if config.model.startswith(SYNTHETIC_PREFIX):
-        from genpool_worker.synthetic import SyntheticModel, SyntheticTokenizer
+        from genpool_worker.synthetic import SyntheticKVCache, SyntheticModel, SyntheticTokenizer
 
-        model = SyntheticModel(
+        synthetic = SyntheticModel(
             config.model.split(":", 1)[1] or "default",
-            num_blocks=num_blocks or synthetic_num_blocks(config, max_seq_len),
-            block_size=config.kv_block_size,
             max_seq_len=max_seq_len,
             time_scale=config.synthetic_time_scale,
         )
-        return model, SyntheticTokenizer()
+        blocks = num_blocks or synthetic_num_blocks(config, max_seq_len)
+        cache = SyntheticKVCache(synthetic.name, num_blocks=blocks,
+                                 block_size=config.kv_block_size)  # fmt: skip
+        return TorchModelRunner(synthetic, cache), SyntheticTokenizer()
     import torch
 
+    from genpool_worker.model.cache_engine import CacheEngine
     from genpool_worker.model.gguf_weights import find_smollm2_gguf
+    from genpool_worker.model.kv_sizing import KVSizing
     from genpool_worker.model.llama import LlamaModel
     from genpool_worker.model.tokenizer import load_tokenizer
 
+    sizing = KVSizing(config.kv_block_size, num_blocks, config.kv_cache_memory,
+                      config.gpu_memory_utilization)  # fmt: skip
     torch.set_num_threads(torch_threads(config.tensor_parallel_size))
     path = find_smollm2_gguf() if config.model == "smollm2-135m" else config.model
     llama = LlamaModel.load(  # a GGUF file or a Hugging Face checkpoint directory
-        path,
-        max_seq_len=max_seq_len,
-        num_blocks=num_blocks,
-        block_size=config.kv_block_size,
-        kv_cache_memory=config.kv_cache_memory,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-        max_decode_batch=config.max_batch_size,
-        device=config.device,
-        tp_rank=tp_rank,
-        tp_size=config.tensor_parallel_size,
-    )
-    return llama, load_tokenizer(path)
+        path, max_seq_len=max_seq_len, device=config.device,
+        tp_rank=tp_rank, tp_size=config.tensor_parallel_size,
+    )  # fmt: skip
+    engine = CacheEngine(llama, sizing, max_decode_batch=config.max_batch_size)
+    return TorchModelRunner(llama, engine), load_tokenizer(path)
 
 
 def synthetic_num_blocks(config: WorkerConfig, max_seq_len: int) -> int:
@@ -141,13 +142,10 @@ def synthetic_num_blocks(config: WorkerConfig, max_seq_len: int) -> int:
 
 def build_runner(
     config: WorkerConfig, num_slots: int, tp_rank: int = 0
-) -> tuple[TorchModelRunner, Tokenizer, GenScheduler]:
+) -> tuple[TorchModelRunner[Any], Tokenizer, GenScheduler]:
     """The model (this rank's shard) behind its runner, the tokenizer, and the scheduler
     with the KV budget the model's cache holds."""
-    from genpool_worker.model_runner import TorchModelRunner
-
-    model, tokenizer = build_model(config, num_slots, tp_rank)
-    runner = TorchModelRunner(model)
+    runner, tokenizer = build_model(config, num_slots, tp_rank)
     info = runner.info
     log.info(
         "KV cache: %d blocks of %d tokens (%d tokens)",
