@@ -17,7 +17,7 @@ import uvicorn
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import EngineObserver
 from genpool_worker.metrics import WorkerMetrics
-from genpool_worker.pd.setup import PDSettings
+from genpool_worker.pd.setup import PDSettings, build_pd
 from genpool_worker.server import create_app
 from genpool_worker.worker_cli import WorkerConfig, build_runner, build_scheduler
 from tests.polling import wait_for
@@ -54,13 +54,12 @@ def run_worker(
     if wrap_model is not None:
         runner.model = wrap_model(runner.model)
     metrics = WorkerMetrics(runner.info.name, runner.info.is_synthetic)
-    engine = GenEngine(
-        runner, tokenizer, scheduler, on_step=metrics.observe_step, observer=observer
-    )
+    pd = build_pd(runner, runner.info, metrics, PDSettings.from_config(config, kv_secret))
+    engine = GenEngine(runner, tokenizer, scheduler, on_step=metrics.observe_step,
+                       observer=observer, kv_connector=pd.connector)  # fmt: skip
     app = create_app(engine, tokenizer, metrics, admin_token=admin_token,
                      stamp_arrival=config.stamp_arrival,
-                     max_arrival_age_s=config.max_arrival_age_s,
-                     pd=PDSettings.from_config(config, kv_secret))  # fmt: skip
+                     max_arrival_age_s=config.max_arrival_age_s, pd=pd)  # fmt: skip
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from genpool_core.names import DEFAULT_KV_BLOCK_SIZE
-from genpool_worker.pd.layout import KVLayout
+from genpool_worker.kv_layout import KVLayout
 
 from . import fused_ops, paged_attention
 from .checks import check_decode, check_prefill, check_sizes
