@@ -81,6 +81,7 @@ class GenScheduler(SchedulerViews):
         budget = self.config.max_prefill_tokens_per_pass
         self._prefill = None if budget is None else PrefillQueue(budget)
         self._pending_finish: dict[str, FinishReason] = {}
+        self._released_held: list[str] = []  # since the last plan, which states them
         self._last_now: float | None = None
         self._last_plan: GenPlan | None = None
         self._pass_victims: Iterator[Victim] | None = None
@@ -130,9 +131,13 @@ class GenScheduler(SchedulerViews):
             self.kv.forget(request)
 
     def release_held(self, request_id: str) -> bool:
-        """Free a finished request's held KV blocks (pulled, cancelled or expired; docs/pd.md).
+        """Free a finished request's held KV blocks (pulled, cancelled or expired; docs/pd.md)
+        now, so the next pass may admit into them; its plan states it (``released_held_ids``).
         False when it holds none: a second release is harmless."""
-        return self.kv.release_held(request_id)
+        is_released = self.kv.release_held(request_id)
+        if is_released:
+            self._released_held.append(request_id)
+        return is_released
 
     def postprocess(self, plan: GenPlan, now: float, stop_ids: tuple[str, ...] = ()) -> None:
         """Each batch request produced one token at ``now``; ``stop_ids`` hit EOS.
@@ -200,7 +205,7 @@ class GenScheduler(SchedulerViews):
             raise ValueError("postprocess the previous plan before the next step")
         self._last_now = now
         self._pass_victims = None
-        finished = self._observe(now)
+        finished, held = self._observe(now)
         resumed = self._resume(now, due_only=True)
         swapped_out, swapped_in = self._swap_for_due(now)
         admitted = self._admit(now)
@@ -211,6 +216,7 @@ class GenScheduler(SchedulerViews):
         chunks, prefill_ids = self._hand_out_prefill(admitted_ids)
         active = self._active
         paused_now = list(self.pausing)
+        released, self._released_held = self._released_held, []
         plan = GenPlan(
             now=now,
             batch_ids=tuple(active),  # keys are the request ids, in batch order
@@ -229,6 +235,10 @@ class GenScheduler(SchedulerViews):
             finish_reasons=tuple(reason for _, reason in finished),
             stat=self._maybe_stat_line(now),
             prefill_chunks=tuple(chunks),
+            # Admitted with their first token made elsewhere: their prompt's KV is loaded.
+            imported_ids=tuple(i for i in admitted_ids if self._residents[i].tokens_at_admission),
+            held_ids=tuple(held),
+            released_held_ids=tuple(released),
         )
         self._last_plan = plan
         return plan
@@ -249,9 +259,11 @@ class GenScheduler(SchedulerViews):
             self._enter_batch(request)
         return chunks, tuple(r.request_id for r in completed)
 
-    def _observe(self, now: float) -> list[tuple[str, FinishReason]]:
+    def _observe(self, now: float) -> tuple[list[tuple[str, FinishReason]], list[str]]:
+        """Release what finished since the last pass; (finished with reasons, held ids)."""
         finished = list(self._pending_finish.items())
         self._pending_finish.clear()
+        held: list[str] = []
         for request_id, reason in finished:
             request = self._residents.pop(request_id)
             self.pausing.release(request, now)
@@ -263,6 +275,7 @@ class GenScheduler(SchedulerViews):
             self.slots.free(request.slot)
             if request.holds_kv_at_finish and reason is not FinishReason.ABORT:
                 self.kv.hold(request)  # until release_held: another worker pulls its KV
+                held.append(request_id)
             else:
                 self.kv.release(request)
             request.status = RequestStatus.FINISHED
@@ -274,7 +287,7 @@ class GenScheduler(SchedulerViews):
                 is_below_target = self.policy.on_complete(request, now)
                 if is_below_target is not None:
                     self.pausing.count_completion(is_below_target)
-        return finished
+        return finished, held
 
     def _resume(self, now: float, *, due_only: bool) -> list[str]:
         """Due resumes take free batch positions first; later, idle positions go early."""

@@ -15,7 +15,7 @@ from genpool_worker.api import ChatCompletionRequest
 from genpool_worker.chat_template import ChatTemplateError
 from genpool_worker.choices import Choices, Collected, check_model, start_choices
 from genpool_worker.events import TokenDelta, Usage
-from genpool_worker.generation import End, PiecesResponse, kv_transfer_fields
+from genpool_worker.generation import End, PiecesResponse, reply_fields
 from genpool_worker.http_common import ApiError, ServerContext, context_of, read_json, sse
 from genpool_worker.logprobs_format import chat_logprobs
 
@@ -130,5 +130,5 @@ async def collect(reply: _Reply, request: Request) -> Response:
                         "logprobs": reply.logprobs(result.logprobs)})  # fmt: skip
     body = reply.head("chat.completion") | {"choices": choices}
     body["usage"] = _usage([r.end for r in results if r.end])
-    extra = kv_transfer_fields(reply.context, request, reply.choices.started)
+    extra = reply_fields(reply.context, request, reply.choices.started)
     return JSONResponse(body | extra)

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from genpool_worker.api import CompletionRequest
 from genpool_worker.choices import Choices, Collected, check_model, start_choices
 from genpool_worker.events import TokenDelta, Usage
-from genpool_worker.generation import End, PiecesResponse, kv_transfer_fields
+from genpool_worker.generation import End, PiecesResponse, reply_fields
 from genpool_worker.http_common import ApiError, ServerContext, context_of, read_json, sse
 from genpool_worker.logprobs_format import completion_logprobs
 
@@ -115,5 +115,5 @@ async def collect(reply: _Reply, request: Request) -> Response:
         choices.append(reply.choice(index, text, result.logprobs, result.end.finish_reason))
     body = reply.body_of(choices)
     body["usage"] = total_usage(reply.choices, [r.end for r in results if r.end], reply.body.n)
-    extra = kv_transfer_fields(reply.context, request, reply.choices.started)
+    extra = reply_fields(reply.context, request, reply.choices.started)
     return JSONResponse(body | extra)

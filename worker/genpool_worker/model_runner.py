@@ -19,9 +19,10 @@ from typing import Generic, Protocol, TypeVar
 import torch
 
 from genpool_core.plan import GenPlan
-from genpool_worker.engine_io import Arrival, KVImport, ModelInfo, StepResult
+from genpool_worker.engine_io import Arrival, ModelInfo, StepResult
+from genpool_worker.kv_connector import NO_KV_CONNECTOR, KVExecutionSide
+from genpool_worker.kv_layout import KVLayout
 from genpool_worker.model.sampler import SampleRow, sample
-from genpool_worker.pd.layout import KVLayout
 from genpool_worker.request_faults import RequestFaults
 from genpool_worker.sampling_params import TokenLogprobs
 
@@ -92,7 +93,6 @@ class _RunState:
     prompt_ids: list[int]
     sample: SampleRow
     blocks: tuple[int, ...] = ()  # the KV block table, from the plan that admitted it
-    kv_import: KVImport | None = None  # another worker's prefill, written at admission
     num_output_tokens: int = 0
     num_prefilled: int = 0  # prompt tokens whose KV is written (cached, or prefilled)
     num_cached_blocks: int = 0  # its table's first blocks, shared from the prefix cache
@@ -145,29 +145,34 @@ class TorchModelRunner(Generic[CacheT]):
     def add_request(self, arrival: Arrival) -> None:
         eos = () if arrival.ignore_eos else self.info.eos_token_ids
         self._states[arrival.request_id] = _RunState(
-            list(arrival.prompt_ids), _sample_row(arrival), kv_import=arrival.kv_import,
-            min_tokens=arrival.min_tokens, stop_ids=(*eos, *arrival.stop_token_ids),
+            list(arrival.prompt_ids), _sample_row(arrival), min_tokens=arrival.min_tokens,
+            stop_ids=(*eos, *arrival.stop_token_ids),
         )  # fmt: skip
 
     def remove_request(self, request_id: str) -> None:
         self._states.pop(request_id, None)
 
-    def execute(self, plan: GenPlan) -> StepResult:
+    def execute(self, plan: GenPlan, kv: KVExecutionSide = NO_KV_CONNECTOR) -> StepResult:
         """Run ``plan.prefill_chunks`` (chunked prefill), prefill ``plan.prefill_ids``
         (their token this pass; their last chunk), decode the rest; each request's KV
         goes to the block table its admission's plan gave it, its prefill starting after
-        the prompt tokens the prefix cache held. Prefill work runs in plan order: an
-        admission may share blocks an earlier one computes in the same pass. The whole
-        batch is sampled in one call; a request still mid-prefill has no row. What one
-        request causes fails it alone (``StepResult.failed``; request_faults.py), and so
-        does a request sharing blocks whose prefill failed this pass."""
+        the prompt tokens the prefix cache held; ``kv`` loads the KV of
+        ``plan.imported_ids``, and nobody else's, into theirs (the plan decides, never the
+        runner). Prefill work runs in plan order: an admission may share blocks an
+        earlier one computes in the same pass. The whole batch is sampled in one call; a
+        request still mid-prefill has no row. What one request causes fails it alone
+        (``StepResult.failed``; request_faults.py), and so does a request sharing blocks
+        whose prefill failed this pass."""
         faults = RequestFaults()
         cached = plan.admitted_cached_tokens or (0,) * len(plan.admitted_ids)
+        imported = set(plan.imported_ids)
         for request_id, blocks, num_cached in zip(
             plan.admitted_ids, plan.admitted_blocks, cached, strict=True
         ):
             with faults.of(request_id):
                 self._admit(self._states[request_id], blocks, num_cached)
+                if request_id in imported:
+                    self._load(request_id, kv)
         prefill = set(plan.prefill_ids)
         ends = {rid: end for rid, _, end in plan.prefill_chunks}
         for request_id, _, _ in plan.prefill_chunks:
@@ -271,20 +276,26 @@ class TorchModelRunner(Generic[CacheT]):
 
     def _admit(self, state: _RunState, blocks: tuple[int, ...], num_cached: int) -> None:
         """Its blocks, the first ``num_cached`` prompt tokens' KV already in them (the prefix
-        cache's); an imported request's pulled KV goes into the first of them and it
-        decodes from its first token (it has no prefill here: docs/pd.md)."""
+        cache's)."""
         state.blocks = blocks
         state.num_prefilled = num_cached
         state.num_cached_blocks = -(-num_cached // self.info.kv_block_size)
-        imported, state.kv_import = state.kv_import, None
-        if imported is not None and not state.num_output_tokens:
-            # The pulled bytes leave host memory as they are written (KVImport.take).
-            self.kv.write_kv(blocks[: imported.num_blocks], imported.take())
-            state.num_prefilled = len(state.prompt_ids)
-            state.took(imported.first_token)
+
+    def _load(self, request_id: str, kv: KVExecutionSide) -> None:
+        """The plan imports its prompt's KV: ``kv`` writes it into its blocks and it
+        decodes from the first token made with it (no prefill here)."""
+        state = self._states[request_id]
+        first = kv.load_kv(request_id, state.blocks)
+        state.num_prefilled = len(state.prompt_ids)
+        state.took(first)
+
+    # The cache's port (``kv_connector.KVCachePort``): the cache engine's.
 
     def kv_layout(self) -> KVLayout | None:
         return self.kv.kv_layout()
 
     def read_kv(self, blocks: Sequence[int]) -> Iterator[bytes]:
         return self.kv.read_kv(blocks)
+
+    def write_kv(self, blocks: Sequence[int], data: bytearray) -> None:
+        self.kv.write_kv(blocks, data)

@@ -17,7 +17,7 @@ import torch
 
 from genpool_core.model_catalogue import kv_bytes_per_token
 from genpool_core.stepmodel import DEFAULT_STEP_MODEL, StepModel
-from genpool_worker.pd.layout import KVLayout
+from genpool_worker.kv_layout import KVLayout
 
 SYNTHETIC_VOCAB = 256
 SYNTHETIC_EOS = 0

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
     from genpool_worker.engine_io import Coordinator
     from genpool_worker.model_runner import TorchModelRunner
+    from genpool_worker.pd.setup import PDParts
 
 log = logging.getLogger("genpool.worker")
 RANK_DEATH_GRACE_S = 1.0
@@ -196,6 +197,8 @@ def _traceback_tail() -> str:
 
 
 def _run(config: WorkerConfig, scheduler: GenScheduler) -> int:
+    from genpool_worker.pd.setup import PDSettings, build_pd
+
     log.info(scheduler.policy.enabled_line())
     followers, coordinator = _start_followers(config)
     runner, tokenizer, scheduler = build_runner(config, scheduler.slots.pool_size)
@@ -203,14 +206,16 @@ def _run(config: WorkerConfig, scheduler: GenScheduler) -> int:
     if info.is_synthetic:
         log.info("model %s is SYNTHETIC: no weights, simulated step times", info.name)
     metrics = WorkerMetrics(info.name, info.is_synthetic)
-    engine = GenEngine(
-        runner, tokenizer, scheduler, on_step=metrics.observe_step, coordinator=coordinator
-    )
+    # P/D's parts over the runner's KV cache: its connector goes into the engine.
+    pd = build_pd(runner, info, metrics,
+                  PDSettings.from_config(config, read_kv_secret(config, os.environ)))  # fmt: skip
+    engine = GenEngine(runner, tokenizer, scheduler, on_step=metrics.observe_step,
+                       coordinator=coordinator, kv_connector=pd.connector)  # fmt: skip
     if followers:
         from genpool_worker.multirank import watch_followers
 
         watch_followers(followers, lambda rank, code: _rank_died(engine, rank, code))
-    return _serve(engine, tokenizer, metrics, config)
+    return _serve(engine, tokenizer, metrics, config, pd)
 
 
 def _start_followers(
@@ -234,14 +239,12 @@ def _start_followers(
     return followers, DistCoordinator(0)
 
 
-def _serve(
-    engine: GenEngine, tokenizer: Tokenizer, metrics: WorkerMetrics, config: WorkerConfig
-) -> int:
+def _serve(engine: GenEngine, tokenizer: Tokenizer, metrics: WorkerMetrics,
+           config: WorkerConfig, pd: PDParts) -> int:  # fmt: skip
     """Rank 0: the engine thread and the HTTP server until the server stops (SIGTERM, or
     the engine died)."""
     import uvicorn
 
-    from genpool_worker.pd.setup import PDSettings
     from genpool_worker.server import create_app
 
     app = create_app(
@@ -251,7 +254,7 @@ def _serve(
         admin_token=os.environ.get("GENPOOL_ADMIN_TOKEN") or None,
         stamp_arrival=config.stamp_arrival,
         max_arrival_age_s=config.max_arrival_age_s,
-        pd=PDSettings.from_config(config, read_kv_secret(config, os.environ)),
+        pd=pd,
         aliases=(config.model,),
     )
     http = uvicorn.Config(app, host=config.host, port=config.port, log_level="warning")

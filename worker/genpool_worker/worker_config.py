@@ -30,15 +30,17 @@ from genpool_core.preemption import GenCapacity, GenPreemptionSettings
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
 from genpool_core.stat_fields import MIN_STAT_INTERVAL_S
 from genpool_worker.api import DEFAULT_MAX_ARRIVAL_AGE_S
+from genpool_worker.host_port import parse_endpoints
 from genpool_worker.kv_events_config import FLAG as KV_EVENTS_FLAG
 from genpool_worker.kv_events_config import KVEventsConfig, parse_kv_events_config
-from genpool_worker.pd.endpoints import parse_endpoints
-from genpool_worker.pd.import_budget import DEFAULT_MAX_KV_IMPORT_BYTES, DEFAULT_MAX_KV_PULLS
 
 DESCRIPTION = "One GEN worker process: model, engine and HTTP API."
 CONFIG_ENV = "GENPOOL_WORKER_CONFIG"
 Mode = Literal["off", "tpot_budget", "target_output_tps"]
 DEFAULT_KV_EXPORT_TIMEOUT_S = 30.0  # a prefill leg's KV waits this long for its pull
+# The KV import caps (docs/pd.md#the-pull): pulls in flight, and pulled bytes held.
+DEFAULT_MAX_KV_PULLS = 8
+DEFAULT_MAX_KV_IMPORT_BYTES = 1 << 30  # 1 GiB of host memory for pulled KV
 # --max-seq-len unset: the model's context, at most this (tokens). Off CUDA the default KV
 # cache is B + max headroom requests of it, so the CPU cap keeps that memory bounded.
 MAX_SEQ_LEN_CAP = 2048
@@ -346,9 +348,6 @@ class WorkerConfig(BaseModel):
             on_cuda = self.device.startswith("cuda")
             return PREFILL_TOKENS_PER_PASS_CUDA if on_cuda else PREFILL_TOKENS_PER_PASS
         return given or None
-
-    def prefiller_endpoints(self) -> tuple[str, ...]:
-        return parse_endpoints(self.prefillers.split(","))
 
     def preemption_settings(self) -> dict[str, object]:
         settings: dict[str, object] = {

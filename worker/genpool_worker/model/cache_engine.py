@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from functools import partial
 
-from genpool_worker.pd.layout import KVLayout
+from genpool_worker.kv_layout import KVLayout
 
 from .checks import check_decode
 from .decode_graphs import GraphedDecode, Tables
