@@ -5,8 +5,10 @@ and what stays unsupported refused with a message that says so."""
 
 from __future__ import annotations
 
+import json
 import math
 
+import httpx
 import openai
 import pytest
 
@@ -65,6 +67,35 @@ def test_streamed_choices_are_interleaved_and_whole(worker_factory: Factory) -> 
     assert texts == [c.text for c in whole.choices]
     assert finishes == {0: "length", 1: "length"} and usage is not None
     assert usage.completion_tokens == 12
+
+
+def test_guidellms_stream_options_give_usage_in_every_chunk(worker_factory: Factory) -> None:
+    """What guidellm sends (vLLM's ``continuous_usage_stats``, ``stop: null``,
+    ``ignore_eos``) is served: every content chunk carries its usage so far, and the
+    usage-only chunk closes the stream (chat and completions)."""
+    worker = worker_factory()
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    extra = {"stream_options": options, "stop": None, "ignore_eos": True}
+    http = httpx.Client(base_url=worker.url, timeout=30)
+    for path, body in (
+        ("/v1/completions", {"model": MODEL, "prompt": "hello", "max_tokens": 6}),
+        ("/v1/chat/completions", {"model": MODEL, "messages": HELLO,
+                                  "max_completion_tokens": 6}),
+    ):  # fmt: skip
+        with http.stream("POST", path, json={**body, **extra, "stream": True}) as response:
+            assert response.status_code == 200, response.read()
+            chunks = [json.loads(line[6:]) for line in response.iter_lines()
+                      if line.startswith("data: {")]  # fmt: skip
+        counts = [c["usage"]["completion_tokens"] for c in chunks if c.get("usage")]
+        assert counts == sorted(counts) and counts[-1] == 6, (path, counts)
+        content = [c for c in chunks if c["choices"] and _text_of(c["choices"][0])]
+        assert content and all(c.get("usage") for c in content), path
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+
+
+def _text_of(choice: dict[str, object]) -> object:
+    delta = choice.get("delta")
+    return delta.get("content") if isinstance(delta, dict) else choice.get("text")
 
 
 def test_echo_puts_the_prompt_first(worker_factory: Factory) -> None:

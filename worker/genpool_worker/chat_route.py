@@ -11,9 +11,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from genpool_worker.api import ChatCompletionRequest
+from genpool_worker.api import ChatCompletionRequest, StreamOptions
 from genpool_worker.chat_template import ChatTemplateError
-from genpool_worker.choices import Choices, Collected, check_model, start_choices
+from genpool_worker.choices import Choices, Collected, check_model, running_usage, start_choices
 from genpool_worker.events import TokenDelta, Usage
 from genpool_worker.generation import End, PiecesResponse, reply_fields
 from genpool_worker.http_common import ApiError, ServerContext, context_of, read_json, sse
@@ -53,8 +53,7 @@ async def chat_completions(request: Request) -> Response:
                                   id_prefix="chatcmpl")  # fmt: skip
     reply = _Reply(context, body, choices)
     if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return PiecesResponse(stream(reply, include_usage), choices)
+        return PiecesResponse(stream(reply, body.stream_options), choices)
     return await collect(reply, request)
 
 
@@ -91,10 +90,13 @@ def _usage(ends: list[End]) -> dict[str, Any]:
     return Usage(first.prompt_tokens, completion, first.cached_tokens).as_dict()
 
 
-async def stream(reply: _Reply, include_usage: bool) -> AsyncIterator[bytes]:
+async def stream(reply: _Reply, options: StreamOptions | None) -> AsyncIterator[bytes]:
     """Each choice's role first, then content deltas, then its finish reason (the last
     with the usage), ``[DONE]``. ``stream_options.include_usage`` adds OpenAI's usage-only
-    chunk before ``[DONE]``."""
+    chunk before ``[DONE]``; ``continuous_usage_stats`` puts each choice's usage so far in
+    its every chunk (vLLM's)."""
+    include_usage = options is not None and options.include_usage
+    continuous = options is not None and options.continuous_usage_stats
     ends: list[End] = []
     try:
         for index in range(len(reply.choices.started)):
@@ -102,6 +104,8 @@ async def stream(reply: _Reply, include_usage: bool) -> AsyncIterator[bytes]:
         async for index, piece in reply.choices.stream():
             if isinstance(piece, TokenDelta):
                 chunk = reply.chunk(index, {"content": piece.text}, tokens=piece.logprobs)
+                if continuous:
+                    chunk["usage"] = running_usage(reply.choices, index, piece)
                 yield sse(chunk).encode()
                 continue
             ends.append(piece)

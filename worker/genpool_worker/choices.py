@@ -141,3 +141,10 @@ class Choices:
     async def aclose(self) -> None:
         for source in self._sources:
             await source.aclose()
+
+
+def running_usage(choices: Choices, index: int, delta: TokenDelta) -> dict[str, int]:
+    """vLLM's ``continuous_usage_stats``: a choice's usage up to this chunk."""
+    prompt = len(choices.started[index].arrival.prompt_ids)
+    output = delta.num_output_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output}

@@ -12,7 +12,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from genpool_worker.api import CompletionRequest
-from genpool_worker.choices import Choices, Collected, check_model, start_choices
+from genpool_worker.choices import (
+    Choices,
+    Collected,
+    check_model,
+    running_usage,
+    start_choices,
+)
 from genpool_worker.events import TokenDelta, Usage
 from genpool_worker.generation import End, PiecesResponse, reply_fields
 from genpool_worker.http_common import ApiError, ServerContext, context_of, read_json, sse
@@ -37,6 +43,7 @@ class _Reply:
         self.offsets = [0] * len(choices.started)
         options = body.stream_options
         self.include_usage = options is not None and options.include_usage
+        self.continuous_usage = options is not None and options.continuous_usage_stats
 
     def echo(self, index: int) -> str:
         """The prompt text ``echo`` puts before the choice's text ("" without echo)."""
@@ -89,7 +96,10 @@ async def stream(reply: _Reply) -> AsyncIterator[bytes]:
         async for index, piece in reply.choices.stream():
             if isinstance(piece, TokenDelta):
                 choice = reply.choice(index, piece.text, piece.logprobs, None)
-                yield sse(reply.body_of([choice])).encode()
+                body = reply.body_of([choice])
+                if reply.continuous_usage:  # vLLM's continuous_usage_stats
+                    body["usage"] = running_usage(reply.choices, index, piece)
+                yield sse(body).encode()
                 continue
             ends.append(piece)
             chunk = reply.body_of([reply.choice(index, "", (), piece.finish_reason)])

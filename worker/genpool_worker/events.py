@@ -33,6 +33,7 @@ class TokenDelta:
 
     text: str
     logprobs: tuple[tuple[int, TokenLogprobs | None], ...] = ()
+    num_output_tokens: int = 0  # the request's output tokens so far (continuous usage)
 
 
 @dataclass(frozen=True, slots=True)
