@@ -18,6 +18,7 @@ as :class:`KVEvent` values for the worker's KV event publisher.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -80,17 +81,23 @@ KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 class BlockPool:
     """Reference-counted block ids ``0 .. num_blocks - 1``; ``num_blocks`` is the dummy
-    (padding) block, never handed out. Check first (``can_allocate``), then mutate."""
+    (padding) block, never handed out. Check first (``can_allocate``), then mutate.
+
+    Two kinds of held block, so that a pool without sharing costs no Python loop per
+    block: a *plain* block has one holder and has never been cached since it was
+    allocated (a set, moved in bulk); a *shared* block was made findable (``cache``) and
+    carries a reference count, kept until its last holder lets go. Only shared blocks are
+    ever held more than once (a prefix hit finds only cached blocks).
+    """
 
     def __init__(self, budget: KVBudget) -> None:
         self.budget = budget
         n = budget.num_blocks
-        self._refs = [0] * n
-        self._hashes: list[BlockHash | None] = [None] * n
+        self._plain = list(range(n - 1, -1, -1))  # free, not cached: popped from the end
+        self._held: set[int] = set()  # plain blocks in use (one holder each)
+        self._refs: dict[int, int] = {}  # shared blocks (cached, or once cached): holders
+        self._hashes: dict[int, BlockHash] = {}  # findable blocks: block -> hash
         self._cached: dict[BlockHash, int] = {}  # hash -> the block that holds it
-        # Free and never cached (or no longer): popped from the end, lowest id first at
-        # the start; a bulk slice, so a block-free path costs no Python loop.
-        self._plain = list(range(n - 1, -1, -1))
         self._evictable: dict[int, None] = {}  # free but cached: oldest first (LRU)
         self.events: list[KVEvent] = []  # since the last ``take_events``
 
@@ -136,21 +143,17 @@ class BlockPool:
         blocks.reverse()
         if take < num_blocks:
             blocks += self._evict(num_blocks - take)
-        refs = self._refs
-        for block in blocks:
-            refs[block] = 1
+        self._held.update(blocks)
         return blocks
 
     def _evict(self, count: int) -> list[int]:
-        evictable, hashes = self._evictable, self._hashes
-        taken = list(iter_first(evictable, count))
+        evictable, hashes, refs = self._evictable, self._hashes, self._refs
+        taken = list(itertools.islice(evictable, count))  # the least recently freed
         removed = []
         for block in taken:
-            del evictable[block]
-            block_hash = hashes[block]
-            assert block_hash is not None
+            del evictable[block], refs[block]
+            block_hash = hashes.pop(block)
             del self._cached[block_hash]
-            hashes[block] = None
             removed.append(block_hash)
         self.events.append(BlockRemoved(tuple(removed)))
         return taken
@@ -167,20 +170,35 @@ class BlockPool:
         """Let go of ``blocks`` once each; any not held (or listed twice) refuses the whole
         call. A block nobody holds any more is free; a cached one stays findable, and the
         last blocks of a sequence are the first evicted (its prefix is the most shared)."""
+        given = set(blocks)
+        shared = given & self._refs.keys()
+        plain = given - shared
         refs = self._refs
-        if blocks and (min(blocks) < 0 or max(blocks) >= len(refs)):
+        if (len(given) != len(blocks) or not plain <= self._held
+                or any(refs[block] == 0 for block in shared)):  # fmt: skip
             raise ValueError(f"KV blocks {sorted(blocks)} are not all held: not allocated")
-        if len(set(blocks)) != len(blocks) or 0 in map(refs.__getitem__, blocks):
-            raise ValueError(f"KV blocks {sorted(blocks)} are not all held: not allocated")
-        hashes, plain, evictable = self._hashes, self._plain, self._evictable
+        self._held -= plain
+        if not shared:  # nothing was ever shared: one bulk move
+            self._plain.extend(reversed(blocks))
+            return
         for block in reversed(blocks):
-            count = refs[block] - 1
-            refs[block] = count
-            if count == 0:
-                if hashes[block] is None:
-                    plain.append(block)
-                else:
-                    evictable[block] = None
+            count = refs.get(block)
+            if count is None:
+                self._plain.append(block)
+            elif count == 1:
+                self._release_shared(block)
+            else:
+                refs[block] = count - 1
+
+    def _release_shared(self, block: int) -> None:
+        """A shared block's last holder let go: findable, it waits in the LRU; no longer
+        findable (forgotten), it is plain and free again."""
+        if block in self._hashes:
+            self._refs[block] = 0
+            self._evictable[block] = None
+        else:
+            del self._refs[block]
+            self._plain.append(block)
 
     def lookup(self, hashes: Iterable[BlockHash]) -> list[int]:
         """The cached blocks of the longest run of ``hashes`` from the first."""
@@ -194,19 +212,24 @@ class BlockPool:
         return found
 
     def num_evictable(self, blocks: Iterable[int]) -> int:
-        """How many of ``blocks`` are free now (a hit on them takes a free block)."""
+        """How many of ``blocks`` (cached ones) are free now: a hit on one takes a free
+        block."""
         refs = self._refs
         return sum(1 for block in blocks if refs[block] == 0)
 
     def cache(self, request_id: str, first_block: int, blocks: Sequence[int],
               hashes: Sequence[BlockHash], parent: BlockHash | None) -> None:  # fmt: skip
         """Make held, fully written ``blocks`` findable by ``hashes`` (aligned). A hash
-        another block already holds stays with that block (first come keeps it)."""
+        another block already holds stays with that block (first come keeps it), and the
+        chain stops there."""
         stored: list[BlockHash] = []
-        block_hashes, cached = self._hashes, self._cached
+        block_hashes, cached, refs, held = self._hashes, self._cached, self._refs, self._held
         for block, block_hash in zip(blocks, hashes, strict=True):
-            if block_hashes[block] is not None or block_hash in cached:
+            if block in block_hashes or block_hash in cached:
                 break  # the chain continues from a block that is not this one's
+            if block in held:  # plain until now: one holder
+                held.discard(block)
+                refs[block] = 1
             block_hashes[block] = block_hash
             cached[block_hash] = block
             stored.append(block_hash)
@@ -215,13 +238,12 @@ class BlockPool:
 
     def uncache(self, blocks: Iterable[int]) -> None:
         """Forget what ``blocks`` hold (their KV is not what the hash says: a failed
-        prefill); they stay held."""
+        prefill); they stay held, counted as shared until their holders let go."""
         removed = []
         for block in blocks:
-            block_hash = self._hashes[block]
+            block_hash = self._hashes.get(block)
             if block_hash is not None and self._cached.get(block_hash) == block:
-                del self._cached[block_hash]
-                self._hashes[block] = None
+                del self._cached[block_hash], self._hashes[block]
                 removed.append(block_hash)
         if removed:
             self.events.append(BlockRemoved(tuple(removed)))
@@ -229,10 +251,11 @@ class BlockPool:
     def clear_cache(self) -> None:
         """Forget every cached prefix (held blocks stay held)."""
         for block in self._evictable:
+            del self._refs[block]
             self._plain.append(block)
         self._evictable.clear()
         self._cached.clear()
-        self._hashes = [None] * self.budget.num_blocks
+        self._hashes.clear()
         self.events.append(AllBlocksCleared())
 
     def take_events(self) -> list[KVEvent]:
@@ -240,13 +263,10 @@ class BlockPool:
         return events
 
     def num_holders(self, block: int) -> int:
-        return self._refs[block]
+        count = self._refs.get(block)
+        if count is not None:
+            return count
+        return 1 if block in self._held else 0
 
     def cached_block(self, block_hash: BlockHash) -> int | None:
         return self._cached.get(block_hash)
-
-
-def iter_first(items: dict[int, None], count: int) -> Iterable[int]:
-    """The first ``count`` keys of an insertion-ordered dict."""
-    iterator = iter(items)
-    return (next(iterator) for _ in range(count))
