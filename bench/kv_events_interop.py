@@ -12,8 +12,11 @@ socket and replay socket (per-pod subscription), tokenizes through the first wor
 for each request's pick over ext_proc as Envoy would (``EppClient``) and sends the
 request there. The load is multi-turn conversations, half over completions and half over
 chat: turn k is turn k-1 with its reply and a new question. Before each pick the driver
-waits until the epp has every batch the workers sent (``kv_events_epp.EppWatch``), as a
-user's think time would. Three runs:
+waits until the epp has every batch the workers sent (``EppWatch``), as a user's think
+time would. The load, the epp's configuration, ``EppWatch`` and the conversation loop
+are genpool_devcluster.interop's (``conversations``, ``prefix_epp``), shared with the
+same check on the devcluster (``python -m genpool_devcluster.interop precise-prefix``).
+Three runs:
 
 ``events``   KV events on, the epp up from the start (live events);
 ``replay``   KV events on, every conversation's first turn served (round robin) before
@@ -29,11 +32,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
-import subprocess
 import sys
-import time
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
@@ -41,21 +41,26 @@ from typing import Any
 
 import httpx
 
-from bench.kv_events_epp import (
-    EPP_METRIC,
-    HOSTS,
-    NAMES,
-    EppWatch,
-    endpoints_file,
-    epp_config,
-    scrape,
-    sent_counts,
-    shared_free_port,
-)
-from bench.kv_events_load import Conversation, Turn, as_rows, summarise, turn_record
+from bench.kv_events_epp import HOSTS, NAMES, endpoints_file, epp_config, shared_free_port
 from genpool_devcluster.interop.children import Proc, epp_proc, running
 from genpool_devcluster.interop.common import LOG_DIR, http_ok, log
-from genpool_devcluster.interop.epp_client import EppClient
+from genpool_devcluster.interop.conversations import (
+    Conversation,
+    Turn,
+    as_rows,
+    summarise,
+    turn_record,
+)
+from genpool_devcluster.interop.prefix_epp import (
+    EPP_METRIC,
+    EppWatch,
+    converse,
+    probe_request,
+    provenance,
+    scrape,
+    send,
+    sent_counts,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "kv_events_interop.json"
@@ -83,6 +88,7 @@ class Setup:
         self.stack, self.args, self.events = stack, args, events
         self.ports = {k: shared_free_port() for k in ("http", "zmq", "replay")}
         self.urls = [f"http://{host}:{self.ports['http']}" for host in HOSTS]
+        self.workers = dict(zip(NAMES, self.urls, strict=True))
         for name, host, url in zip(NAMES, HOSTS, self.urls, strict=True):
             proc = worker_proc(name, host, args, self.ports, events)
             stack.enter_context(running(proc, partial(http_ok, f"{url}/ready"), name, 300))
@@ -100,24 +106,16 @@ class Setup:
         metrics = f"http://127.0.0.1:{metrics_port}/metrics"
         self.stack.enter_context(running(epp, partial(http_ok, metrics), "the epp", 120))
         self.epp_address = f"127.0.0.1:{grpc_port}"
-        self.watch = EppWatch(metrics, self.urls, epp.log_path)
+        self.watch = EppWatch(metrics, self.workers, epp.log_path)
         return self.watch
 
     def probe(self, k: int) -> None:
         """A request to worker ``k`` whose prompt is new (its blocks: one batch)."""
-        body = {"model": self.args.model, "max_tokens": 1,
-                "prompt": f"probe {k} {time.monotonic_ns()}: are the KV events live?"}  # fmt: skip
-        httpx.post(f"{self.urls[k]}/v1/completions", json=body, timeout=60).raise_for_status()
+        probe_request(self.urls[k], self.args.model)
 
     def sync(self) -> None:
         if self.events and self.watch is not None:
             self.watch.sync()
-
-
-async def send(http: httpx.AsyncClient, endpoint: str, conv: Conversation,
-               raw: bytes) -> httpx.Response:  # fmt: skip
-    headers = {"content-type": "application/json"}
-    return await http.post(f"http://{endpoint}{conv.path}", content=raw, headers=headers)
 
 
 async def first_turns_direct(setup: Setup, conversations: list[Conversation]) -> list[Turn]:
@@ -134,32 +132,6 @@ async def first_turns_direct(setup: Setup, conversations: list[Conversation]) ->
     return turns
 
 
-async def converse(setup: Setup, conversations: list[Conversation], done: list[Turn]) -> list[Turn]:
-    """The conversations' remaining turns in lockstep, each picked by the epp, sent there."""
-    args, turns = setup.args, list(done)
-    previous = {t.conversation: t.picked for t in done}
-    async with EppClient(setup.epp_address) as epp, httpx.AsyncClient(timeout=120) as http:
-        for turn in range(len(done) // len(conversations), args.turns):
-            for conv in conversations:
-                raw = json.dumps(conv.body(turn, args.model, args.max_tokens)).encode()
-                pick = await epp.pick(conv.path, raw, "gateway")
-                reply = await send(http, pick.endpoint, conv, raw)
-                await epp.finish(pick, reply.status_code, [("content-type",
-                                 "application/json")], reply.content)  # fmt: skip
-                reply.raise_for_status()
-                record = turn_record(conv, turn + 1, pick.endpoint, previous.get(conv.index),
-                                     pick.scores, reply.json())  # fmt: skip
-                turns.append(record)
-                previous[conv.index] = pick.endpoint
-                conv.answered(reply.json())
-                await asyncio.to_thread(setup.sync)
-                log(
-                    f"conversation {conv.index} ({conv.route}) turn {turn + 1}: {pick.endpoint}"
-                    f" scores {pick.scores} cached {record.cached_tokens}/{record.prompt_tokens}"
-                )
-    return turns
-
-
 def one_run(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     log(f"run {mode}")
     conversations = [Conversation(c, "chat" if c % 2 else "completions")
@@ -167,33 +139,19 @@ def one_run(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     with ExitStack() as stack:
         setup = Setup(stack, args, events=mode != "control")
         done = asyncio.run(first_turns_direct(setup, conversations)) if mode == "replay" else []
-        sent_before = sent_counts(setup.urls) if mode == "replay" else {}
+        sent_before = sent_counts(setup.workers) if mode == "replay" else {}
         watch = setup.start_epp()
         replayed = watch.wait_for_replay(sent_before) if mode == "replay" else {}
         if setup.events:
             watch.join([partial(setup.probe, k) for k in range(len(HOSTS))])
-        turns = asyncio.run(converse(setup, conversations, done))
+        turns = asyncio.run(converse(setup.epp_address, conversations, done,
+                                     model=args.model, max_tokens=args.max_tokens,
+                                     turns=args.turns, sync=setup.sync))  # fmt: skip
         page = scrape(watch.metrics_url)
     errors = {k: v for k, v in page.items() if k.startswith(f"{EPP_METRIC}zmq_errors_total")}
     return {"mode": mode, "kv_events": setup.events, "replayed_batches": replayed,
             "summary": summarise(turns, args.block_size), "epp_zmq_errors": errors,
             "turns": as_rows(turns)}  # fmt: skip
-
-
-def provenance(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    def git(*cmd: str) -> str:
-        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True).stdout
-
-    return {
-        "commit": git("rev-parse", "HEAD").strip(),
-        "dirty": bool(git("status", "--porcelain").strip()),
-        "command": "python -m bench.kv_events_interop " + " ".join(argv),
-        "epp": {"sha256": hashlib.sha256(args.epp.read_bytes()).hexdigest(),
-                "source_commit": args.epp_source_commit},
-        "model": args.model, "block_size": args.block_size,
-        "conversations": args.conversations, "turns": args.turns, "max_tokens": args.max_tokens,
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -237,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--runs {args.runs}: each of {', '.join(MODES)}")
     if args.conversations < 1 or args.turns < 2:
         parser.error("at least one conversation of two turns")
-    result = provenance(args, given) | {"runs": [one_run(args, mode) for mode in modes]}
+    command = "python -m bench.kv_events_interop " + " ".join(given)
+    result = provenance(args, command) | {"runs": [one_run(args, mode) for mode in modes]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     for run in result["runs"]:

@@ -1,4 +1,5 @@
-"""The multi-turn load of bench/kv_events_interop.py and what its placements say: each
+"""The multi-turn load of the precise prefix-cache interop (bench/kv_events_interop.py
+outside Kubernetes, ``precise-prefix`` on the devcluster) and what its placements say: each
 conversation's turn k is turn k-1's prompt, its reply and a new message, so turn k
 shares every block of turn k-1 and a prefix-cache router should send it where turn k-1
 ran. Pure: bodies in, records out, no I/O."""

@@ -1,11 +1,12 @@
-"""The llm-d interop bench's load and summary (bench/kv_events_load.py): turn k holds turn
-k-1's prompt and reply, no two conversations share a first block, and the summary counts
-a later turn as following only when it ran where the turn before did."""
+"""The llm-d precise prefix-cache interop's load and summary
+(genpool_devcluster.interop.conversations): turn k holds turn k-1's prompt and reply, no
+two conversations share a first block, and the summary counts a later turn as following
+only when it ran where the turn before did."""
 
 from __future__ import annotations
 
-from bench.kv_events_load import Conversation, Turn, summarise, turn_record
 from genpool_core.block_hash import block_hashes
+from genpool_devcluster.interop.conversations import Conversation, Turn, summarise, turn_record
 
 BS = 16
 
