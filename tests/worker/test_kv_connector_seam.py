@@ -17,7 +17,6 @@ from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Arrival, EngineRequest
 from genpool_worker.kv_connector import KVTransfer
 from genpool_worker.kv_layout import KVLayout
-from genpool_worker.model_runner import TorchModelRunner
 from tests.worker.test_engine_parts import ByteTokenizer, RecordingModel
 
 FIRST = 6  # the loaded request's first token, made elsewhere
@@ -72,7 +71,7 @@ class Plans:
 
 def test_the_runner_loads_the_plans_imported_ids_and_no_other() -> None:
     model = RecordingModel()
-    runner = TorchModelRunner(model)
+    runner = model.runner()
     runner.add_request(Arrival("local", [1, 2], 8))
     runner.add_request(Arrival("loaded", [3], 8, kv_transfer=KVTransfer(first_token=FIRST)))
     connector = FakeConnector()
@@ -85,7 +84,7 @@ def test_the_runner_loads_the_plans_imported_ids_and_no_other() -> None:
 
 
 def test_a_request_the_connector_cannot_load_fails_alone() -> None:
-    runner = TorchModelRunner(RecordingModel())
+    runner = RecordingModel().runner()
     runner.add_request(Arrival("local", [1], 8))
     runner.add_request(Arrival("loaded", [3], 8, kv_transfer=KVTransfer(first_token=FIRST)))
     plan = GenPlan(0.0, ("local", "loaded"), (0, 1), ("local",), (), (), ("local", "loaded"),
@@ -96,11 +95,12 @@ def test_a_request_the_connector_cannot_load_fails_alone() -> None:
 
 
 def _engine(connector: FakeConnector) -> tuple[GenEngine, Plans]:
-    config = SchedulerConfig(kv_budget=KVBudget(16, RecordingModel.block_size))
+    model = RecordingModel()
+    config = SchedulerConfig(kv_budget=KVBudget(16, model.kv.block_size))
     scheduler = GenScheduler.from_settings({}, GenCapacity(max_batch_size=4), config)
     plans = Plans()
     ticks = iter(range(1, 1000))
-    engine = GenEngine(TorchModelRunner(RecordingModel()), ByteTokenizer(), scheduler,
+    engine = GenEngine(model.runner(), ByteTokenizer(), scheduler,
                        clock=lambda: 0.1 * next(ticks), observer=plans,
                        kv_connector=connector)  # fmt: skip
     return engine, plans
