@@ -6,7 +6,7 @@ STAMP := $(VENV)/.genpool-dev-installed
 PYTEST_ARGS ?=
 
 .PHONY: setup test unit test-model test-worker test-cluster test-e2e lint format bench clean \
-	devcluster demo inferencepool-crd interop-llm-d
+	devcluster demo inferencepool-crd interop-llm-d interop-llm-d-prefix
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -74,3 +74,10 @@ demo: setup
 LLMD_SRC ?= /tmp/llm-d-router
 interop-llm-d: setup
 	LLMD_SRC=$(LLMD_SRC) PY=$(PY) devcluster/interop_llm_d.sh run
+
+# llm-d's epp with its precise prefix-cache scorer over a GenPool with engine.kvEvents on
+# the local control plane (docs/operator.md, "Precise prefix-cache routing with llm-d"):
+# a multi-turn load picked by the epp, then the same with KV events off. Builds only the epp.
+# Writes bench/results/kv_events_interop_cluster.json. Not part of `make test`.
+interop-llm-d-prefix: setup
+	LLMD_SRC=$(LLMD_SRC) PY=$(PY) devcluster/interop_llm_d.sh precise-prefix

@@ -3,7 +3,7 @@
 A SmolLM2-135M-shaped Llama (30 layers, hidden 576, 9 heads / 3 KV heads, tied
 embeddings, vocab 49152) with random weights is written by transformers
 (``save_pretrained``, nothing downloaded) and loaded by both: ours with
-``LlamaModel.from_hf_dir`` (float32, oneDNN GEMMs), transformers with
+``LlamaModel.from_hf_dir`` (float32, oneDNN GEMMs) behind a runner, transformers with
 ``from_pretrained`` in float32. Both decode greedily from the same 16 seeded random
 prompts of 128 tokens, 64 steps, with the same torch thread count (1 and all cores).
 Runs alternate between the two, best of 3 kept.
@@ -41,7 +41,7 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
-from bench.decode_support import running_pool_tables, time_hf, time_ours  # noqa: E402
+from bench.decode_support import Ours, running_pool_tables, time_hf, time_ours  # noqa: E402
 from genpool_core.names import DEFAULT_KV_BLOCK_SIZE  # noqa: E402
 from genpool_worker.model import LlamaModel  # noqa: E402
 
@@ -79,25 +79,21 @@ def _random_checkpoint(directory: Path, shape: dict[str, Any]) -> None:
     model.save_pretrained(directory)
 
 
-def _load_models(shape: dict[str, Any], max_seq_len: int) -> tuple[LlamaModel, Any]:
+def _load_models(shape: dict[str, Any], max_seq_len: int) -> tuple[Ours, Any]:
     """A random checkpoint of ``shape`` in a temporary directory, loaded by both."""
     import transformers
 
     with tempfile.TemporaryDirectory() as tmp:
         _random_checkpoint(Path(tmp), shape)
-        ours = LlamaModel.from_hf_dir(
-            tmp,
-            num_blocks=POOL * -(-max_seq_len // BLOCK),
-            block_size=BLOCK,
-            max_seq_len=max_seq_len,
-        )
+        model = LlamaModel.from_hf_dir(tmp, max_seq_len=max_seq_len)
+        ours = Ours.with_blocks(model, POOL * -(-max_seq_len // BLOCK), BLOCK)
         hf: Any = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
         hf.eval()
     return ours, hf
 
 
 def _measure_row(
-    ours: LlamaModel,
+    ours: Ours,
     hf: Any,
     prompts: list[list[int]],
     tables: list[list[int]],
@@ -145,7 +141,7 @@ def run(quick: bool) -> dict[str, Any]:
     prompts = [
         [rng.randrange(10, shape["vocab_size"]) for _ in range(prompt_len)] for _ in range(BATCH)
     ]
-    tables = running_pool_tables(ours.num_blocks, BLOCK, max_seq_len, BATCH, SEED)
+    tables = running_pool_tables(ours.kv.num_blocks, BLOCK, max_seq_len, BATCH, SEED)
     time_ours(ours, prompts[:1], tables[:1], 2)  # warm-up
     time_hf(hf, prompts[:1], 2)
     threads_before = torch.get_num_threads()
@@ -162,7 +158,7 @@ def run(quick: bool) -> dict[str, Any]:
         "prompt_len": prompt_len,
         "decode_steps": steps,
         "repeats": repeats,
-        "ours_uses_onednn": ours.uses_onednn,
+        "ours_uses_onednn": ours.model.uses_onednn,
         "kv_block_size": BLOCK,
         "rows": rows,
         "environment": {

@@ -16,13 +16,36 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from genpool_core.kv_blocks import BlockPool, KVBudget
+from genpool_worker.model import CacheEngine, KVCache, KVSizing, LlamaModel
+from genpool_worker.model_runner import TorchModelRunner
 
 Tables = Sequence[Sequence[int]]
+
+
+@dataclass(frozen=True)
+class Ours:
+    """Our network, the KV cache the worker's runner owns for it, and that runner, whose
+    ``prefill``/``decode`` run the passes as the worker does (decode replayed from the
+    cache's CUDA graphs on CUDA)."""
+
+    model: LlamaModel
+    kv: CacheEngine
+    runner: TorchModelRunner[KVCache]
+
+    @classmethod
+    def of(cls, model: LlamaModel, kv: CacheEngine) -> Ours:
+        return cls(model, kv, TorchModelRunner(model, kv))
+
+    @classmethod
+    def with_blocks(cls, model: LlamaModel, num_blocks: int, block_size: int) -> Ours:
+        """``model`` over a cache of exactly ``num_blocks`` blocks of ``block_size``."""
+        return cls.of(model, CacheEngine(model, KVSizing(block_size, num_blocks)))
 
 
 def running_pool_tables(
@@ -36,7 +59,7 @@ def running_pool_tables(
     need = pool.budget.blocks_for(tokens)
     if rows * need > num_blocks:
         raise ValueError(f"{rows} requests of {need} blocks do not fit {num_blocks}")
-    held: list[tuple[int, ...]] = []
+    held: list[list[int]] = []
     for _ in range(4):  # rounds of admissions until full, then half the requests finish
         while True:
             size = rng.randint(1, 2 * need)
@@ -88,16 +111,17 @@ def time_hf(
 
 
 def time_ours(
-    model: Any, prompts: list[list[int]], tables: Tables, steps: int
+    ours: Ours, prompts: list[list[int]], tables: Tables, steps: int
 ) -> tuple[float, list[list[int]]]:
     """Prefill each prompt into its block table (untimed), then ``steps`` greedy decode
     steps: their seconds, and each request's tokens (the prefill's first one included)."""
-    tokens = [int(model.prefill(t, p).argmax()) for t, p in zip(tables, prompts, strict=True)]
+    run = ours.runner
+    tokens = [int(run.prefill(t, p).argmax()) for t, p in zip(tables, prompts, strict=True)]
     positions = [len(p) for p in prompts]
     out = [[t] for t in tokens]
     start = time.perf_counter()
     for i in range(steps):
-        tokens = model.decode(tables, tokens, [p + i for p in positions]).argmax(-1).tolist()
+        tokens = run.decode(tables, tokens, [p + i for p in positions]).argmax(-1).tolist()
         for seq, t in zip(out, tokens, strict=True):
             seq.append(t)
     return time.perf_counter() - start, out

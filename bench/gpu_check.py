@@ -58,6 +58,7 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
+from bench.decode_support import Ours  # noqa: E402
 from bench.gpu_check_models import (  # noqa: E402
     LLAMA31_8B,
     SEED,
@@ -70,7 +71,6 @@ from bench.gpu_check_models import (  # noqa: E402
 from bench.gpu_check_paged import attention_sweep, swapped_to_static  # noqa: E402
 from bench.gpu_check_report import format_summary, summarize  # noqa: E402
 from bench.gpu_check_residents import azure_residents  # noqa: E402
-from genpool_worker.model import LlamaModel  # noqa: E402
 
 
 class Budget:
@@ -107,18 +107,19 @@ def measure(
     return value
 
 
-def ours_decode(ours: LlamaModel, batch: int, prompt_len: int, steps: int) -> dict[str, Any]:
+def ours_decode(ours: Ours, batch: int, prompt_len: int, steps: int) -> dict[str, Any]:
     g = torch.Generator().manual_seed(SEED + batch)
-    prompts = torch.randint(10, ours.vocab_size, (batch, prompt_len), generator=g).tolist()
+    prompts = torch.randint(10, ours.model.vocab_size, (batch, prompt_len), generator=g).tolist()
     tables = block_tables(ours, batch, prompt_len + steps)
-    tokens = [int(ours.prefill(t, p).argmax()) for t, p in zip(tables, prompts, strict=True)]
+    run = ours.runner
+    tokens = [int(run.prefill(t, p).argmax()) for t, p in zip(tables, prompts, strict=True)]
     positions = [prompt_len] * batch
-    ours.decode(tables, tokens, positions)  # warm-up (graph capture if not yet)
-    _sync(ours.device)
+    run.decode(tables, tokens, positions)  # warm-up (graph capture if not yet)
+    _sync(ours.model.device)
     start = time.perf_counter()
     for i in range(steps):
-        tokens = ours.decode(tables, tokens, [p + i for p in positions]).argmax(-1).tolist()
-    _sync(ours.device)
+        tokens = run.decode(tables, tokens, [p + i for p in positions]).argmax(-1).tolist()
+    _sync(ours.model.device)
     seconds = time.perf_counter() - start
     return {"decode_s": seconds, "tok_s": batch * steps / seconds, "step_ms": 1e3 * seconds / steps}
 
@@ -191,8 +192,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if built is None:
         return result
     hf, ours = built
-    result["build"] = {"ours_uses_cuda_graphs": ours.uses_cuda_graphs}
-    measure(result, "capture_graphs", budget, 20, lambda: _timed(ours.capture_decode_graphs))
+    result["build"] = {"ours_uses_cuda_graphs": ours.kv.uses_cuda_graphs}
+    measure(result, "capture_graphs", budget, 20, lambda: _timed(ours.kv.capture_decode_graphs))
     measure(
         result,
         "correctness",
@@ -204,18 +205,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         measure(result, f"ours_b{b}", budget, 15, partial(ours_decode, ours, b, prompt_len, steps))
     measure_paged(result, budget, ours, shape, batches, prompt_len, steps)
     measure_hf(result, budget, hf, batches, prompt_len, steps, compiled=False)
-    summarize(result, ours, prompt_len + steps // 2)
+    summarize(result, ours.model, prompt_len + steps // 2)
     if device.type == "cuda" and not args.skip_compiled:
         # compiled: ~1 min of compilation per batch size
         measure_hf(result, budget, hf, [1, 64], prompt_len, steps, compiled=True)
-        summarize(result, ours, prompt_len + steps // 2)
+        summarize(result, ours.model, prompt_len + steps // 2)
     return result
 
 
 def measure_paged(
     result: dict[str, Any],
     budget: Budget,
-    ours: LlamaModel,
+    ours: Ours,
     shape: dict[str, Any],
     batches: list[int],
     prompt_len: int,
@@ -224,7 +225,7 @@ def measure_paged(
     """The paged kernel against the pre-paging one (CUDA only), and residents at Azure
     lengths (arithmetic, everywhere)."""
     measure(result, "residents_azure", budget, 1, azure_residents)
-    if not ours.uses_cuda_graphs:
+    if not ours.kv.uses_cuda_graphs:
         result["static_baseline"] = {"skipped": "needs the CUDA path (Triton, graphs)"}
         return
     compared = batches if result["quick"] else [1, 64, 128]  # ~15 s each
@@ -237,7 +238,7 @@ def measure_paged(
     for b in compared:
         measure(result, f"static_b{b}", budget, 15, partial(static_decode, b))
     contexts = [48, 300] if result["quick"] else [prompt_len + steps + 8, 2048, 8192]
-    sweep = partial(attention_sweep, shape, ours.device, compared, contexts, budget.left)
+    sweep = partial(attention_sweep, shape, ours.model.device, compared, contexts, budget.left)
     measure(result, "attention_sweep", budget, 30, sweep)
 
 

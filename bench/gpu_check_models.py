@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from bench.decode_support import hf_generate
+from bench.decode_support import Ours, hf_generate
 from genpool_core.kv_blocks import BlockPool, KVBudget
 from genpool_core.names import DEFAULT_KV_BLOCK_SIZE
-from genpool_worker.model import LlamaModel
+from genpool_worker.model import CacheEngine, KVSizing, LlamaModel
 from genpool_worker.model.hf_config import read_hf_config
 from genpool_worker.model.hf_weights import gguf_name
 
@@ -59,7 +59,7 @@ NUM_PROMPTS = 4  # correctness: 4 x 64 teacher-forced positions
 
 def build_models(
     shape: dict[str, Any], device: torch.device, dtype: torch.dtype, max_batch: int, max_len: int
-) -> tuple[Any, LlamaModel]:
+) -> tuple[Any, Ours]:
     """transformers' model and ours, with KV blocks for ``max_batch`` requests of
     ``max_len`` tokens (decode graphs captured up to ``max_batch`` rows)."""
     import transformers
@@ -85,25 +85,23 @@ def build_models(
         ours_name = gguf_name(name)
         if ours_name is not None:
             weights[ours_name] = tensor
-    ours = LlamaModel(
+    model = LlamaModel(
         ours_config,
         weights,
         max_seq_len=max_len,
-        num_blocks=max_batch * -(-max_len // DEFAULT_KV_BLOCK_SIZE),
-        block_size=DEFAULT_KV_BLOCK_SIZE,
-        max_decode_batch=max_batch,
         device=device,
         dtype=dtype,
         name="llama-3.1-8b-shape-random",
         consume_weights=True,
     )
-    return hf, ours
+    sizing = KVSizing(DEFAULT_KV_BLOCK_SIZE, max_batch * -(-max_len // DEFAULT_KV_BLOCK_SIZE))
+    return hf, Ours.of(model, CacheEngine(model, sizing, max_decode_batch=max_batch))
 
 
-def block_tables(ours: LlamaModel, rows: int, tokens: int) -> list[list[int]]:
+def block_tables(ours: Ours, rows: int, tokens: int) -> list[list[int]]:
     """``rows`` requests' blocks for ``tokens`` tokens each, as the scheduler hands them
     out (lowest free ids first: each request's blocks consecutive)."""
-    pool = BlockPool(KVBudget(ours.num_blocks, ours.block_size))
+    pool = BlockPool(KVBudget(ours.kv.num_blocks, ours.kv.block_size))
     return [list(pool.allocate(pool.budget.blocks_for(tokens))) for _ in range(rows)]
 
 
@@ -114,15 +112,15 @@ def hf_generate_static(hf: Any, prompts: torch.Tensor, new: int, compiled: bool)
     )
 
 
-def correctness(hf: Any, ours: LlamaModel, steps: int, prompt_len: int) -> dict[str, Any]:
+def correctness(hf: Any, ours: Ours, steps: int, prompt_len: int) -> dict[str, Any]:
     """Top-1 agreement along transformers' greedy sequence, ours and transformers' own
     bf16 each against a float32 copy of the same weights (the bf16 rounding noise of a
     random 32-layer model is the yardstick: ours should be as close as transformers)."""
     import copy
 
     g = torch.Generator().manual_seed(SEED)
-    prompts = torch.randint(10, ours.vocab_size, (NUM_PROMPTS, prompt_len), generator=g)
-    prompts = prompts.to(ours.device)
+    prompts = torch.randint(10, ours.model.vocab_size, (NUM_PROMPTS, prompt_len), generator=g)
+    prompts = prompts.to(ours.model.device)
     hf_tokens = hf_generate_static(hf, prompts, steps, compiled=False)
     sequences = torch.cat([prompts, hf_tokens[:, :-1]], dim=1)
     with torch.inference_mode():
@@ -132,15 +130,16 @@ def correctness(hf: Any, ours: LlamaModel, steps: int, prompt_len: int) -> dict[
         del reference
     tables = block_tables(ours, NUM_PROMPTS, prompt_len + steps)
     ids = prompts.tolist()
-    forced_steps = [torch.stack([ours.prefill(t, i) for t, i in zip(tables, ids, strict=True)])]
+    run = ours.runner
+    forced_steps = [torch.stack([run.prefill(t, i) for t, i in zip(tables, ids, strict=True)])]
     for i in range(steps - 1):  # teacher-forced, batched: feed transformers' token i
         forced_steps.append(
-            ours.decode(tables, hf_tokens[:, i].tolist(), [prompt_len + i] * NUM_PROMPTS)
+            run.decode(tables, hf_tokens[:, i].tolist(), [prompt_len + i] * NUM_PROMPTS)
         )
     forced = torch.stack(forced_steps, dim=1).float()
-    free = [int(ours.prefill(tables[0], ids[0]).argmax())]
+    free = [int(run.prefill(tables[0], ids[0]).argmax())]
     for i in range(steps - 1):
-        free.append(int(ours.decode(tables[:1], [free[-1]], [prompt_len + i])[0].argmax()))
+        free.append(int(run.decode(tables[:1], [free[-1]], [prompt_len + i])[0].argmax()))
     first = hf_tokens[0].tolist()
     prefix = next((i for i, (a, b) in enumerate(zip(free, first, strict=True)) if a != b), steps)
     ref_top1 = ref_logits.argmax(-1)

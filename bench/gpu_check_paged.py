@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 
+from bench.decode_support import Ours
 from bench.static_slot_attention import slot_decode_attention
-from genpool_worker.model import LlamaModel, paged_attention
+from genpool_worker.model import paged_attention
 
 # (label, num_splits, min_split): the default first, then the settings it was chosen over
 PAGED_SETTINGS = (
@@ -34,17 +35,18 @@ ROTATE_BYTES = 256 * 2**20  # caches cycled per timing, so the L2 cache cannot h
 
 
 @contextmanager
-def swapped_to_static(ours: LlamaModel, max_batch: int) -> Iterator[None]:
+def swapped_to_static(ours: Ours, max_batch: int) -> Iterator[None]:
     """Our decode steps with the static-slot kernel: row ``i`` reads static slot ``i``."""
-    fast = ours._fast
+    fast = ours.kv.decode_graphs
     if fast is None:
         raise RuntimeError("ours does not use the Triton kernels (no CUDA or no Triton)")
-    c, cache = ours.config, ours.kv_cache
-    shape = (max_batch + 1, c.num_kv_heads, ours.max_seq_len, c.head_dim)
+    model, cache = ours.model, ours.kv.cache
+    c = model.config
+    shape = (max_batch + 1, c.num_kv_heads, model.max_seq_len, c.head_dim)
     layer_of = {k.data_ptr(): i for i, k in enumerate(cache.k)}
-    static_k = [torch.zeros(shape, device=ours.device, dtype=ours.dtype) for _ in cache.k]
-    static_v = [torch.zeros(shape, device=ours.device, dtype=ours.dtype) for _ in cache.v]
-    slots = torch.arange(max_batch + 1, device=ours.device)
+    static_k = [torch.zeros(shape, device=model.device, dtype=model.dtype) for _ in cache.k]
+    static_v = [torch.zeros(shape, device=model.device, dtype=model.dtype) for _ in cache.v]
+    slots = torch.arange(max_batch + 1, device=model.device)
 
     def attention(
         q: torch.Tensor,

@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from bench.decode_support import Ours
 from bench.gpu_check import Budget, environment, measure, ours_decode
 from bench.gpu_check_checkpoint import prompt_range, scratch_dir, write_checkpoint
 from bench.gpu_check_clients import (
@@ -126,19 +127,17 @@ def alarmed(seconds: float, fn: Callable[[], T]) -> Callable[[], T]:
 
 def model_only(directory: Path, s: Settings) -> dict[str, Any]:
     """Ours from ``directory`` in this process: decode tok/s at each concurrency."""
-    from genpool_worker.model import LlamaModel
+    from genpool_worker.model import CacheEngine, KVSizing, LlamaModel
 
     biggest = max(s.concurrency)
-    ours = LlamaModel.from_hf_dir(
-        directory, max_seq_len=s.max_seq_len, block_size=DEFAULT_KV_BLOCK_SIZE,
-        num_blocks=biggest * -(-s.max_seq_len // DEFAULT_KV_BLOCK_SIZE),
-        max_decode_batch=biggest, device=s.device,
-    )  # fmt: skip
+    model = LlamaModel.from_hf_dir(directory, max_seq_len=s.max_seq_len, device=s.device)
+    sizing = KVSizing(DEFAULT_KV_BLOCK_SIZE, biggest * -(-s.max_seq_len // DEFAULT_KV_BLOCK_SIZE))
+    ours = Ours.of(model, CacheEngine(model, sizing, max_decode_batch=biggest))
     try:
         out = {f"b{b}": ours_decode(ours, b, s.prompt_len, s.output_len) for b in s.concurrency}
-        return out | {"uses_cuda_graphs": ours.uses_cuda_graphs, "dtype": str(ours.dtype)}
+        return out | {"uses_cuda_graphs": ours.kv.uses_cuda_graphs, "dtype": str(model.dtype)}
     finally:
-        del ours
+        del ours, model
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

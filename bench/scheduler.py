@@ -30,8 +30,14 @@ again, right after) with one H200's KV at the Llama-3.1-8B shape (``KV_BUDGET``,
 blocks of 16 tokens: each admission reserves its prompt + output in blocks, each finish
 gives them back). The budget holds the residents at their longest (256 x 144 blocks), so
 memory never binds and both runs make the same decisions (checked: ``same_decisions``);
-the difference is the blocks' bookkeeping. The runner: ``bench/scheduler_runner.py``;
-summaries, targets and the table: ``bench/scheduler_report.py``.
+the difference is the blocks' bookkeeping.
+
+Prefix caching. Then each mode twice more, side by side: prompts this worker prefills
+(``num_output_tokens`` 0, block hashes, half of them starting with the same 1024-token
+system prompt), with the KV budget, without (``+prefill``) and with (``+cache``) the
+prefix cache: the cost of looking up, sharing and registering blocks. The runner:
+``bench/scheduler_runner.py``; summaries, targets and the table:
+``bench/scheduler_report.py``.
 """
 
 from __future__ import annotations
@@ -42,7 +48,14 @@ import platform
 import sys
 from typing import Any
 
-from bench.scheduler_report import TARGET_SCALE, format_table, kv_side_by_side, kv_target, targets
+from bench.scheduler_report import (
+    TARGET_SCALE,
+    cache_side_by_side,
+    format_table,
+    kv_side_by_side,
+    kv_target,
+    targets,
+)
 from bench.scheduler_runner import (
     KV_BUDGET,
     MAX_TOKENS,
@@ -63,7 +76,10 @@ QUICK = Passes(warmup=300, measured=300)
 def bench_scale(scale: Scale, passes: Passes) -> dict[str, dict[str, Any]]:
     """Every mode at one scale, side by side, without KV blocks and then with them."""
     results = _side_by_side([Runner(scale, mode) for mode in MODES], passes)
-    return results | _side_by_side([Runner(scale, mode, kv=True) for mode in MODES], passes)
+    results |= _side_by_side([Runner(scale, mode, kv=True) for mode in MODES], passes)
+    prefills = [Runner(scale, mode, prefill=True) for mode in MODES]
+    caches = [Runner(scale, mode, cache=True) for mode in MODES]
+    return results | _side_by_side(prefills + caches, passes)
 
 
 def _side_by_side(runners: list[Runner], passes: Passes) -> dict[str, dict[str, Any]]:
@@ -102,6 +118,7 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         configs[scale.name] = bench_scale(scale, passes)
         print(f"  {scale.name:>9} done", file=sys.stderr, flush=True)
     kv = kv_side_by_side(configs)
+    cache = cache_side_by_side(configs)
     return {
         "benchmark": "scheduler",
         "description": "GenScheduler.step(now) and postprocess cost in steady state, microseconds",
@@ -125,6 +142,7 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         "target": targets(configs[TARGET_SCALE]),
         "kv": kv,
         "kv_target": kv_target(kv),
+        "prefix_cache": cache,
         "configs": configs,
     }
 

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench.scheduler_report import KV_SUFFIX, summary_us
+from bench.scheduler_report import CACHE_SUFFIX, KV_SUFFIX, PREFILL_SUFFIX, summary_us
 from genpool_core.names import DEFAULT_KV_BLOCK_SIZE
 from genpool_core.plan import GenPlan
 from genpool_core.preemption import GenCapacity
@@ -63,26 +63,48 @@ def capacity_for(scale: Scale, mode: str) -> tuple[GenCapacity, dict[str, object
     )
 
 
-class Workload:
-    """Keeps the queue topped up with keyed arrivals of seeded random length."""
+SHARED_PREFIX_BLOCKS = 64  # the prefix-cache runs: half the prompts start with 1024 shared tokens
+TOP_BIT = 1 << 63
 
-    def __init__(self, scheduler: GenScheduler, waiters: int, seed: int) -> None:
+
+def prompt_hashes(serial: int, prompt_len: int, block_size: int) -> list[int]:
+    """Block hashes of a prompt (the prefix-cache runs): even serials start with the shared
+    system prompt's chain, the rest of every prompt is its own."""
+    num_blocks = prompt_len // block_size
+    shared = min(num_blocks, SHARED_PREFIX_BLOCKS) if serial % 2 == 0 else 0
+    own = [TOP_BIT | serial << 16 | i for i in range(shared, num_blocks)]
+    return [TOP_BIT | i for i in range(shared)] + own
+
+
+class Workload:
+    """Keeps the queue topped up with keyed arrivals of seeded random length (with block
+    hashes when ``is_hashing``: a prefix-cache run)."""
+
+    def __init__(self, scheduler: GenScheduler, waiters: int, seed: int,
+                 is_hashing: bool = False) -> None:  # fmt: skip
         self.scheduler = scheduler
         self.waiters = waiters
         self.rnd = random.Random(seed)
         self.serial = 0
+        self.is_hashing = is_hashing
 
     def top_up(self, now: float) -> int:
         added = 0
         while self.scheduler.num_waiting < self.waiters:
             self.serial += 1
+            prompt_len = self.rnd.randint(16, 2048)
             request = GenRequest(
                 f"req-{self.serial}",
-                prompt_len=self.rnd.randint(16, 2048),
+                prompt_len=prompt_len,
                 max_tokens=self.rnd.randint(*MAX_TOKENS),
                 arrival_time=now,
                 first_token_time=now,
             )
+            if self.is_hashing:  # a prompt this worker prefills: no first token yet
+                request.num_output_tokens = 0
+                request.first_token_time = None
+                request.block_hashes = prompt_hashes(self.serial, prompt_len,
+                                                     DEFAULT_KV_BLOCK_SIZE)  # fmt: skip
             self.scheduler.add_request(request, now)
             added += 1
         return added
@@ -92,19 +114,26 @@ class Runner:
     """One scheduler (one mode at one scale, with or without KV blocks) and its workload,
     pass by pass."""
 
-    def __init__(self, scale: Scale, mode: str, *, kv: bool = False) -> None:
+    def __init__(self, scale: Scale, mode: str, *, kv: bool = False, prefill: bool = False,
+                 cache: bool = False) -> None:  # fmt: skip
+        """``prefill``: the worker prefills its prompts (they carry block hashes, with KV
+        blocks); ``cache``: and shares them through the prefix cache."""
         capacity, capacity_settings = capacity_for(scale, mode)
         self.scale, self.mode = scale, mode
-        self.name = mode + KV_SUFFIX if kv else mode
+        suffix = CACHE_SUFFIX if cache else PREFILL_SUFFIX if prefill else KV_SUFFIX if kv else ""
+        self.name = mode + suffix
+        prefill = prefill or cache
         self.settings = {**MODES[mode], **capacity_settings}
         self.scheduler = GenScheduler.from_settings(
             self.settings,
             capacity,
             SchedulerConfig(
-                max_queue_length=max(scale.waiters, 1), kv_budget=KV_BUDGET if kv else None
+                max_queue_length=max(scale.waiters, 1),
+                kv_budget=KV_BUDGET if kv or prefill else None,
+                enable_prefix_caching=cache,
             ),
         )
-        self.workload = Workload(self.scheduler, scale.waiters, SEED)
+        self.workload = Workload(self.scheduler, scale.waiters, SEED, is_hashing=prefill)
         self.now = 0.0
         self.step_ns: list[int] = []
         self.post_ns: list[int] = []

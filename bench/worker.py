@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from bench.decode_support import running_pool_tables, static_tables, time_hf, time_ours
+from bench.decode_support import Ours, running_pool_tables, static_tables, time_hf, time_ours
 from genpool_core.names import DEFAULT_KV_BLOCK_SIZE
 
 BATCHES = (1, 8, 16)
@@ -83,17 +83,16 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     residents, max_seq_len = max(BATCHES) + HEADROOM, prompt_len + new_tokens + 1
     block = DEFAULT_KV_BLOCK_SIZE
     t0 = time.perf_counter()
-    ours = LlamaModel.from_gguf(
-        path,
-        num_blocks=residents * -(-max_seq_len // block),
-        block_size=block,
-        max_seq_len=max_seq_len,
+    ours = Ours.with_blocks(
+        LlamaModel.from_gguf(path, max_seq_len=max_seq_len),
+        residents * -(-max_seq_len // block),
+        block,
     )
     ours_load_s = time.perf_counter() - t0
     rss_ours, rss_ours_now = _rss_mb(), _current_rss_mb()
     t0 = time.perf_counter()
-    static = LlamaModel.from_gguf(
-        path, num_blocks=residents, block_size=max_seq_len, max_seq_len=max_seq_len
+    static = Ours.with_blocks(
+        LlamaModel.from_gguf(path, max_seq_len=max_seq_len), residents, max_seq_len
     )
     static_load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -105,10 +104,10 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     rng = random.Random(SEED)
     load_before = os.getloadavg()[0]
     # Warm-up: first calls pay one-off allocation / kernel selection costs.
-    warm = [[rng.randrange(100, ours.vocab_size) for _ in range(8)]]
+    warm = [[rng.randrange(100, ours.model.vocab_size) for _ in range(8)]]
     for model in (ours, static):
         time_ours(model, warm, [[0]], 2)
-    time_hf(hf, warm, 2, ours.eos_token_id)
+    time_hf(hf, warm, 2, ours.model.eos_token_id)
     setup = _Setup(ours, static, hf, residents, block, max_seq_len, prompt_len, new_tokens,
                    repeats)  # fmt: skip
     rows = []
@@ -119,9 +118,9 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     torch.set_num_threads(threads_before)
     return {
         "quick": quick,
-        "model": ours.name,
+        "model": ours.model.name,
         "dtype": "float32",
-        "ours_uses_onednn": ours.uses_onednn,
+        "ours_uses_onednn": ours.model.uses_onednn,
         "repeats": repeats,
         "rows": rows,
         "paged_vs_static_batch16": {
@@ -129,8 +128,8 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         },
         "paged_goal": PAGED_GOAL,
         "load_s": {"ours": ours_load_s, "ours_static": static_load_s, "hf": hf_load_s},
-        "kv_cache_mb": ours.kv_cache.nbytes / 2**20,
-        "static_kv_cache_mb": static.kv_cache.nbytes / 2**20,
+        "kv_cache_mb": ours.kv.cache.nbytes / 2**20,
+        "static_kv_cache_mb": static.kv.cache.nbytes / 2**20,
         "peak_rss_mb": {"after_ours_loaded": rss_ours, "end_both_loaded": _rss_mb()},
         "current_rss_mb_after_ours_loaded": rss_ours_now,
         "environment": {
@@ -148,8 +147,8 @@ def run(*, quick: bool = False) -> dict[str, Any]:
 class _Setup:
     """The loaded models and the run's shape, the same for every row."""
 
-    ours: Any  # LlamaModel, paged
-    static: Any  # LlamaModel, one max_seq_len block per request
+    ours: Ours  # paged
+    static: Ours  # one max_seq_len block per request
     hf: Any  # transformers' model
     residents: int
     block: int
@@ -163,11 +162,12 @@ def _measure(setup: _Setup, threads: int, b: int, rng: random.Random) -> dict[st
     """One row: the three layouts and transformers at batch ``b``, best of the repeats."""
     ours, new_tokens = setup.ours, setup.new_tokens
     prompts = [
-        [rng.randrange(100, ours.vocab_size) for _ in range(setup.prompt_len)] for _ in range(b)
+        [rng.randrange(100, ours.model.vocab_size) for _ in range(setup.prompt_len)]
+        for _ in range(b)
     ]
     scattered = [[s] for s in rng.sample(range(setup.residents), b)]
     paged = running_pool_tables(
-        ours.num_blocks, setup.block, setup.max_seq_len, b, rng.randrange(2**31)
+        ours.kv.num_blocks, setup.block, setup.max_seq_len, b, rng.randrange(2**31)
     )
     best: dict[str, float] = {}
     agree = 0.0
@@ -185,8 +185,9 @@ def _measure(setup: _Setup, threads: int, b: int, rng: random.Random) -> dict[st
             times[key], outs[key] = time_ours(model, prompts, tables, new_tokens)
         ours_out = outs["ours_paged"]
         same_paged_static &= ours_out == outs["ours_contiguous"] == outs["ours_scattered"]
-        times["hf_generate"], hf_out = time_hf(setup.hf, prompts, new_tokens + 1, ours.eos_token_id)
-        times["hf_prefill"], _ = time_hf(setup.hf, prompts, 1, ours.eos_token_id)
+        eos = ours.model.eos_token_id
+        times["hf_generate"], hf_out = time_hf(setup.hf, prompts, new_tokens + 1, eos)
+        times["hf_prefill"], _ = time_hf(setup.hf, prompts, 1, eos)
         for key, value in times.items():
             best[key] = min(best.get(key, float("inf")), value)
         same = sum(

@@ -2,14 +2,18 @@
 # llm-d interop run (docs/llm-d-interop-notes.md): llm-d's unmodified pd-sidecar and epp in
 # front of GenPool workers. Fetch-free: the llm-d-router source must already be on disk.
 #
-#   LLMD_SRC=/tmp/llm-d-router devcluster/interop_llm_d.sh [capture|local|run] [options]
+#   LLMD_SRC=/tmp/llm-d-router devcluster/interop_llm_d.sh [capture|local|run|precise-prefix] [options]
 #
-#   capture  the sidecar between recording fakes (+ a synthetic worker): the exact legs it sends
-#   local    prefill + decode workers on loopback, the sidecar in front of the decode worker
-#   run      (default) the devcluster: a P/D GenPool, llm-d's epp for its InferencePool, the sidecar
+#   capture         the sidecar between recording fakes (+ a synthetic worker): the exact legs it sends
+#   local           prefill + decode workers on loopback, the sidecar in front of the decode worker
+#   run             (default) the devcluster: a P/D GenPool, llm-d's epp for its InferencePool, the sidecar
+#   precise-prefix  the devcluster: a GenPool with KV events, llm-d's epp with its precise
+#                   prefix-cache scorer, a multi-turn load (and a control run, events off)
 #
 # Builds pd-sidecar and epp (CGO off, -trimpath) into ~/.cache/genpool/llm-d/<version>/bin
-# when absent; <version> is `git describe --tags --always` of $LLMD_SRC.
+# when absent (precise-prefix: the epp only); <version> is `git describe --tags --always` of
+# $LLMD_SRC. LLMD_BIN names another directory (an epp built by hand: LLMD_COMMIT records
+# its llm-d-router commit when $LLMD_SRC is not a git checkout).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,7 +25,7 @@ if [[ ! -f "$LLMD_SRC/go.mod" ]] || ! grep -q '^module github.com/llm-d/llm-d-ro
   exit 2
 fi
 VERSION="$(git -C "$LLMD_SRC" describe --tags --always 2>/dev/null || echo unknown)"
-COMMIT="$(git -C "$LLMD_SRC" rev-parse HEAD 2>/dev/null || echo unknown)"
+COMMIT="${LLMD_COMMIT:-$(git -C "$LLMD_SRC" rev-parse HEAD 2>/dev/null || echo unknown)}"
 BIN="${LLMD_BIN:-$HOME/.cache/genpool/llm-d/$VERSION/bin}"
 mkdir -p "$BIN"
 
@@ -34,17 +38,24 @@ build() {  # build NAME PKG LDFLAGS: atomically, only when absent
   mv "$BIN/$name.partial" "$BIN/$name"
 }
 
-(
-  flock -x 9
-  build pd-sidecar ./cmd/pd-sidecar \
-    "-X github.com/llm-d/llm-d-router/pkg/sidecar/version.CommitSHA=$COMMIT"
-  build epp ./cmd/epp "-X github.com/llm-d/llm-d-router/version.CommitSHA=$COMMIT"
-) 9>"$BIN/../build.lock"
-
 cmd="run"
 if [[ $# -gt 0 && "$1" != -* ]]; then
   cmd="$1"
   shift
 fi
+
+(
+  flock -x 9
+  if [[ "$cmd" != precise-prefix ]]; then
+    build pd-sidecar ./cmd/pd-sidecar \
+      "-X github.com/llm-d/llm-d-router/pkg/sidecar/version.CommitSHA=$COMMIT"
+  fi
+  build epp ./cmd/epp "-X github.com/llm-d/llm-d-router/version.CommitSHA=$COMMIT"
+) 9>"$BIN/../build.lock"
+
+extra=()
+if [[ "$cmd" == precise-prefix ]]; then
+  extra=(--epp-source-commit "$COMMIT")  # a later --epp-source-commit in "$@" wins
+fi
 cd "$ROOT"
-exec "$PY" -m genpool_devcluster.interop "$cmd" --bin "$BIN" "$@"
+exec "$PY" -m genpool_devcluster.interop "$cmd" --bin "$BIN" "${extra[@]}" "$@"

@@ -1,25 +1,28 @@
-"""The paged KV cache's accounting: blocks of ``block_size`` tokens (docs/design.md#kv-blocks).
+"""The paged KV cache's blocks: the budget, and the pool that hands them out
+(docs/design.md#kv-blocks).
 
-A worker's KV memory is ``num_blocks`` blocks, sized from bytes at start. A request is
-admitted only when the blocks it will ever use fit: ``prompt_len + max_tokens`` tokens,
-block-rounded, reserved whole at admission (``reserved_blocks``) and given back when it
-finishes. So a running request never needs a block it does not hold, and running out of
-blocks can only make a waiter wait: nothing is dropped, evicted or recomputed. A paused
-request keeps its blocks (that is what pausing in place costs), which is why the pause
-for an at-risk waiter happens only if that waiter's blocks fit.
+A worker's KV memory is ``num_blocks`` blocks of ``block_size`` tokens, sized from bytes
+at start. Each block has a reference count: the requests that hold it. With prefix
+caching a full block is also known by the hash of the tokens it holds and every token
+before them (:mod:`genpool_core.block_hash`), so a later request whose prompt starts
+the same way holds the same block instead of computing it again. A block nobody holds
+is free; a free block that still holds a cached prefix stays findable until its memory
+is needed: reuse takes never-cached free blocks first, then cached ones, least recently
+freed first (LRU). A held block is never reused, so evicting never touches a resident
+(a paused one included).
 
-Blocks are handed out lowest id first, so every tensor-parallel rank and every rerun
-agrees on every block table; the plan carries each admission's table.
+Every rank runs the same calls in the same order, so every block id is the same on every
+rank; the plan carries each admission's table. What is stored and evicted is recorded
+as :class:`KVEvent` values for the worker's KV event publisher.
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from genpool_core.request import GenRequest
+from genpool_core.block_hash import BlockHash
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,19 +53,53 @@ def reserved_tokens(prompt_len: int, max_tokens: int) -> int:
     return prompt_len + max_tokens
 
 
-class BlockPool:
-    """Free block ids, lowest first; ``num_blocks`` is the dummy (padding) block.
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    """Blocks ``first_block`` .. ``first_block + len(hashes) - 1`` of ``request_id``'s
+    tokens became cached under ``hashes`` (the worker adds their token ids)."""
 
-    Free space is kept as sorted extents ``[start, end)``: a request's blocks are taken
-    and given back a run at a time, so a pass with 1024 residents of ~100 blocks each
-    does not loop over every block in Python.
+    request_id: str
+    first_block: int
+    hashes: tuple[BlockHash, ...]
+    parent: BlockHash | None  # the hash of the block before the first; None: the first
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    """Cached blocks evicted: their memory was reused."""
+
+    hashes: tuple[BlockHash, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    """Every cached block forgotten at once."""
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class BlockPool:
+    """Reference-counted block ids ``0 .. num_blocks - 1``; ``num_blocks`` is the dummy
+    (padding) block, never handed out. Check first (``can_allocate``), then mutate.
+
+    Two kinds of held block, so that a pool without sharing costs no Python loop per
+    block: a *plain* block has one holder and has never been cached since it was
+    allocated (a set, moved in bulk); a *shared* block was made findable (``cache``) and
+    carries a reference count, kept until its last holder lets go. Only shared blocks are
+    ever held more than once (a prefix hit finds only cached blocks).
     """
 
     def __init__(self, budget: KVBudget) -> None:
         self.budget = budget
-        self._starts: list[int] = [0]  # free extents, sorted and disjoint, never touching
-        self._ends: list[int] = [budget.num_blocks]
-        self._num_free = budget.num_blocks
+        n = budget.num_blocks
+        self._plain = list(range(n - 1, -1, -1))  # free, not cached: popped from the end
+        self._held: set[int] = set()  # plain blocks in use (one holder each)
+        self._refs: dict[int, int] = {}  # shared blocks (cached, or once cached): holders
+        self._hashes: dict[int, BlockHash] = {}  # findable blocks: block -> hash
+        self._cached: dict[BlockHash, int] = {}  # hash -> the block that holds it
+        self._evictable: dict[int, None] = {}  # free but cached: oldest first (LRU)
+        self.events: list[KVEvent] = []  # since the last ``take_events``
 
     @property
     def num_blocks(self) -> int:
@@ -79,155 +116,157 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return self._num_free
+        """Blocks nobody holds, cached ones included (they go when memory is needed)."""
+        return len(self._plain) + len(self._evictable)
 
     @property
     def num_used(self) -> int:
-        return self.budget.num_blocks - self._num_free
+        return self.budget.num_blocks - self.num_free
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks that hold a cached prefix, held or not."""
+        return len(self._cached)
 
     def can_allocate(self, num_blocks: int) -> bool:
-        return 0 <= num_blocks <= self._num_free
+        return 0 <= num_blocks <= self.num_free
 
-    def allocate(self, num_blocks: int) -> tuple[int, ...]:
-        """The ``num_blocks`` lowest free ids, ascending (deterministic across ranks)."""
-        return tuple(itertools.chain.from_iterable(self.allocate_runs(num_blocks)))
-
-    def allocate_runs(self, num_blocks: int) -> tuple[range, ...]:
-        """``allocate``'s ids as ascending runs of consecutive ids (what ``free_runs`` takes)."""
+    def allocate(self, num_blocks: int) -> list[int]:
+        """``num_blocks`` free blocks, each now held once: never-cached ones first, then
+        the least recently freed cached ones (evicted: their hashes are forgotten)."""
         if not self.can_allocate(num_blocks):
-            raise RuntimeError(f"{num_blocks} KV blocks asked, {self._num_free} free")
-        taken: list[range] = []
-        left = num_blocks
-        while left > 0:
-            start, end = self._starts[0], self._ends[0]
-            count = min(left, end - start)
-            taken.append(range(start, start + count))
-            if start + count == end:
-                del self._starts[0], self._ends[0]
+            raise RuntimeError(f"{num_blocks} KV blocks asked, {self.num_free} free")
+        plain = self._plain
+        take = min(num_blocks, len(plain))
+        blocks = plain[len(plain) - take :]
+        del plain[len(plain) - take :]
+        blocks.reverse()
+        if take < num_blocks:
+            blocks += self._evict(num_blocks - take)
+        self._held.update(blocks)
+        return blocks
+
+    def _evict(self, count: int) -> list[int]:
+        evictable, hashes, refs = self._evictable, self._hashes, self._refs
+        taken = list(itertools.islice(evictable, count))  # the least recently freed
+        removed = []
+        for block in taken:
+            del evictable[block], refs[block]
+            block_hash = hashes.pop(block)
+            del self._cached[block_hash]
+            removed.append(block_hash)
+        self.events.append(BlockRemoved(tuple(removed)))
+        return taken
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        """Hold cached blocks once more (a prefix hit): a free one leaves the LRU."""
+        refs, evictable = self._refs, self._evictable
+        for block in blocks:
+            if refs[block] == 0:
+                del evictable[block]
+            refs[block] += 1
+
+    def free(self, blocks: Sequence[int]) -> None:
+        """Let go of ``blocks`` once each; any not held (or listed twice) refuses the whole
+        call. A block nobody holds any more is free; a cached one stays findable, and the
+        last blocks of a sequence are the first evicted (its prefix is the most shared)."""
+        given = set(blocks)
+        shared = given & self._refs.keys()
+        plain = given - shared
+        refs = self._refs
+        if (len(given) != len(blocks) or not plain <= self._held
+                or any(refs[block] == 0 for block in shared)):  # fmt: skip
+            raise ValueError(f"KV blocks {sorted(blocks)} are not all held: not allocated")
+        self._held -= plain
+        if not shared:  # nothing was ever shared: one bulk move
+            self._plain.extend(reversed(blocks))
+            return
+        for block in reversed(blocks):
+            count = refs.get(block)
+            if count is None:
+                self._plain.append(block)
+            elif count == 1:
+                self._release_shared(block)
             else:
-                self._starts[0] = start + count
-            left -= count
-        self._num_free -= num_blocks
-        return tuple(taken)
+                refs[block] = count - 1
 
-    def free(self, blocks: Iterable[int]) -> None:
-        """Give ``blocks`` back; any of them not allocated refuses the whole call."""
-        self.free_runs([range(start, end) for start, end in _runs(sorted(blocks))])
-
-    def free_runs(self, runs: Sequence[range]) -> None:
-        """Give back ascending, disjoint runs (``allocate_runs``'); all checked first."""
-        for run in runs:
-            start, end = run.start, run.stop
-            if not 0 <= start < end <= self.budget.num_blocks or self._overlaps(start, end):
-                raise ValueError(f"KV block range [{start}, {end}) is not allocated")
-        for before, after in itertools.pairwise(runs):
-            if before.stop > after.start:
-                raise ValueError(f"KV block {after.start} is given back twice: not allocated")
-        for run in runs:
-            self._insert(run.start, run.stop)
-            self._num_free += len(run)
-
-    def _overlaps(self, start: int, end: int) -> bool:
-        i = bisect.bisect_right(self._starts, start)
-        return (i > 0 and self._ends[i - 1] > start) or (
-            i < len(self._starts) and self._starts[i] < end
-        )
-
-    def _insert(self, start: int, end: int) -> None:
-        """Add the free extent ``[start, end)``, merged with the neighbours it touches."""
-        i = bisect.bisect_right(self._starts, start)
-        if i > 0 and self._ends[i - 1] == start:  # joins the extent before
-            i -= 1
-            start = self._starts[i]
-            del self._starts[i], self._ends[i]
-        if i < len(self._starts) and self._starts[i] == end:  # joins the extent after
-            end = self._ends[i]
-            del self._starts[i], self._ends[i]
-        self._starts.insert(i, start)
-        self._ends.insert(i, end)
-
-
-def _runs(ordered: list[int]) -> list[tuple[int, int]]:
-    """``[start, end)`` runs of consecutive ids (a repeated id starts a new run, which the
-    caller refuses as overlapping)."""
-    runs: list[tuple[int, int]] = []
-    for block in ordered:
-        if runs and runs[-1][1] == block:
-            runs[-1] = (runs[-1][0], block + 1)
+    def _release_shared(self, block: int) -> None:
+        """A shared block's last holder let go: findable, it waits in the LRU; no longer
+        findable (forgotten), it is plain and free again."""
+        if block in self._hashes:
+            self._refs[block] = 0
+            self._evictable[block] = None
         else:
-            runs.append((block, block + 1))
-    return runs
+            del self._refs[block]
+            self._plain.append(block)
 
+    def lookup(self, hashes: Iterable[BlockHash]) -> list[int]:
+        """The cached blocks of the longest run of ``hashes`` from the first."""
+        found = []
+        cached = self._cached
+        for block_hash in hashes:
+            block = cached.get(block_hash)
+            if block is None:
+                break
+            found.append(block)
+        return found
 
-class KVAccount:
-    """The scheduler's side of the blocks: what a request needs, holds and gives back.
+    def num_evictable(self, blocks: Iterable[int]) -> int:
+        """How many of ``blocks`` (cached ones) are free now: a hit on one takes a free
+        block."""
+        refs = self._refs
+        return sum(1 for block in blocks if refs[block] == 0)
 
-    ``budget`` None: no memory limit (the simulator's default, unit tests); requests then
-    hold no blocks and only the request caps (B, H) bound admission.
-    """
+    def cache(self, request_id: str, first_block: int, blocks: Sequence[int],
+              hashes: Sequence[BlockHash], parent: BlockHash | None) -> None:  # fmt: skip
+        """Make held, fully written ``blocks`` findable by ``hashes`` (aligned). A hash
+        another block already holds stays with that block (first come keeps it), and the
+        chain stops there."""
+        stored: list[BlockHash] = []
+        block_hashes, cached, refs, held = self._hashes, self._cached, self._refs, self._held
+        for block, block_hash in zip(blocks, hashes, strict=True):
+            if block in block_hashes or block_hash in cached:
+                break  # the chain continues from a block that is not this one's
+            if block in held:  # plain until now: one holder
+                held.discard(block)
+                refs[block] = 1
+            block_hashes[block] = block_hash
+            cached[block_hash] = block
+            stored.append(block_hash)
+        if stored:
+            self.events.append(BlockStored(request_id, first_block, tuple(stored), parent))
 
-    def __init__(self, budget: KVBudget | None) -> None:
-        self.pool = None if budget is None else BlockPool(budget)
-        self._runs: dict[str, tuple[range, ...]] = {}  # each holder's blocks, as runs
-        self._held: dict[str, tuple[range, ...]] = {}  # finished, KV exported: held on
+    def uncache(self, blocks: Iterable[int]) -> None:
+        """Forget what ``blocks`` hold (their KV is not what the hash says: a failed
+        prefill); they stay held, counted as shared until their holders let go."""
+        removed = []
+        for block in blocks:
+            block_hash = self._hashes.get(block)
+            if block_hash is not None and self._cached.get(block_hash) == block:
+                del self._cached[block_hash], self._hashes[block]
+                removed.append(block_hash)
+        if removed:
+            self.events.append(BlockRemoved(tuple(removed)))
 
-    def num_needed(self, request: GenRequest) -> int:
-        if self.pool is None:
-            return 0
-        return self.pool.budget.blocks_for(reserved_tokens(request.prompt_len, request.max_tokens))
+    def clear_cache(self) -> None:
+        """Forget every cached prefix (held blocks stay held)."""
+        for block in self._evictable:
+            del self._refs[block]
+            self._plain.append(block)
+        self._evictable.clear()
+        self._cached.clear()
+        self._hashes.clear()
+        self.events.append(AllBlocksCleared())
 
-    def check_fits_ever(self, request: GenRequest) -> None:
-        """A request larger than the whole cache would block the queue head forever."""
-        if self.pool is not None and self.num_needed(request) > self.pool.num_blocks:
-            raise ValueError(
-                f"prompt_len={request.prompt_len} + max_tokens={request.max_tokens} tokens need "
-                f"{self.num_needed(request)} KV blocks of {self.pool.block_size} tokens; the "
-                f"worker's KV cache has {self.pool.num_blocks}"
-            )
+    def take_events(self) -> list[KVEvent]:
+        events, self.events = self.events, []
+        return events
 
-    def can_fit(self, request: GenRequest | None) -> bool:
-        if request is None:
-            return False
-        return self.pool is None or self.pool.can_allocate(self.num_needed(request))
+    def num_holders(self, block: int) -> int:
+        count = self._refs.get(block)
+        if count is not None:
+            return count
+        return 1 if block in self._held else 0
 
-    def reserve(self, request: GenRequest) -> None:
-        if self.pool is not None:
-            runs = self.pool.allocate_runs(self.num_needed(request))
-            self._runs[request.request_id] = runs
-            request.blocks = tuple(itertools.chain.from_iterable(runs))
-
-    def release(self, request: GenRequest) -> None:
-        if self.pool is not None:
-            self.pool.free_runs(self._runs.pop(request.request_id))
-        request.blocks = ()
-
-    def hold(self, request: GenRequest) -> None:
-        """A finished request's blocks stay allocated (its KV is exported, docs/pd.md) until
-        ``release_held``: they count as used, so admission waits for them like any other."""
-        if self.pool is not None:
-            self._held[request.request_id] = self._runs.pop(request.request_id)
-
-    def held_blocks(self, request_id: str) -> tuple[int, ...]:
-        """A held request's block table (empty when it holds none)."""
-        return tuple(itertools.chain.from_iterable(self._held.get(request_id, ())))
-
-    def release_held(self, request_id: str) -> bool:
-        """Give a held request's blocks back; False when it holds none (already released)."""
-        runs = self._held.pop(request_id, None)
-        if runs is None:
-            return False
-        assert self.pool is not None
-        self.pool.free_runs(runs)
-        return True
-
-    def held_ids(self) -> tuple[str, ...]:
-        """Finished requests whose blocks are still held, oldest first."""
-        return tuple(self._held)
-
-    @property
-    def num_blocks(self) -> int:
-        return 0 if self.pool is None else self.pool.num_blocks
-
-    @property
-    def num_used(self) -> int:
-        return 0 if self.pool is None else self.pool.num_used
+    def cached_block(self, block_hash: BlockHash) -> int | None:
+        return self._cached.get(block_hash)

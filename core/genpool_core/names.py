@@ -53,6 +53,8 @@ RECENT_STAT_LINES = 16  # periodic stat lines a worker serves on GET /statlines
 GENERATION_FIELD = "generation"  # PUT /config's version: a worker refuses an older one
 
 WORKER_PORT = 8000  # the worker's HTTP port (completions, /stats, /config, /drain)
+# Where a worker publishes its KV events (vLLM's default ZMQ port; llm-d's subscriber dials it)
+DEFAULT_KV_EVENTS_PORT = 5557
 # P/D (docs/pd.md): the worker's --role values, and llm-d's pod label that carries them
 # (its picker selects prefill pods by it).
 BOTH_ROLE = "both"

@@ -1,5 +1,7 @@
 """The result of one scheduling pass (docs/design.md#scheduling-pass): what runs, what
-stays paused, who needs a prefill, who finished and why.
+stays paused, who needs a prefill, who finished and why, and every KV move: the blocks
+each admission gets, what of them it shares, whose KV is loaded from outside, whose
+blocks stay held at finish and which held blocks went back.
 
 The scheduler returns it; the engine, the simulator and every per-slot consumer read
 it and never re-derive a decision from their own state. Its digest is how
@@ -26,8 +28,15 @@ class GenPlan:
     whose chunk ends short of its prompt is in no other field and gets no token.
     ``admitted_blocks`` is each admitted request's KV block table (aligned with
     ``admitted_ids``; empty without a KV budget): the runner writes their KV there until
-    they finish. ``finish_reasons`` is aligned with ``finished_ids``. ``stat`` is the
-    pass's stat line, when one is due.
+    they finish. ``admitted_cached_tokens`` (aligned with ``admitted_ids``): the prompt
+    tokens each admission found in the prefix cache, held in the first blocks of its
+    table; its prefill computes the positions after them. ``imported_ids``: the
+    admissions whose prompt KV is loaded from outside into their tables (admitted with
+    their first token already made elsewhere: no prefill here), in admission order.
+    ``finish_reasons`` is aligned with ``finished_ids``; ``held_ids``: those finished
+    requests whose blocks stay held (their KV is exported) instead of going back.
+    ``released_held_ids``: held requests whose blocks went back since the previous pass
+    (before this pass admitted anyone). ``stat`` is the pass's stat line, when one is due.
     """
 
     now: float
@@ -44,6 +53,10 @@ class GenPlan:
     finish_reasons: tuple[FinishReason, ...]
     stat: StatLine | None = None
     prefill_chunks: tuple[tuple[str, int, int], ...] = ()
+    admitted_cached_tokens: tuple[int, ...] = ()
+    imported_ids: tuple[str, ...] = ()
+    held_ids: tuple[str, ...] = ()
+    released_held_ids: tuple[str, ...] = ()
 
     @property
     def stat_line(self) -> str | None:

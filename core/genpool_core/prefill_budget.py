@@ -39,8 +39,9 @@ class PrefillQueue:
         return tuple(self._waiting)
 
     def add(self, request: GenRequest) -> None:
+        """Prefill starts after the prompt tokens the prefix cache already holds."""
         self._waiting[request.request_id] = request
-        self._done[request.request_id] = 0
+        self._done[request.request_id] = request.num_cached_tokens
 
     def remove(self, request_id: str) -> None:
         """A request that left mid-prefill (aborted)."""

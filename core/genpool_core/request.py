@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from genpool_core.block_hash import BlockHash
 
 
 class RequestStatus(enum.Enum):
@@ -63,6 +65,10 @@ class GenRequest:
     admission target and output-rate floor; ``None`` uses the pool's (X and T).
     ``holds_kv_at_finish``: a prefill tier's request whose KV another worker will pull
     (docs/pd.md): when it ends (not aborted) its blocks stay held until released.
+    ``block_hashes``: the prefix-cache hashes of its full blocks of tokens
+    (genpool_core.block_hash), prompt first; whoever owns the tokens (the worker, the
+    simulator's workload) appends output blocks' hashes as they fill. Empty: nothing
+    of it is shared.
     """
 
     request_id: str
@@ -74,10 +80,12 @@ class GenRequest:
     slo_ttft_s: float | None = None
     target_output_tps: float | None = None
     holds_kv_at_finish: bool = False
+    block_hashes: list[BlockHash] = field(default_factory=list)
 
     status: RequestStatus = RequestStatus.WAITING
     slot: int | None = None
-    blocks: tuple[int, ...] = ()  # KV blocks reserved at admission (genpool_core.kv_blocks)
+    blocks: tuple[int, ...] = ()  # KV blocks held from admission (genpool_core.kv_account)
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
     resident_since: float | None = None
     tokens_at_admission: int = 0
     first_gen_token_time: float | None = None

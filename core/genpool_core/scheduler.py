@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 
 from genpool_core.admission import AdaptiveTarget, AdmissionQueue
 from genpool_core.knobs import Knobs
-from genpool_core.kv_blocks import KVAccount, KVBudget
+from genpool_core.kv_account import KVAccount
+from genpool_core.kv_blocks import KVBudget
 from genpool_core.live import LiveConfig
 from genpool_core.names import DEFAULT_STAT_INTERVAL_S
 from genpool_core.plan import GenPlan
@@ -46,6 +47,9 @@ class SchedulerConfig:
     # Prompt tokens prefilled per pass (chunked prefill, genpool_core.prefill_budget);
     # None: each prompt whole in the pass that admits it.
     max_prefill_tokens_per_pass: int | None = None
+    # Prefix caching (genpool_core.kv_account): admissions share the cached blocks their
+    # prompt starts with. Needs a KV budget and requests that carry block hashes.
+    enable_prefix_caching: bool = False
 
 
 class GenScheduler(SchedulerViews):
@@ -63,7 +67,7 @@ class GenScheduler(SchedulerViews):
         settings = policy.settings
         self.max_batch_size = cap.max_batch_size
         self.slots = SlotPool(cap.max_batch_size, cap.resident_headroom, cap.max_resident_headroom)
-        self.kv = KVAccount(self.config.kv_budget)
+        self.kv = KVAccount(self.config.kv_budget, is_caching=self.config.enable_prefix_caching)
         target = AdaptiveTarget(
             settings.admission_target_min_s,
             settings.admission_target_max_s,
@@ -77,6 +81,7 @@ class GenScheduler(SchedulerViews):
         budget = self.config.max_prefill_tokens_per_pass
         self._prefill = None if budget is None else PrefillQueue(budget)
         self._pending_finish: dict[str, FinishReason] = {}
+        self._released_held: list[str] = []  # since the last plan, which states them
         self._last_now: float | None = None
         self._last_plan: GenPlan | None = None
         self._pass_victims: Iterator[Victim] | None = None
@@ -118,10 +123,21 @@ class GenScheduler(SchedulerViews):
         else:
             raise UnknownRequestError(request_id)
 
+    def forget_kv(self, request_id: str) -> None:
+        """A resident's KV may not be what its hashes say (it failed in the engine): what
+        of it the prefix cache could share is forgotten. Unknown ids are ignored."""
+        request = self._residents.get(request_id)
+        if request is not None:
+            self.kv.forget(request)
+
     def release_held(self, request_id: str) -> bool:
-        """Free a finished request's held KV blocks (pulled, cancelled or expired; docs/pd.md).
+        """Free a finished request's held KV blocks (pulled, cancelled or expired; docs/pd.md)
+        now, so the next pass may admit into them; its plan states it (``released_held_ids``).
         False when it holds none: a second release is harmless."""
-        return self.kv.release_held(request_id)
+        is_released = self.kv.release_held(request_id)
+        if is_released:
+            self._released_held.append(request_id)
+        return is_released
 
     def postprocess(self, plan: GenPlan, now: float, stop_ids: tuple[str, ...] = ()) -> None:
         """Each batch request produced one token at ``now``; ``stop_ids`` hit EOS.
@@ -189,7 +205,7 @@ class GenScheduler(SchedulerViews):
             raise ValueError("postprocess the previous plan before the next step")
         self._last_now = now
         self._pass_victims = None
-        finished = self._observe(now)
+        finished, held = self._observe(now)
         resumed = self._resume(now, due_only=True)
         swapped_out, swapped_in = self._swap_for_due(now)
         admitted = self._admit(now)
@@ -200,6 +216,7 @@ class GenScheduler(SchedulerViews):
         chunks, prefill_ids = self._hand_out_prefill(admitted_ids)
         active = self._active
         paused_now = list(self.pausing)
+        released, self._released_held = self._released_held, []
         plan = GenPlan(
             now=now,
             batch_ids=tuple(active),  # keys are the request ids, in batch order
@@ -209,12 +226,19 @@ class GenScheduler(SchedulerViews):
             paused_in_place_slots=tuple([r.slot for r in paused_now if r.slot is not None]),
             admitted_ids=admitted_ids,
             admitted_blocks=tuple(self._residents[i].blocks for i in admitted_ids),
+            admitted_cached_tokens=tuple(
+                self._residents[i].num_cached_tokens for i in admitted_ids
+            ),
             resumed_ids=tuple(resumed),
             paused_ids=tuple(paused),
             finished_ids=tuple(request_id for request_id, _ in finished),
             finish_reasons=tuple(reason for _, reason in finished),
             stat=self._maybe_stat_line(now),
             prefill_chunks=tuple(chunks),
+            # Admitted with their first token made elsewhere: their prompt's KV is loaded.
+            imported_ids=tuple(i for i in admitted_ids if self._residents[i].tokens_at_admission),
+            held_ids=tuple(held),
+            released_held_ids=tuple(released),
         )
         self._last_plan = plan
         return plan
@@ -229,13 +253,17 @@ class GenScheduler(SchedulerViews):
             active = self._active
             return [], tuple(i for i in admitted_ids if active[i].num_output_tokens == 0)
         chunks, completed = self._prefill.hand_out(is_decoding=bool(self._active))
+        for request_id, _, end in chunks:
+            self.kv.register_computed(self._residents[request_id], end)
         for request in completed:  # after every pause: a new member is no victim this pass
             self._enter_batch(request)
         return chunks, tuple(r.request_id for r in completed)
 
-    def _observe(self, now: float) -> list[tuple[str, FinishReason]]:
+    def _observe(self, now: float) -> tuple[list[tuple[str, FinishReason]], list[str]]:
+        """Release what finished since the last pass; (finished with reasons, held ids)."""
         finished = list(self._pending_finish.items())
         self._pending_finish.clear()
+        held: list[str] = []
         for request_id, reason in finished:
             request = self._residents.pop(request_id)
             self.pausing.release(request, now)
@@ -247,6 +275,7 @@ class GenScheduler(SchedulerViews):
             self.slots.free(request.slot)
             if request.holds_kv_at_finish and reason is not FinishReason.ABORT:
                 self.kv.hold(request)  # until release_held: another worker pulls its KV
+                held.append(request_id)
             else:
                 self.kv.release(request)
             request.status = RequestStatus.FINISHED
@@ -258,7 +287,7 @@ class GenScheduler(SchedulerViews):
                 is_below_target = self.policy.on_complete(request, now)
                 if is_below_target is not None:
                     self.pausing.count_completion(is_below_target)
-        return finished
+        return finished, held
 
     def _resume(self, now: float, *, due_only: bool) -> list[str]:
         """Due resumes take free batch positions first; later, idle positions go early."""
@@ -338,6 +367,8 @@ class GenScheduler(SchedulerViews):
         if self._prefill is not None and request.num_output_tokens == 0:
             self._prefill.add(request)  # joins the batch when its last chunk runs
         else:
+            if request.num_output_tokens == 0:  # prefilled whole this pass, in plan order:
+                self.kv.register_computed(request, request.prompt_len)  # later ones share it
             self._enter_batch(request)
         self._residents[request.request_id] = request
         return request.request_id

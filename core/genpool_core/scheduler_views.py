@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from genpool_core.admission import AdmissionQueue
 from genpool_core.knobs import Knobs
-from genpool_core.kv_blocks import KVAccount
+from genpool_core.kv_account import KVAccount
 from genpool_core.names import PreemptionMode
 from genpool_core.preemption import PauseLane, PreemptionPolicy
 from genpool_core.prefill_budget import PrefillQueue
@@ -122,4 +122,7 @@ class SchedulerViews:
             kv_blocks=self.kv.num_blocks,
             kv_blocks_used=self.kv.num_used,
             kv_blocks_paused=sum(len(r.blocks) for r in self.pausing),
+            kv_blocks_cached=self.kv.num_cached,
+            prefix_cache_queries=self.kv.num_queried_tokens,
+            prefix_cache_hits=self.kv.num_hit_tokens,
         )

@@ -64,6 +64,11 @@ class SchedulerStats:
     kv_blocks: int = 0
     kv_blocks_used: int = 0
     kv_blocks_paused: int = 0
+    # prefix caching (genpool_core.kv_account): blocks holding a cached prefix (gauge);
+    # prompt tokens looked up and found (cumulative); all 0 with caching off
+    kv_blocks_cached: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
     # at-risk waiters pausing could admit now (free paused slots, pausable residents);
     # None with preemption off
     pause_budget: int | None = None

@@ -96,8 +96,8 @@ def _container(spec: GenPoolSpec, image: str, refs: PodRefs) -> dict[str, Any]:
         "imagePullPolicy": "IfNotPresent",
         "command": ["genpool-worker"],
         # Every other setting comes from GENPOOL_WORKER_CONFIG (worker.json).
-        "args": _args(refs),
-        "ports": [{"name": "http", "containerPort": WORKER_PORT, "protocol": "TCP"}],
+        "args": _args(spec, refs),
+        "ports": _ports(spec),
         "env": _env(spec, refs),
         "resources": _resources(spec),
         **_probes(),
@@ -117,9 +117,22 @@ def _container(spec: GenPoolSpec, image: str, refs: PodRefs) -> dict[str, Any]:
     }
 
 
-def _args(refs: PodRefs) -> list[str]:
+def _args(spec: GenPoolSpec, refs: PodRefs) -> list[str]:
+    """The pod's address and port, its P/D role, and its KV events (an argument, not
+    worker.json: the kubelet fills in ``$(POD_IP)`` in the events' topic)."""
     args = ["--host=$(POD_IP)", f"--port={WORKER_PORT}"]
-    return [*args, f"--role={refs.role}"] if refs.role else args
+    if refs.role:
+        args.append(f"--role={refs.role}")
+    events = spec.kv_events_config()
+    return [*args, f"--kv-events-config={events}"] if events is not None else args
+
+
+def _ports(spec: GenPoolSpec) -> list[dict[str, Any]]:
+    ports = [{"name": "http", "containerPort": WORKER_PORT, "protocol": "TCP"}]
+    events = spec.engine.kv_events
+    if events.enabled:
+        ports.append({"name": "kv-events", "containerPort": events.port, "protocol": "TCP"})
+    return ports
 
 
 def _env(spec: GenPoolSpec, refs: PodRefs) -> list[dict[str, Any]]:

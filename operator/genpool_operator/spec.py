@@ -10,13 +10,14 @@ rules and what the operator derives from it. Pure: no Kubernetes client, no cloc
 
 from __future__ import annotations
 
+import json
 import posixpath
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
 from genpool_core.knobs import KnobBounds, Knobs, start_paused_cap_fraction
-from genpool_core.names import PreemptionMode
+from genpool_core.names import WORKER_PORT, PreemptionMode
 from genpool_operator.kv_budget import KVBudgetError, KVBudgetInputs, kv_cache_fields
 from genpool_operator.spec_sections import (
     Autoscaling,
@@ -37,6 +38,9 @@ from genpool_operator.spec_sections import (
 # Where a GenPool's modelVolume is mounted (read-only) in the worker container.
 MODEL_MOUNT_PATH = "/models"
 GPU_SHARE_NEEDS_GPU = "engine.gpuMemoryUtilization is not allowed when accelerator is none"
+KV_EVENTS_NEED_CACHING = (
+    "engine.kvEvents.enabled needs engine.enablePrefixCaching (the events are the prefix cache's)"
+)
 # docs/pd.md: each rank holds a head shard, and per-rank KV transfer is not built.
 PREFILL_NEEDS_ONE_RANK = (
     "spec.prefill needs spec.tensorParallelSize 1 (prefill/decode moves the KV blocks of one rank)"
@@ -102,6 +106,12 @@ class GenPoolSpec(Section):
         return self
 
     @model_validator(mode="after")
+    def _kv_events_need_caching(self) -> GenPoolSpec:
+        if self.engine.kv_events.enabled and not self.engine.enable_prefix_caching:
+            raise ValueError(KV_EVENTS_NEED_CACHING)
+        return self
+
+    @model_validator(mode="after")
     def _gpu_share_needs_gpu(self) -> GenPoolSpec:
         if self.engine.gpu_memory_utilization is not None and self.accelerator != "nvidia":
             raise ValueError(GPU_SHARE_NEEDS_GPU)
@@ -160,6 +170,20 @@ class GenPoolSpec(Section):
             return self.model
         return posixpath.normpath(posixpath.join(MODEL_MOUNT_PATH, self.model))
 
+    def kv_events_config(self) -> str | None:
+        """The worker's ``--kv-events-config`` (vLLM's JSON) when KV events are on: bound on
+        the pod's address, topic ``kv@<pod IP>:<HTTP port>@<model>`` (llm-d's), the pod IP
+        filled in by the kubelet from ``$(POD_IP)``."""
+        events = self.engine.kv_events
+        if not events.enabled:
+            return None
+        return json.dumps({
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{events.port}",
+            "topic": f"kv@$(POD_IP):{WORKER_PORT}@{self.model}",
+        }, separators=(",", ":"))  # fmt: skip
+
     def live_config(self) -> dict[str, float]:
         """The spec's live knobs in WorkerConfig/PUT /config names (the tuner adds H and P)."""
         target = self.preemption.admission_target_seconds
@@ -215,6 +239,7 @@ class GenPoolSpec(Section):
             **self.kv_budget(),
             "max_queue_length": engine.max_queue_length,
             "stamp_arrival": engine.stamp_arrival,
+            "enable_prefix_caching": engine.enable_prefix_caching,
             "preemption_mode": preemption.kind.value,
             "max_pauses_per_request": preemption.max_pauses_per_request,
             # With mode Off (a template field) no slot is reserved: the KV cache stays small.

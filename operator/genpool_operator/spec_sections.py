@@ -16,9 +16,11 @@ from genpool_core.names import (
     DEFAULT_ADMISSION_TARGET_MAX_S,
     DEFAULT_ADMISSION_TARGET_MIN_S,
     DEFAULT_KV_BLOCK_SIZE,
+    DEFAULT_KV_EVENTS_PORT,
     DEFAULT_MAX_PAUSES_PER_REQUEST,
     DEFAULT_SLACK_S,
     DEFAULT_STAT_INTERVAL_S,
+    WORKER_PORT,
     PreemptionMode,
 )
 from genpool_core.scaler_settings import (
@@ -56,6 +58,21 @@ class ResourceRequirements(Section):
         return value
 
 
+class KVEvents(Section):
+    """The worker publishes its prefix cache's KV events (vLLM's format, ZMQ PUB on
+    ``port``), which llm-d's precise prefix-cache scorer subscribes to per pod."""
+
+    enabled: bool = False
+    port: int = Field(default=DEFAULT_KV_EVENTS_PORT, ge=1, le=65535)
+
+    @field_validator("port")
+    @classmethod
+    def _not_the_http_port(cls, value: int) -> int:
+        if value == WORKER_PORT:
+            raise ValueError(f"must not be the worker's HTTP port {WORKER_PORT}")
+        return value
+
+
 class Engine(Section):
     max_batch_size: int = Field(default=16, ge=1, le=4096)
     max_num_active_requests: int | None = Field(default=None, ge=1, le=65536)
@@ -71,6 +88,9 @@ class Engine(Section):
     # Chunked prefill (docs/design.md#chunked-prefill); 0: each prompt whole; None: the
     # worker's default for its device.
     max_prefill_tokens_per_pass: int | None = Field(default=None, ge=0, le=1048576)
+    # Prefix caching (docs/design.md#prefix-caching): share cached prompt prefixes.
+    enable_prefix_caching: bool = True
+    kv_events: KVEvents = Field(default_factory=KVEvents)
 
     @field_validator("kv_cache_memory")
     @classmethod

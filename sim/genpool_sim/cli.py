@@ -22,6 +22,13 @@ from genpool_sim.cli_options import DEFAULT_TRACE, build_parser
 from genpool_sim.cluster import ClusterConfig
 from genpool_sim.experiment import RunResult, Workload, run_seed
 from genpool_sim.pool_control import TuneConfig
+from genpool_sim.prefix_cli import (
+    PrefixUsageError,
+    caching_label,
+    check_conversation_budget,
+    check_prefix_flags,
+    conversation_workload,
+)
 from genpool_sim.report import class_summary, format_class_table, format_table, summarize
 from genpool_sim.workload import (
     RatePhase,
@@ -94,6 +101,7 @@ def run_sim(ns: argparse.Namespace) -> int:
     tune = tune_config(ns)
     if not 0 <= ns.warmup < ns.duration:
         raise UsageError("need 0 <= --warmup < --duration")
+    check_prefix_flags(ns)
     scenarios = _scenarios(ns, trace, rate_phases)
     if ns.classes is not None:
         scenarios = [(name, replace(w, classes=ns.classes)) for name, w in scenarios]
@@ -106,7 +114,11 @@ def run_sim(ns: argparse.Namespace) -> int:
             raise UsageError("--autoscale pools start their knobs as a GenPool does: drop"
                              " --paused-cap-fraction")  # fmt: skip
         return run_autoscale(ns, name, workload, base, tune)
-    return report(ns, _run_seeds(ns, scenarios, base, tune))
+    results: dict[tuple[str, float], list[RunResult]] = {}
+    for is_caching in ns.prefix_caching:  # each a table of its own, on the same seeds
+        named = [(caching_label(name, is_caching, ns), w) for name, w in scenarios]
+        results |= _run_seeds(ns, named, replace(base, prefix_caching=is_caching), tune)
+    return report(ns, results)
 
 
 def _base_config(ns: argparse.Namespace, trace: list[TraceRequest]) -> ClusterConfig:
@@ -114,10 +126,14 @@ def _base_config(ns: argparse.Namespace, trace: list[TraceRequest]) -> ClusterCo
         raise UsageError("--kv-block-size sizes the blocks of --kv-blocks: give both")
     base = ClusterConfig(workers=ns.workers, max_batch=ns.max_batch, ctx_servers=ns.ctx_servers,
                          tpot_budget=ns.tpot_budget, kv_blocks=ns.kv_blocks,
-                         kv_transfer_s_per_token=ns.kv_transfer_s_per_token)  # fmt: skip
+                         kv_transfer_s_per_token=ns.kv_transfer_s_per_token,
+                         colocated=ns.colocated, router=ns.router)  # fmt: skip
     if ns.kv_block_size is not None:
         base = replace(base, kv_block_size=ns.kv_block_size)
-    check_kv_budget(base, trace)
+    if ns.conversations is not None:  # a turn is at most the context, whatever the trace
+        check_conversation_budget(base, conversation_workload(ns, trace))
+    else:
+        check_kv_budget(base, trace)
     return base
 
 
@@ -163,6 +179,9 @@ def _scenarios(
 ) -> list[tuple[str, Workload]]:
     """The loads to run, each with its name in the tables."""
     scenarios: list[tuple[str, Workload]] = []
+    if ns.conversations is not None:
+        return [(f"conversations {ns.conversations:g}/s cv={ns.cv}",
+                 conversation_workload(ns, trace))]  # fmt: skip
     if ns.rate is not None or rate_phases is not None:  # each seed draws its own arrivals
         name = f"rate={ns.rate}" if ns.rate is not None else f"rate phases {ns.rate_phases}"
         rate_phases = rate_phases or [RatePhase(ns.duration, ns.rate)]
@@ -265,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if ns.command == "sim":
             return run_sim(ns)
-    except (UsageError, TraceError, AutoscaleUsageError) as exc:
+    except (UsageError, TraceError, AutoscaleUsageError, PrefixUsageError) as exc:
         print(f"genpool: error: {exc}", file=sys.stderr)
         return 2
     return 1

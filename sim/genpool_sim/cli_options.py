@@ -20,6 +20,7 @@ from genpool_sim.datafiles import AZURE_CONV, data_file
 from genpool_sim.experiment import Workload
 from genpool_sim.phases import Phase, parse_phases
 from genpool_sim.pool_control import TuneConfig
+from genpool_sim.prefix_cli import add_conversation_load, add_prefix_options
 from genpool_sim.slo_classes import SloClass, parse_classes
 
 DEFAULT_TRACE = data_file(AZURE_CONV)
@@ -110,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pool_options(sim)
     _add_output_options(sim)
     _add_tune_options(sim)
+    add_prefix_options(sim)
     add_autoscale_options(sim)
     return parser
 
@@ -139,6 +141,7 @@ def _add_load_options(sim: argparse.ArgumentParser) -> None:
         type=_phases,
         help=help_for(Workload, "phases", note="as SECONDS:CLIENTS,..."),
     )
+    add_conversation_load(load)
     _add_positive(sim, "--cv", float, 1.0, help_for(Workload, "cv", default=1.0))
     _add_positive(
         sim,

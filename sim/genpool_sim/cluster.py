@@ -23,6 +23,7 @@ from genpool_core.preemption import GenCapacity
 from genpool_core.request import FinishReason, GenRequest
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
 from genpool_sim.cluster_config import ClusterConfig as ClusterConfig
+from genpool_sim.gen_pass import fill_hashes, pass_seconds, route
 from genpool_sim.kv_memory import KVGauge
 from genpool_sim.modes import MODES as MODES
 from genpool_sim.modes import RECOMPUTE_MODE as RECOMPUTE_MODE
@@ -58,6 +59,7 @@ class Cluster:
             max_queue_length=1_000_000,
             stat_interval_s=config.stat_interval_s,
             kv_budget=config.kv_budget,
+            enable_prefix_caching=config.prefix_caching,
         )
         capacity = GenCapacity(config.max_batch)
         return GenScheduler.from_settings(config.settings(), capacity, sched_config)
@@ -82,7 +84,10 @@ class Cluster:
             if isinstance(payload, Tick):
                 payload.callback(at)
             elif isinstance(payload, SimRequest):
-                if kind == _ARRIVAL:
+                if kind == _ARRIVAL and self.config.colocated:  # the GEN worker prefills
+                    payload.gen_arrival = payload.arrival
+                    self._route(payload)
+                elif kind == _ARRIVAL:
                     self._ctx_queue.append(payload)
                     self._start_prefills()
                 elif kind == _CTX_DONE:
@@ -189,9 +194,10 @@ class Cluster:
 
     def _route(self, request: SimRequest) -> None:
         """To the least loaded routable worker; a returned waiter keeps its GEN arrival."""
-        routable = [w for w in self.workers if w.is_routable]
-        worker = min(routable, key=lambda w: (w.load, w.index))
+        config = self.config
+        worker = route([w for w in self.workers if w.is_routable], request, config.router)
         request.worker = worker.index
+        prompt_blocks = request.block_hashes[: request.prompt_tokens // config.kv_block_size]
         request.gen = GenRequest(
             request_id=request.request_id,
             prompt_len=request.prompt_tokens,
@@ -200,6 +206,8 @@ class Cluster:
             first_token_time=request.first_token_time,
             slo_ttft_s=request.slo_ttft_s,
             target_output_tps=request.target_output_tps,
+            num_output_tokens=0 if config.colocated else 1,
+            block_hashes=list(prompt_blocks) if config.prefix_caching else [],
         )
         worker.scheduler.add_request(request.gen, self.now)
         self._wake(worker)
@@ -220,6 +228,8 @@ class Cluster:
         now, scheduler = self.now, worker.scheduler
         if worker.plan is not None:
             scheduler.postprocess(worker.plan, now)
+            if self.config.prefix_caching:  # before the next pass releases the finished
+                fill_hashes(worker.plan, self.requests, self.config.kv_block_size)
             if worker.plan.batch_ids:
                 self.tokens_by_time.append((now, len(worker.plan.batch_ids)))
             worker.plan = None
@@ -227,6 +237,7 @@ class Cluster:
             limit = self.config.max_evictions_per_request
             evict_for_at_risk(worker, self.requests, now, limit)
         plan = scheduler.step(now)
+        scheduler.kv.take_events()  # nobody subscribes to the simulator's KV events
         self._record(worker, plan)
         if plan.stat_line is not None:
             self.stat_lines.append((worker.index, plan.stat_line))
@@ -236,24 +247,11 @@ class Cluster:
             self._retire_if_empty(worker)
             return
         worker.plan = plan
-        step_s = self._step_time(worker, plan)
+        step_s = pass_seconds(self.config.step_model, plan, self.requests,
+                              worker.recompute_tokens)  # fmt: skip
         if self.kv_gauge is not None:
             self.kv_gauge.observe(scheduler, now, step_s)
         self.schedule(now + step_s, _WORKER, worker)
-
-    def _step_time(self, worker: GenWorker, plan: GenPlan) -> float:
-        model = self.config.step_model
-        context = 0
-        for request_id in plan.batch_ids:
-            gen = self.requests[request_id].gen
-            assert gen is not None
-            context += gen.prompt_len + gen.num_output_tokens
-        seconds = model.decode_step_time(len(plan.batch_ids), context)
-        for request_id in plan.admitted_ids:
-            recomputed = worker.recompute_tokens.pop(request_id, None)
-            if recomputed is not None:  # the evicted KV is rebuilt by a prefill
-                seconds += model.prefill_time(recomputed)
-        return seconds
 
     def _record(self, worker: GenWorker, plan: GenPlan) -> None:
         now = self.now
@@ -264,11 +262,15 @@ class Cluster:
                 requeue_evicted(worker, request, now)
                 continue
             request.first_gen_token = request.gen.first_gen_token_time
+            if request.first_token_time is None:  # colocated: the worker's first token
+                request.first_token_time = request.gen.first_token_time
             request.last_token = request.gen.last_token_time
             self._finish(request)
         for request_id in plan.admitted_ids:
             request = self.requests[request_id]
             if request.admitted is None:
                 request.admitted = now
+                assert request.gen is not None
+                request.cached_tokens = request.gen.num_cached_tokens
         for request_id in plan.paused_ids:
             self.requests[request_id].num_pauses += 1

@@ -50,6 +50,28 @@ class ClusterConfig:
     kv_block_size: int = field(
         default=DEFAULT_KV_BLOCK_SIZE, metadata={DESCRIPTION: "tokens per KV-cache block"}
     )
+    colocated: bool = field(
+        default=False,
+        metadata={
+            DESCRIPTION: "GEN workers prefill their own prompts (no context stage), as a"
+            " worker without --role does; the prefill is charged in the pass that admits"
+        },
+    )
+    prefix_caching: bool = field(
+        default=False,
+        metadata={
+            DESCRIPTION: "prefix caching in the GEN workers (the core's, needs colocated and a"
+            " KV budget): admissions share the cached blocks their prompt starts with"
+        },
+    )
+    router: str = field(
+        default="least-loaded",
+        metadata={
+            DESCRIPTION: "where a request goes: least-loaded (residents + waiters) or"
+            " prefix-aware (the longest cached prefix of its prompt among the workers at most"
+            " B/4 requests busier than the least loaded)"
+        },
+    )
 
     @property
     def kv_budget(self) -> KVBudget | None:

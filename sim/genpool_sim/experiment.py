@@ -19,8 +19,10 @@ from genpool_core.field_help import DESCRIPTION
 from genpool_core.names import OFF_MODE, SLO_MODE
 from genpool_core.quantiles import percentile
 from genpool_sim.cluster import Cluster, ClusterConfig
-from genpool_sim.phases import Phase, clients_at, phase_starts
+from genpool_sim.conversations import ConversationSettings, draw_conversations, run_conversations
+from genpool_sim.phases import Phase, run_closed_loop
 from genpool_sim.pool_control import PoolDriver, SimPool, TuneConfig
+from genpool_sim.prefix_metrics import prefix_metrics
 from genpool_sim.records import SimRequest
 from genpool_sim.slo_classes import ClassPicker, SloClass, class_metrics
 from genpool_sim.workload import (
@@ -40,7 +42,7 @@ class Workload:
     """Closed loop (``concurrency`` clients, or ``phases`` of client counts; the phases
     set the duration) or open loop (``arrivals`` replayed, or Gamma arrivals with
     coefficient of variation ``cv`` at the ``rate_phases``' rates, drawn per seed; the
-    phases set the duration)."""
+    phases set the duration), or ``conversations`` (open across them, closed within)."""
 
     lengths: Sequence[TraceRequest] = field(
         metadata={DESCRIPTION: "the trace's (prompt, output) length pairs requests draw from"}
@@ -87,6 +89,10 @@ class Workload:
             " times, unitless; 1: Poisson"
         },
     )
+    conversations: ConversationSettings | None = field(
+        default=None,
+        metadata={DESCRIPTION: "multi-turn conversations started at a rate, drawn per seed"},
+    )
     classes: Sequence[SloClass] = field(
         default=(),
         metadata={
@@ -96,7 +102,8 @@ class Workload:
     )
 
     def __post_init__(self) -> None:
-        kinds = (self.concurrency, self.arrivals, self.phases, self.rate_phases)
+        kinds = (self.concurrency, self.arrivals, self.phases, self.rate_phases,
+                 self.conversations)  # fmt: skip
         if sum(kind is not None for kind in kinds) != 1:
             raise ValueError("a workload is closed-loop (concurrency or phases) or open-loop")
         timed = self.phases or self.rate_phases
@@ -142,6 +149,11 @@ def simulate(
     if pool is not None:  # the pool controller's rounds
         pool.attach(cluster)
         every(cluster, pool.interval_s, workload.duration_s, pool.tick, order=1)
+    if workload.conversations is not None:  # each seed draws its own conversations
+        drawn = draw_conversations(workload.conversations, workload.cv, workload.duration_s,
+                                   workload.lengths, rng)  # fmt: skip
+        run_conversations(cluster, drawn, workload.duration_s, submit)
+        return cluster
     arrivals = workload.arrivals
     if workload.rate_phases is not None:  # each seed draws its own arrivals and lengths
         arrivals = phased_gamma_arrivals(workload.rate_phases, workload.cv, workload.lengths, rng)
@@ -157,40 +169,10 @@ def simulate(
             )
         cluster.run()
         return cluster
-    _run_closed_loop(cluster, workload, rng, lambda: next(ids), submit)
-    return cluster
-
-
-def _run_closed_loop(
-    cluster: Cluster,
-    workload: Workload,
-    rng: random.Random,
-    next_id: Callable[[], int],
-    submit: Callable[[SimRequest], None],
-) -> None:
-    """Clients that send their next request when the last one ends, per phase."""
-    sampler = LengthSampler(workload.lengths, rng)
     phases = workload.phases or [Phase(workload.duration_s, workload.concurrency or 0)]
-    active: set[int] = set()
-
-    def send(client: int, at: float) -> None:
-        if at < workload.duration_s and client < clients_at(phases, at):
-            prompt, output = sampler.sample()
-            submit(SimRequest(f"c{client}-{next_id()}", at, prompt, output, client))
-        else:  # retired: the phase's client count fell below it (or the run ended)
-            active.discard(client)
-
-    def start_phase(at: float) -> None:
-        for client in range(clients_at(phases, at)):
-            if client not in active:  # staggered over the phase's first second
-                active.add(client)
-                send(client, at + rng.random())
-
-    cluster.on_done = lambda request, now: send(request.client or 0, now)
-    start_phase(0.0)
-    for start in phase_starts(phases)[1:]:
-        cluster.at(start, start_phase, order=0)
-    cluster.run()
+    sampler = LengthSampler(workload.lengths, rng)
+    run_closed_loop(cluster, phases, workload.duration_s, sampler, rng, lambda: next(ids), submit)
+    return cluster
 
 
 def every(
@@ -209,7 +191,7 @@ def measure(
     cluster: Cluster, workload: Workload, target_output_tps: float | None
 ) -> tuple[dict[str, float], list[SimRequest]]:
     start, end = workload.warmup_s, workload.duration_s
-    if workload.arrivals is not None or workload.rate_phases is not None:
+    if workload.concurrency is None and workload.phases is None:  # open loop
         end = max((r.arrival for r in cluster.requests.values()), default=0.0)
     done = [r for r in cluster.requests.values() if r.is_done and start <= r.arrival < end]
     gen = [r for r in done if r.ttft is not None]
@@ -218,12 +200,6 @@ def measure(
     e2e = [r.e2e for r in done if r.e2e is not None]
     tpot = [r.tpot for r in gen if r.tpot is not None]
     rates = [r.output_rate for r in gen if r.output_rate is not None]
-    gen_tokens = sum(n for t, n in cluster.tokens_by_time if start <= t < end)
-    first_tokens = sum(
-        1
-        for r in cluster.requests.values()
-        if r.first_token_time is not None and start <= r.first_token_time < end
-    )
     metrics: dict[str, float] = {"requests": float(len(done))}
     for name, values in (("ttft", ttft), ("admission_wait", wait), ("e2e", e2e)):
         for q in (50, 90, 99):
@@ -236,13 +212,25 @@ def measure(
     metrics["output_rate_p50"] = percentile(rates, 50)
     if target_output_tps is not None and rates:
         metrics["below_target"] = sum(1 for r in rates if r < target_output_tps) / len(rates)
-    metrics["output_tokens_per_s"] = (gen_tokens + first_tokens) / (end - start)
+    metrics["output_tokens_per_s"] = _output_tokens(cluster, start, end) / (end - start)
     metrics["pauses_per_request"] = sum(r.num_pauses for r in gen) / max(1, len(gen))
     metrics["evictions_per_request"] = sum(r.num_evictions for r in gen) / max(1, len(gen))
     gauge, num_blocks = cluster.kv_gauge, cluster.config.kv_blocks
     if gauge is not None and num_blocks is not None:
         metrics |= gauge.metrics(num_blocks, cluster.replica_seconds(gauge.start, gauge.end))
+    if workload.conversations is not None:
+        metrics |= prefix_metrics(done, cluster.requests.values(), cluster.config.kv_block_size)
     return metrics, done
+
+
+def _output_tokens(cluster: Cluster, start: float, end: float) -> int:
+    """Tokens produced in ``[start, end)``: the GEN passes', and the context stage's first
+    tokens (a colocated worker's first tokens are in its passes)."""
+    tokens = sum(n for t, n in cluster.tokens_by_time if start <= t < end)
+    if not cluster.config.colocated:
+        firsts = [r.first_token_time for r in cluster.requests.values()]
+        tokens += sum(1 for t in firsts if t is not None and start <= t < end)
+    return tokens
 
 
 def run_seed(

@@ -67,6 +67,8 @@ class KVGauge:
     busy_s: float = 0.0
     used_block_s: float = 0.0
     paused_block_s: float = 0.0
+    paused_only_block_s: float = 0.0  # blocks nobody but paused requests holds
+    resident_s: float = 0.0  # residents (running and paused) x seconds
     memory_bound_s: float = 0.0  # waiters, and the head's blocks do not fit
     caps_bound_s: float = 0.0  # waiters, the head's blocks fit, no batch position or slot
     paused_s: dict[int, float] = field(default_factory=dict)  # paused blocks -> seconds
@@ -79,6 +81,9 @@ class KVGauge:
         self.busy_s += seconds
         self.used_block_s += scheduler.kv.num_used * seconds
         self.paused_block_s += paused * seconds
+        only = _paused_only(scheduler) if paused and scheduler.kv.is_caching else paused
+        self.paused_only_block_s += only * seconds
+        self.resident_s += scheduler.num_residents * seconds
         self.paused_s[paused] = self.paused_s.get(paused, 0.0) + seconds
         if scheduler.num_waiting:
             if scheduler.kv.can_fit(scheduler.queue.peek()):
@@ -95,11 +100,31 @@ class KVGauge:
             "kv_used_share": self.used_block_s / worker_s / num_blocks,
             "kv_used_blocks_mean": self.used_block_s / worker_s,
             "kv_paused_blocks_mean": self.paused_block_s / worker_s,
+            "kv_paused_share": self.paused_block_s / worker_s / num_blocks,
+            "kv_paused_only_share": self.paused_only_block_s / worker_s / num_blocks,
+            "residents_mean": self.resident_s / worker_s,
+            # residents the blocks hold at the run's mean blocks per resident (shared
+            # blocks count once): the memory's capacity in requests, whatever the load
+            "kv_resident_capacity": num_blocks * self.resident_s / self.used_block_s
+            if self.used_block_s
+            else math.nan,
             "kv_paused_blocks_p99": _weighted_p99(self.paused_s, idle),
             # shares of worker time; min: float sums over passes may pass 1 by an ulp
             "kv_memory_bound": min(1.0, self.memory_bound_s / worker_s),
             "kv_caps_bound": min(1.0, self.caps_bound_s / worker_s),
         }
+
+
+def _paused_only(scheduler: GenScheduler) -> int:
+    """Blocks that only paused requests hold: the memory pausing pins (with prefix caching
+    a paused request also holds blocks it shares with running ones, which cost nothing)."""
+    pool = scheduler.kv.pool
+    assert pool is not None
+    holders: dict[int, int] = {}
+    for request in scheduler.pausing:
+        for block in request.blocks:
+            holders[block] = holders.get(block, 0) + 1
+    return sum(1 for block, count in holders.items() if pool.num_holders(block) == count)
 
 
 def _weighted_p99(seconds_at: dict[int, float], idle_s: float) -> float:

@@ -1,10 +1,16 @@
-"""The phased closed-loop workload (``--phases``): clients per phase, in order."""
+"""The closed-loop workload: clients per phase (``--phases``), in order, each sending its
+next request the moment its last one ends."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from genpool_sim.cluster import Cluster
+from genpool_sim.records import SimRequest
+from genpool_sim.workload import LengthSampler
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,3 +54,35 @@ def clients_at(phases: Sequence[Phase], t: float) -> int:
         if start <= t < start + phase.duration_s:
             return phase.clients
     return 0
+
+
+def run_closed_loop(
+    cluster: Cluster,
+    phases: Sequence[Phase],
+    duration_s: float,
+    sampler: LengthSampler,
+    rng: random.Random,
+    next_id: Callable[[], int],
+    submit: Callable[[SimRequest], None],
+) -> None:
+    """Clients that send their next request when the last one ends, per phase."""
+    active: set[int] = set()
+
+    def send(client: int, at: float) -> None:
+        if at < duration_s and client < clients_at(phases, at):
+            prompt, output = sampler.sample()
+            submit(SimRequest(f"c{client}-{next_id()}", at, prompt, output, client))
+        else:  # retired: the phase's client count fell below it (or the run ended)
+            active.discard(client)
+
+    def start_phase(at: float) -> None:
+        for client in range(clients_at(phases, at)):
+            if client not in active:  # staggered over the phase's first second
+                active.add(client)
+                send(client, at + rng.random())
+
+    cluster.on_done = lambda request, now: send(request.client or 0, now)
+    start_phase(0.0)
+    for start in phase_starts(phases)[1:]:
+        cluster.at(start, start_phase, order=0)
+    cluster.run()

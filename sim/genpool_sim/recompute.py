@@ -56,6 +56,7 @@ def requeue_evicted(worker: GenWorker, request: SimRequest, now: float) -> None:
         num_output_tokens=old.num_output_tokens,
         slo_ttft_s=old.slo_ttft_s,
         target_output_tps=old.target_output_tps,
+        block_hashes=old.block_hashes,  # its tokens are the same ones
     )
     request.gen.first_gen_token_time = old.first_gen_token_time
     worker.recompute_tokens[request.request_id] = old.prompt_len + old.num_output_tokens

@@ -14,8 +14,9 @@ Defined once here and in docs/sim.md:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from genpool_core.block_hash import BlockHash
 from genpool_core.request import GenRequest
 
 
@@ -40,6 +41,13 @@ class SimRequest:
     slo_class: str | None = None
     slo_ttft_s: float | None = None
     target_output_tps: float | None = None
+    # ``--conversations``: its conversation and turn (1-based); the hashes of every full
+    # block of its prompt and reply (genpool_sim.conversations); the prompt tokens the
+    # prefix cache held at its first admission
+    conversation: int | None = None
+    turn: int | None = None
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    cached_tokens: int = 0
 
     @property
     def ttft_ctx(self) -> float | None:

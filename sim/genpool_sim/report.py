@@ -38,8 +38,23 @@ KV_TABLE_METRICS = (
     ("kv_paused_blocks_p99", "KV blocks paused, p99"),
     ("kv_memory_bound", "head waits on memory"),
     ("kv_caps_bound", "head waits on B, H"),
+    ("residents_mean", "residents, mean"),
+    ("kv_resident_capacity", "residents the KV holds"),
+    ("kv_paused_share", "KV held by paused"),
 )
-_KV_SHARES = ("kv_used_share", "kv_memory_bound", "kv_caps_bound")
+# With --conversations (genpool_sim.prefix_metrics): the prefix cache and what it does
+# to later turns and to pausing's memory.
+PREFIX_TABLE_METRICS = (
+    ("prefix_hit_rate", "prefix hit rate"),
+    ("prefix_oracle_hit_rate", "oracle hit rate"),
+    ("ttft_turn1_p90", "TTFT p90 s, turn 1"),
+    ("ttft_turns2_p50", "TTFT p50 s, turns >= 2"),
+    ("ttft_turns2_p90", "TTFT p90 s, turns >= 2"),
+    ("kv_paused_only_share", "KV held by paused only"),
+    ("pauses_per_request", "pauses/request"),
+)
+_KV_SHARES = ("kv_used_share", "kv_memory_bound", "kv_caps_bound", "kv_paused_share",
+              "kv_paused_only_share", "prefix_hit_rate", "prefix_oracle_hit_rate")  # fmt: skip
 
 
 def mean_ci(values: Sequence[float]) -> tuple[float, float]:
@@ -121,8 +136,12 @@ def _cell(entry: dict[str, float] | None, is_ratio: bool) -> str:
 
 def format_table(summary: dict[str, dict[str, dict[str, float]]], title: str = "") -> str:
     modes = list(summary)
+    is_prefix = any("prefix_hit_rate" in summary[m] for m in modes)
+    extra: tuple[tuple[str, str], ...] = KV_TABLE_METRICS + (
+        PREFIX_TABLE_METRICS if is_prefix else ()
+    )
     shown = TABLE_METRICS + tuple(
-        (key, label) for key, label in KV_TABLE_METRICS if any(key in summary[m] for m in modes)
+        (key, label) for key, label in extra if any(key in summary[m] for m in modes)
     )
     rows = [[label] + [_cell(summary[m].get(key), key in ("below_target", *_KV_SHARES))
                        for m in modes] for key, label in shown]  # fmt: skip

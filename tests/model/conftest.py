@@ -48,30 +48,33 @@ def gguf_weights(gguf_path: Path) -> tuple[Any, dict[str, Any]]:
 
 
 @pytest.fixture(scope="session")
-def model(gguf_path: Path, gguf_weights: tuple[Any, dict[str, Any]]) -> Any:
-    """What ``LlamaModel.from_gguf`` builds (it reads the GGUF with ``load_gguf`` too)."""
+def llama(gguf_path: Path, gguf_weights: tuple[Any, dict[str, Any]]) -> Any:
+    """The network ``LlamaModel.from_gguf`` builds (it reads the GGUF with ``load_gguf``
+    too); ``runner`` and ``static_runner`` run it over their own KV caches."""
     from genpool_worker.model import LlamaModel
 
     config, weights = gguf_weights
     return LlamaModel(
-        config,
-        weights,
-        name=gguf_path.name.removesuffix(".gguf"),
-        num_blocks=NUM_BLOCKS,
-        block_size=BLOCK_SIZE,
-        max_seq_len=MAX_SEQ_LEN,
+        config, weights, name=gguf_path.name.removesuffix(".gguf"), max_seq_len=MAX_SEQ_LEN
     )
 
 
 @pytest.fixture(scope="session")
-def static_model(gguf_weights: tuple[Any, dict[str, Any]]) -> Any:
-    """The pre-paging layout: one ``max_seq_len`` block per request, 3 requests."""
-    from genpool_worker.model import LlamaModel
+def runner(llama: Any) -> Any:
+    """SmolLM2 over a paged KV cache of ``NUM_BLOCKS`` blocks of ``BLOCK_SIZE``, behind the
+    worker's runner (whose ``prefill`` and ``decode`` are the passes the engine runs)."""
+    from tests.model.paged import paged_runner
 
-    config, weights = gguf_weights
-    return LlamaModel(
-        config, weights, num_blocks=3, block_size=MAX_SEQ_LEN, max_seq_len=MAX_SEQ_LEN
-    )
+    return paged_runner(llama, NUM_BLOCKS, BLOCK_SIZE)
+
+
+@pytest.fixture(scope="session")
+def static_runner(llama: Any) -> Any:
+    """The same network in the pre-paging layout: one ``max_seq_len`` block per request,
+    3 requests."""
+    from tests.model.paged import paged_runner
+
+    return paged_runner(llama, 3, MAX_SEQ_LEN)
 
 
 @pytest.fixture(scope="session")

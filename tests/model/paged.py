@@ -14,16 +14,47 @@ block per request, consecutive), whose decode reads K/V in place.
 ``run_with_pauses`` is the shared schedule of the greedy-equality tests: requests admitted
 as others finish (reusing their blocks), some paused in place for a few steps (their
 blocks checked bit-for-bit on resume), rows in a rotating order, dummy padding rows.
+
+The helpers take a runner (``paged_runner``: a network, a KV cache for it, and the
+worker's ``TorchModelRunner`` over both): its ``prefill`` and ``decode`` are the passes
+the engine runs, its ``kv`` the cache.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from genpool_worker.model import CacheEngine, KVSizing, LlamaModel
+from genpool_worker.model_runner import TorchModelRunner
+
+SIZING_OPTIONS = ("block_size", "num_blocks", "kv_cache_memory", "gpu_memory_utilization")
+ENGINE_OPTIONS = ("max_decode_batch", "cuda_graphs")
+
+
+def paged_runner(
+    model: LlamaModel, num_blocks: int, block_size: int, **engine: Any
+) -> TorchModelRunner[Any]:
+    """``model`` over a cache of exactly ``num_blocks`` blocks of ``block_size`` tokens;
+    ``engine``: ``CacheEngine``'s other options."""
+    return TorchModelRunner(model, CacheEngine(model, KVSizing(block_size, num_blocks), **engine))
+
+
+def llama_runner(
+    load: Callable[..., LlamaModel], *args: Any, **options: Any
+) -> TorchModelRunner[Any]:
+    """``load(*args, **network options)`` (``LlamaModel`` or one of its loaders) over a
+    cache sized by ``options``' ``KVSizing`` fields and built with its ``CacheEngine``
+    ones, behind a runner: the worker's ``build_model`` in one call, the sizing checked
+    before any weight is placed, as there."""
+    sizing = KVSizing(**{key: options.pop(key) for key in SIZING_OPTIONS if key in options})
+    engine = {key: options.pop(key) for key in ENGINE_OPTIONS if key in options}
+    model = load(*args, **options)
+    return TorchModelRunner(model, CacheEngine(model, sizing, **engine))
 
 
 class BlockPool:
@@ -37,8 +68,8 @@ class BlockPool:
         self.released: set[int] = set()  # blocks a finished request has held
 
     @classmethod
-    def of(cls, model: Any, *, seed: int | None = 0) -> BlockPool:
-        return cls(model.num_blocks, model.block_size, seed=seed)
+    def of(cls, runner: Any, *, seed: int | None = 0) -> BlockPool:
+        return cls(runner.kv.num_blocks, runner.kv.block_size, seed=seed)
 
     def blocks_for(self, num_tokens: int) -> int:
         return max(1, -(-num_tokens // self.block_size))
@@ -74,14 +105,14 @@ def interleaved_tables(
     return tables
 
 
-def dummy_row(model: Any) -> list[int]:
+def dummy_row(runner: Any) -> list[int]:
     """A batch-padding row's table (decoded at position 0)."""
-    return [model.dummy_block]
+    return [runner.kv.dummy_block]
 
 
-def block_kv(model: Any, blocks: Sequence[int]) -> list[torch.Tensor]:
+def block_kv(runner: Any, blocks: Sequence[int]) -> list[torch.Tensor]:
     """Copies of ``blocks``' K and V in every layer."""
-    cache = model.kv_cache
+    cache = runner.kv.cache
     return [t[:, list(blocks)].clone() for t in (*cache.k, *cache.v)]
 
 
@@ -90,15 +121,15 @@ def same_kv(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 
 def greedy(
-    model: Any, blocks: Sequence[int], prompt: list[int], new_tokens: int, *, pad: bool = False
+    runner: Any, blocks: Sequence[int], prompt: list[int], new_tokens: int, *, pad: bool = False
 ) -> list[int]:
     """One request alone: prefill into ``blocks``, then batch-1 (or, with ``pad``, a dummy
     padding row too) greedy decode steps; ``new_tokens`` tokens, stopping at EOS."""
-    out = [int(model.prefill(blocks, prompt).argmax())]
-    while len(out) < new_tokens and out[-1] != model.eos_token_id:
-        tables = [list(blocks)] + ([dummy_row(model)] if pad else [])
+    out = [int(runner.prefill(blocks, prompt).argmax())]
+    while len(out) < new_tokens and out[-1] != runner.model.eos_token_id:
+        tables = [list(blocks)] + ([dummy_row(runner)] if pad else [])
         tokens, positions = [out[-1]] + [0] * pad, [len(prompt) + len(out) - 1] + [0] * pad
-        out.append(int(model.decode(tables, tokens, positions)[0].argmax()))
+        out.append(int(runner.decode(tables, tokens, positions)[0].argmax()))
     return out
 
 
@@ -127,7 +158,7 @@ class RunLog:
 
 
 def run_with_pauses(
-    model: Any,
+    runner: Any,
     pool: BlockPool,
     prompts: Sequence[list[int]],
     new_tokens: int,
@@ -145,7 +176,7 @@ def run_with_pauses(
     ``step % 3`` dummy rows pad the batch. Raises if the run paused, reused or padded
     nothing (the prompts would then not test what the callers claim).
     """
-    eos = model.eos_token_id
+    eos = runner.model.eos_token_id
     waiting = list(enumerate(prompts))
     running: dict[int, Request] = {}
     outputs: dict[int, list[int]] = {}
@@ -165,18 +196,18 @@ def run_with_pauses(
             blocks = pool.table(len(prompt))
             log.reused += bool(pool.released.intersection(blocks))
             running[i] = r = Request(list(prompt), blocks)
-            r.out.append(int(model.prefill(blocks, r.prompt).argmax()))
+            r.out.append(int(runner.prefill(blocks, r.prompt).argmax()))
             if finished(r):
                 retire(i)
         for i, r in running.items():
             if i % 2 == 1 and r.paused_kv is None and len(r.out) == pause_after:
-                r.paused_kv, r.paused_at = block_kv(model, r.blocks), log.steps
+                r.paused_kv, r.paused_at = block_kv(runner, r.blocks), log.steps
                 r.resume_at = log.steps + pause_steps
         others_live = any(r.resume_at is None for r in running.values())
         for r in running.values():
             due = r.resume_at is not None and (r.resume_at <= log.steps or not others_live)
             if due and r.paused_kv is not None:
-                assert same_kv(r.paused_kv, block_kv(model, r.blocks)), "paused KV changed"
+                assert same_kv(r.paused_kv, block_kv(runner, r.blocks)), "paused KV changed"
                 r.resume_at = None
                 log.pauses += log.steps > r.paused_at  # it missed a decode call at least
         live = [(i, r) for i, r in running.items() if r.resume_at is None]
@@ -189,8 +220,8 @@ def run_with_pauses(
                 r.blocks += pool.take(1)
                 log.grown += 1
         pad = log.steps % 3
-        logits = model.decode(
-            [r.blocks for _, r in live] + [dummy_row(model)] * pad,
+        logits = runner.decode(
+            [r.blocks for _, r in live] + [dummy_row(runner)] * pad,
             [r.out[-1] for _, r in live] + [0] * pad,
             [r.position for _, r in live] + [0] * pad,
         )

@@ -82,3 +82,25 @@ def test_a_table_wider_than_the_width_is_refused() -> None:
         dense_tables([[1, 2, 3, 4, 5]], WIDTH, DUMMY)
     with pytest.raises(ValueError, match="2 block tables for 1 rows"):
         BlockTables(1, WIDTH, DUMMY, torch.device("cpu")).update([[1], [2]])
+
+
+def test_the_check_refuses_a_batch_before_the_step_runs() -> None:
+    """The cache engine hands its network's decode checks in: a graph replays whatever
+    block ids it is given, so a bad batch must be refused before any table is written."""
+    seen: list[int] = []
+
+    def step(tables: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        seen.append(tokens.shape[0])
+        return torch.zeros(tokens.shape[0], 5)
+
+    def check(tables: object, tokens: list[int], positions: list[int]) -> None:
+        if DUMMY in tokens:
+            raise ValueError("refused")
+
+    decode = GraphedDecode(step, max_batch=2, max_blocks_per_seq=WIDTH, dummy_block=DUMMY,
+                           device=torch.device("cpu"), graphs=False, check=check)  # fmt: skip
+    with pytest.raises(ValueError, match="refused"):
+        decode.run([[1]], [DUMMY], [0])
+    assert not seen
+    decode.run([[1]], [3], [0])
+    assert seen == [1]

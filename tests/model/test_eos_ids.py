@@ -68,7 +68,7 @@ def test_an_hf_checkpoint_gathers_the_eos_of_every_file(tmp_path: Path) -> None:
     edit_config(tmp_path, eos_token_id=[4, 2])
     config, _ = read_hf_config(tmp_path, eos_token_id=tokenizer_eos)
     assert (config.eos_token_id, config.eos_token_ids) == (2, (2, 9, 4))
-    model = LlamaModel.from_hf_dir(tmp_path, num_blocks=1, max_seq_len=16)
+    model = LlamaModel.from_hf_dir(tmp_path, max_seq_len=16)
     assert (model.eos_token_id, model.eos_token_ids) == (2, (2, 9, 4))
     # Without a tokenizer EOS the first listed id is the primary; a plain int is read too.
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 9}))

@@ -25,7 +25,13 @@ from tests.model.hf_checkpoints import (
     make_checkpoint,
     transformers_greedy,
 )
-from tests.model.paged import BlockPool, interleaved_tables, run_with_pauses
+from tests.model.paged import (
+    BlockPool,
+    interleaved_tables,
+    llama_runner,
+    paged_runner,
+    run_with_pauses,
+)
 
 pytest.importorskip("transformers")
 
@@ -44,14 +50,12 @@ def checkpoint(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     return directory, make_checkpoint(directory, request.param, max_shard_size=shard)
 
 
-def _greedy(
-    model: LlamaModel, blocks: list[int], prompt: list[int], n: int
-) -> tuple[list[int], Any]:
-    logits = [model.prefill(blocks, prompt)]
+def _greedy(runner: Any, blocks: list[int], prompt: list[int], n: int) -> tuple[list[int], Any]:
+    logits = [runner.prefill(blocks, prompt)]
     tokens = [int(logits[0].argmax())]
     for i in range(n - 1):
-        tables = [blocks, [model.dummy_block]]
-        step = model.decode(tables, [tokens[-1], 0], [len(prompt) + i, 0])
+        tables = [blocks, [runner.kv.dummy_block]]
+        step = runner.decode(tables, [tokens[-1], 0], [len(prompt) + i, 0])
         logits.append(step[0])
         tokens.append(int(step[0].argmax()))
     return tokens, torch.stack(logits)
@@ -60,9 +64,9 @@ def _greedy(
 @torch.inference_mode()
 def test_logits_and_greedy_tokens_match_transformers(checkpoint: tuple[Path, Any]) -> None:
     directory, hf = checkpoint
-    ours = LlamaModel.from_hf_dir(directory, **SIZES, max_seq_len=MAX_LEN)
-    assert ours.dtype == torch.float32
-    (blocks,) = interleaved_tables(ours.num_blocks, BLOCK, [len(PROMPT) + NEW_TOKENS])
+    ours = llama_runner(LlamaModel.from_hf_dir, directory, **SIZES, max_seq_len=MAX_LEN)
+    assert ours.model.dtype == torch.float32
+    (blocks,) = interleaved_tables(ours.kv.num_blocks, BLOCK, [len(PROMPT) + NEW_TOKENS])
     tokens, logits = _greedy(ours, blocks, PROMPT, NEW_TOKENS)
     out = hf.generate(
         torch.tensor([PROMPT]),
@@ -80,10 +84,10 @@ def test_logits_and_greedy_tokens_match_transformers(checkpoint: tuple[Path, Any
 @torch.inference_mode()
 def test_batched_decode_matches_single_requests(checkpoint: tuple[Path, Any]) -> None:
     directory, _ = checkpoint
-    ours = LlamaModel.from_hf_dir(directory, **SIZES, max_seq_len=MAX_LEN)
+    ours = llama_runner(LlamaModel.from_hf_dir, directory, **SIZES, max_seq_len=MAX_LEN)
     a, b = PROMPT, [1, 44, 45, 46]
     # Swapped between the solo and the batched run, so each runs over stale blocks.
-    table_a, table_b = interleaved_tables(ours.num_blocks, BLOCK, [len(a) + 4, len(b) + 4])
+    table_a, table_b = interleaved_tables(ours.kv.num_blocks, BLOCK, [len(a) + 4, len(b) + 4])
     solo_a = _greedy(ours, table_a, a, 4)[1]
     solo_b = _greedy(ours, table_b, b, 4)[1]
     table_a, table_b = table_b + table_a[2:], table_a[:2]
@@ -109,15 +113,15 @@ def test_greedy_with_pauses_paged_and_static_equal_transformers(
     ``generate`` of each prompt alone."""
     directory, hf = checkpoint
     refs = transformers_greedy(hf, PROMPTS, SCHEDULE_TOKENS)
-    paged_model = LlamaModel.from_hf_dir(directory, **SIZES, max_seq_len=MAX_LEN)
-    paged, log = run_with_pauses(paged_model, BlockPool.of(paged_model), PROMPTS, SCHEDULE_TOKENS)
+    model = LlamaModel.from_hf_dir(directory, max_seq_len=MAX_LEN)
+    paged_kv = paged_runner(model, SIZES["num_blocks"], BLOCK)
+    paged, log = run_with_pauses(paged_kv, BlockPool.of(paged_kv), PROMPTS, SCHEDULE_TOKENS)
     assert log.grown
     assert paged == refs
-    static_model = LlamaModel.from_hf_dir(
-        directory, num_blocks=3, block_size=MAX_LEN, max_seq_len=MAX_LEN
-    )
-    pool = BlockPool.of(static_model, seed=None)
-    static, _ = run_with_pauses(static_model, pool, PROMPTS, SCHEDULE_TOKENS)
+    # The same network over a second cache, in the static layout.
+    static_kv = paged_runner(model, 3, MAX_LEN)
+    static, _ = run_with_pauses(static_kv, BlockPool.of(static_kv, seed=None), PROMPTS,
+                                SCHEDULE_TOKENS)  # fmt: skip
     assert static == paged
 
 
@@ -135,14 +139,14 @@ def test_tokenizer_from_directory(tmp_path: Path) -> None:
         "assistant",
     ]
     assert tok.eos_token_id == 2
-    model = LlamaModel.from_hf_dir(tmp_path, num_blocks=1, max_seq_len=16)
+    model = LlamaModel.from_hf_dir(tmp_path, max_seq_len=16)
     assert model.eos_token_id == tok.eos_token_id
     assert model.name == tmp_path.name
 
 
 def test_load_dispatches_on_directory(tmp_path: Path) -> None:
     make_checkpoint(tmp_path, "smollm2")
-    model = LlamaModel.load(tmp_path, num_blocks=1, max_seq_len=16)
+    model = LlamaModel.load(tmp_path, max_seq_len=16)
     assert model.config.num_layers == 2 and model.config.num_kv_heads == 2
 
 
@@ -181,7 +185,7 @@ def test_unsupported_checkpoints_fail_at_load(
     make_checkpoint(tmp_path, "mistral")
     edit_config(tmp_path, **changes)
     with pytest.raises(ModelLoadError, match=match):
-        LlamaModel.from_hf_dir(tmp_path, num_blocks=1, max_seq_len=16)
+        LlamaModel.from_hf_dir(tmp_path, max_seq_len=16)
 
 
 def test_unknown_and_missing_tensors_fail_at_load(tmp_path: Path) -> None:
@@ -193,17 +197,17 @@ def test_unknown_and_missing_tensors_fail_at_load(tmp_path: Path) -> None:
     extra = {**tensors, "model.layers.0.self_attn.q_norm.weight": torch.ones(16)}
     save_file(extra, path)
     with pytest.raises(ModelLoadError, match=r"q_norm\.weight' is not part of a supported"):
-        LlamaModel.from_hf_dir(tmp_path, num_blocks=1, max_seq_len=16)
+        LlamaModel.from_hf_dir(tmp_path, max_seq_len=16)
     del tensors["model.layers.1.mlp.up_proj.weight"]
     save_file(tensors, path)
     with pytest.raises(ModelLoadError, match=r"blk\.1\.ffn_up\.weight is missing"):
-        LlamaModel.from_hf_dir(tmp_path, num_blocks=1, max_seq_len=16)
+        LlamaModel.from_hf_dir(tmp_path, max_seq_len=16)
 
 
 def test_missing_files_fail_at_load(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="not found"):
-        LlamaModel.from_hf_dir(tmp_path / "absent", num_blocks=1, max_seq_len=16)
+        LlamaModel.from_hf_dir(tmp_path / "absent", max_seq_len=16)
     make_checkpoint(tmp_path, "qwen2")
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(ModelLoadError, match=r"neither model\.safetensors nor"):
-        LlamaModel.from_hf_dir(tmp_path, num_blocks=1, max_seq_len=16)
+        LlamaModel.from_hf_dir(tmp_path, max_seq_len=16)

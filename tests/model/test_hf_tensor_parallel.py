@@ -24,7 +24,7 @@ from tests.model.hf_checkpoints import (
     make_checkpoint,
     transformers_greedy,
 )
-from tests.model.paged import BlockPool, interleaved_tables, run_with_pauses
+from tests.model.paged import BlockPool, interleaved_tables, llama_runner, run_with_pauses
 
 pytest.importorskip("transformers")
 WORLD = 2
@@ -32,14 +32,14 @@ SIZES: dict[str, Any] = {"num_blocks": 3 * 64 // 5, "block_size": 5, "max_seq_le
 
 
 def _rank_main(rank: int, world: int, directory: str, refs: list[list[int]]) -> None:
-    ref = LlamaModel.from_hf_dir(directory, **SIZES)
-    shard = LlamaModel.from_hf_dir(directory, **SIZES, tp_rank=rank, tp_size=world)
-    assert shard.kv_cache.k[0].shape[0] == ref.kv_cache.k[0].shape[0] // world
+    ref = llama_runner(LlamaModel.from_hf_dir, directory, **SIZES)
+    shard = llama_runner(LlamaModel.from_hf_dir, directory, **SIZES, tp_rank=rank, tp_size=world)
+    assert shard.kv.cache.k[0].shape[0] == ref.kv.cache.k[0].shape[0] // world
     a, b = [1, 5, 9, 17, 22, 8], [30, 31]
-    ta, tb = interleaved_tables(ref.num_blocks, 5, [len(a) + 1, len(b) + 1])
+    ta, tb = interleaved_tables(ref.kv.num_blocks, 5, [len(a) + 1, len(b) + 1])
     torch.testing.assert_close(shard.prefill(ta, a), ref.prefill(ta, a))
     torch.testing.assert_close(shard.prefill(tb, b), ref.prefill(tb, b))
-    args = ([tb, ta, [ref.dummy_block]], [7, 11, 0], [2, 6, 0])  # + a dummy pad row
+    args = ([tb, ta, [ref.kv.dummy_block]], [7, 11, 0], [2, 6, 0])  # + a dummy pad row
     torch.testing.assert_close(shard.decode(*args), ref.decode(*args))
     out, _ = run_with_pauses(shard, BlockPool.of(shard, seed=5), PROMPTS, SCHEDULE_TOKENS)
     assert out == refs, rank

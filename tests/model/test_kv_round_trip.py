@@ -17,35 +17,37 @@ PROMPT = "The history of the Roman Empire begins with"
 STEPS = 12
 
 
-def _greedy_from(model: Any, blocks: list[int], first: int, num_prompt: int) -> list[int]:
+def _greedy_from(runner: Any, blocks: list[int], first: int, num_prompt: int) -> list[int]:
     """``STEPS`` greedy tokens decoded after ``first`` from the prompt's KV in ``blocks``."""
     out = [first]
     for step in range(STEPS):
-        logits = model.decode([blocks], [out[-1]], [num_prompt + step])
+        logits = runner.decode([blocks], [out[-1]], [num_prompt + step])
         out.append(int(logits[0].argmax()))
     return out
 
 
 def test_kv_read_from_one_table_and_written_into_another_decodes_the_same(
-    model: Any, tokenizer: Any
+    runner: Any, tokenizer: Any
 ) -> None:
     ids = tokenizer.encode(PROMPT)
-    pool = BlockPool.of(model)
-    room = -(-(len(ids) + STEPS) // model.block_size)
+    pool = BlockPool.of(runner)
+    room = -(-(len(ids) + STEPS) // runner.kv.block_size)
     source, target = pool.take(room), pool.take(room)
-    num_prompt_blocks = -(-len(ids) // model.block_size)
+    num_prompt_blocks = -(-len(ids) // runner.kv.block_size)
     with torch.inference_mode():
-        first = int(model.prefill(source, ids).argmax())
-        data = bytearray(b"".join(model.read_kv(source[:num_prompt_blocks])))
-        layout = model.kv_layout()
+        first = int(runner.prefill(source, ids).argmax())
+        data = bytearray(b"".join(runner.kv.read_kv(source[:num_prompt_blocks])))
+        layout = runner.kv.kv_layout()
         assert len(data) == layout.num_bytes(num_prompt_blocks)  # whole blocks, K then V
-        model.write_kv(target[:num_prompt_blocks], data)
-        moved = _greedy_from(model, target, first, len(ids))
-        original = _greedy_from(model, source, first, len(ids))
+        runner.kv.write_kv(target[:num_prompt_blocks], data)
+        moved = _greedy_from(runner, target, first, len(ids))
+        original = _greedy_from(runner, source, first, len(ids))
     assert moved == original
     # And the text is the prompt's: not what a cache of zeros (nothing moved) decodes.
     empty = pool.take(room)
     with torch.inference_mode():
-        model.write_kv(empty[:num_prompt_blocks], bytearray(layout.num_bytes(num_prompt_blocks)))
-        blank = _greedy_from(model, empty, first, len(ids))
+        runner.kv.write_kv(
+            empty[:num_prompt_blocks], bytearray(layout.num_bytes(num_prompt_blocks))
+        )
+        blank = _greedy_from(runner, empty, first, len(ids))
     assert blank != original

@@ -20,7 +20,7 @@ from genpool_worker.model import (
     load_tokenizer,
 )
 from genpool_worker.model.kv_sizing import bytes_per_block
-from tests.model.paged import interleaved_tables
+from tests.model.paged import interleaved_tables, llama_runner
 
 CFG = LlamaConfig(
     num_layers=2,
@@ -106,8 +106,11 @@ TOKEN_BYTES = 256
 
 
 @pytest.fixture(scope="module")
-def tiny() -> LlamaModel:
-    return LlamaModel(CFG, _weights(), num_blocks=BLOCKS, block_size=BLOCK, max_seq_len=MAX_LEN)
+def tiny() -> Any:
+    """The tiny network over a cache of BLOCKS blocks of BLOCK, behind a runner."""
+    return llama_runner(
+        LlamaModel, CFG, _weights(), num_blocks=BLOCKS, block_size=BLOCK, max_seq_len=MAX_LEN
+    )
 
 
 def test_load_gguf_reads_config_and_undoes_qk_permutation(tmp_path: Path) -> None:
@@ -121,27 +124,28 @@ def test_load_gguf_reads_config_and_undoes_qk_permutation(tmp_path: Path) -> Non
     assert loaded.keys() == weights.keys()
     for name, tensor in weights.items():
         assert torch.equal(loaded[name], tensor), name
-    model = LlamaModel.from_gguf(path, num_blocks=1, max_seq_len=8)
+    model = LlamaModel.from_gguf(path, max_seq_len=8)
     assert model.name == "tiny" and model.vocab_size == CFG.vocab_size
 
 
-def test_kv_cache_layout(tiny: LlamaModel) -> None:
-    cache = tiny.kv_cache
-    assert tiny.dummy_block == cache.dummy_block == BLOCKS == tiny.num_blocks
-    assert tiny.block_size == cache.block_size == BLOCK
+def test_kv_cache_layout(tiny: Any) -> None:
+    cache = tiny.kv.cache
+    assert tiny.kv.dummy_block == cache.dummy_block == BLOCKS == tiny.kv.num_blocks
+    assert tiny.kv.block_size == cache.block_size == BLOCK
+    assert (tiny.info.num_kv_blocks, tiny.info.kv_block_size) == (BLOCKS, BLOCK)
     assert len(cache.k) == len(cache.v) == CFG.num_layers
     assert cache.k[0].shape == (CFG.num_kv_heads, BLOCKS + 1, BLOCK, CFG.head_dim)
     assert cache.nbytes == (BLOCKS + 1) * BLOCK * TOKEN_BYTES
     assert cache.token_rows([7, 2, 4], 12) == [*range(35, 40), *range(10, 15), 20, 21]
-    assert not tiny.is_synthetic and tiny.eos_token_id == 2
+    assert not tiny.model.is_synthetic and tiny.model.eos_token_id == 2
 
 
-def test_decode_continues_prefill(tiny: LlamaModel) -> None:
+def test_decode_continues_prefill(tiny: Any) -> None:
     seq = [5, 9, 3, 17, 22, 8, 30, 11, 4, 27, 6, 19]
     full_table, table = interleaved_tables(BLOCKS, BLOCK, [len(seq), len(seq)])
     full = tiny.prefill(full_table, seq)
     tiny.prefill(table, seq[:-1])
-    dummy = [tiny.dummy_block]
+    dummy = [tiny.kv.dummy_block]
     step = tiny.decode([dummy, table, dummy], [0, seq[-1], 0], [0, len(seq) - 1, 0])
     assert step.shape == (3, CFG.vocab_size)
     torch.testing.assert_close(step[1], full, rtol=1e-5, atol=1e-5)
@@ -164,13 +168,11 @@ PREFILL_CASES = [
 
 
 @pytest.mark.parametrize(("blocks", "tokens", "match"), PREFILL_CASES)
-def test_prefill_validation(
-    tiny: LlamaModel, blocks: list[int], tokens: list[int], match: str
-) -> None:
-    before = [t.clone() for t in (*tiny.kv_cache.k, *tiny.kv_cache.v)]
+def test_prefill_validation(tiny: Any, blocks: list[int], tokens: list[int], match: str) -> None:
+    before = [t.clone() for t in (*tiny.kv.cache.k, *tiny.kv.cache.v)]
     with pytest.raises(ValueError, match=match):
         tiny.prefill(blocks, tokens)
-    after = (*tiny.kv_cache.k, *tiny.kv_cache.v)
+    after = (*tiny.kv.cache.k, *tiny.kv.cache.v)
     assert all(torch.equal(x, y) for x, y in zip(before, after, strict=True))  # nothing written
 
 
@@ -198,20 +200,20 @@ DECODE_CASES = [
 
 @pytest.mark.parametrize(("tables", "tokens", "positions", "match"), DECODE_CASES)
 def test_decode_validation(
-    tiny: LlamaModel,
+    tiny: Any,
     tables: list[list[int]],
     tokens: list[int],
     positions: list[int],
     match: str,
 ) -> None:
-    before = [t.clone() for t in (*tiny.kv_cache.k, *tiny.kv_cache.v)]
+    before = [t.clone() for t in (*tiny.kv.cache.k, *tiny.kv.cache.v)]
     with pytest.raises(ValueError, match=match):
         tiny.decode(tables, tokens, positions)
-    after = (*tiny.kv_cache.k, *tiny.kv_cache.v)
+    after = (*tiny.kv.cache.k, *tiny.kv.cache.v)
     assert all(torch.equal(x, y) for x, y in zip(before, after, strict=True))  # nothing written
 
 
-def test_decode_accepts_repeated_padding_rows_and_a_full_table(tiny: LlamaModel) -> None:
+def test_decode_accepts_repeated_padding_rows_and_a_full_table(tiny: Any) -> None:
     """The cases next to the refusals above: the dummy row any number of times, a
     position in a table's last block, a longer table than the positions need."""
     tiny.prefill([8, 0, 5, 2], [3] * 15)
@@ -241,12 +243,14 @@ def test_decode_accepts_repeated_padding_rows_and_a_full_table(tiny: LlamaModel)
     ],
 )
 def test_constructor_validation(kwargs: dict[str, Any], match: str) -> None:
+    """The network's settings (LlamaModel) and its cache's sizing (KVSizing, CacheEngine)."""
     with pytest.raises(ValueError, match=match):
-        LlamaModel(CFG, _weights(), **kwargs)
+        llama_runner(LlamaModel, CFG, _weights(), **kwargs)
 
 
-def _budgeted(kv_cache_memory: int, **kwargs: Any) -> LlamaModel:
-    return LlamaModel(
+def _budgeted(kv_cache_memory: int, **kwargs: Any) -> Any:
+    return llama_runner(
+        LlamaModel,
         CFG,
         _weights(),
         kv_cache_memory=kv_cache_memory,
@@ -263,14 +267,14 @@ def test_kv_cache_memory_sizes_the_block_count() -> None:
     block_bytes = bytes_per_block(CFG, BLOCK, CFG.num_kv_heads, torch.float32)
     assert block_bytes == BLOCK * TOKEN_BYTES
     for budget, blocks in ((7 * block_bytes, 6), (7 * block_bytes - 1, 5), (30_000, 22)):
-        model = _budgeted(budget)
-        assert model.num_blocks == blocks == budget // block_bytes - 1, budget
-        assert model.kv_cache.nbytes == (blocks + 1) * block_bytes <= budget
+        runner = _budgeted(budget)
+        assert runner.kv.num_blocks == blocks == budget // block_bytes - 1, budget
+        assert runner.kv.cache.nbytes == (blocks + 1) * block_bytes <= budget
     # bfloat16 halves the bytes of a block, so the same budget holds twice the blocks.
-    assert _budgeted(7 * block_bytes, dtype=torch.bfloat16).num_blocks == 13
+    assert _budgeted(7 * block_bytes, dtype=torch.bfloat16).kv.num_blocks == 13
     # 16 positions need 4 blocks of 5: 5 blocks' bytes (the dummy's included) are enough,
     # one byte less is not.
-    assert _budgeted(5 * block_bytes).num_blocks == 4
+    assert _budgeted(5 * block_bytes).kv.num_blocks == 4
     with pytest.raises(ValueError, match="--kv-cache-memory=6399 bytes holds 3 KV blocks") as e:
         _budgeted(5 * block_bytes - 1)
     assert "--max-seq-len=16 needs 4" in str(e.value)
@@ -281,7 +285,7 @@ def test_missing_and_invalid_files(tmp_path: Path) -> None:
     for load in (
         load_gguf,
         load_tokenizer,
-        lambda p: LlamaModel.from_gguf(p, num_blocks=1, max_seq_len=8),
+        lambda p: LlamaModel.from_gguf(p, max_seq_len=8),
     ):
         with pytest.raises(GGUFLoadError, match="not found"):
             load(missing)
@@ -311,9 +315,9 @@ def test_onednn_and_plain_gemms_agree() -> None:
     # speed depends on it, so its absence is a failure here, not a skip.
     assert onednn_available(torch.device("cpu"), torch.float32), "torch without oneDNN"
     sizes: dict[str, Any] = {"num_blocks": 4, "block_size": BLOCK, "max_seq_len": MAX_LEN}
-    plain = LlamaModel(CFG, _weights(), **sizes, use_onednn=False)
-    packed = LlamaModel(CFG, _weights(), **sizes, use_onednn=True)
-    assert packed.uses_onednn and not plain.uses_onednn
+    plain = llama_runner(LlamaModel, CFG, _weights(), **sizes, use_onednn=False)
+    packed = llama_runner(LlamaModel, CFG, _weights(), **sizes, use_onednn=True)
+    assert packed.model.uses_onednn and not plain.model.uses_onednn
     seq = [3, 14, 15, 9, 26, 1, 8]
     a, b = interleaved_tables(4, BLOCK, [len(seq) + 1, 1])
     torch.testing.assert_close(packed.prefill(a, seq), plain.prefill(a, seq))
@@ -323,21 +327,19 @@ def test_onednn_and_plain_gemms_agree() -> None:
 
 def test_onednn_refused_where_unsupported() -> None:
     with pytest.raises(ValueError, match="use_onednn=True"):
-        LlamaModel(
-            CFG, _weights(), num_blocks=1, max_seq_len=8, dtype=torch.bfloat16, use_onednn=True
-        )
+        LlamaModel(CFG, _weights(), max_seq_len=8, dtype=torch.bfloat16, use_onednn=True)
 
 
 def test_bfloat16_path_runs_and_tracks_float32() -> None:
     """The CUDA configuration's dtype handling, exercised on the CPU (no GPU in CI)."""
     sizes: dict[str, Any] = {"num_blocks": 4, "block_size": BLOCK, "max_seq_len": MAX_LEN}
-    ref = LlamaModel(CFG, _weights(), **sizes)
-    half = LlamaModel(CFG, _weights(), **sizes, dtype=torch.bfloat16)
-    assert half.kv_cache.k[0].dtype == torch.bfloat16 and not half.uses_onednn
+    ref = llama_runner(LlamaModel, CFG, _weights(), **sizes)
+    half = llama_runner(LlamaModel, CFG, _weights(), **sizes, dtype=torch.bfloat16)
+    assert half.kv.cache.k[0].dtype == torch.bfloat16 and not half.model.uses_onednn
     seq = [3, 14, 15, 9, 26, 1, 8]
     (table,) = interleaved_tables(4, BLOCK, [len(seq) + 1], seed=5)
     out = half.prefill(table, seq)
     assert out.dtype == torch.float32  # logits are always float32 for sampling
     torch.testing.assert_close(out, ref.prefill(table, seq), rtol=0.05, atol=0.05)
-    args = ([table, [half.dummy_block]], [5, 0], [len(seq), 0])
+    args = ([table, [half.kv.dummy_block]], [5, 0], [len(seq), 0])
     torch.testing.assert_close(half.decode(*args)[0], ref.decode(*args)[0], rtol=0.05, atol=0.05)

@@ -46,46 +46,46 @@ def _close(ours: torch.Tensor, ref: torch.Tensor) -> None:
 
 
 def test_prefill_and_decode_logits_match_transformers(
-    model: Any, hf_model: Any, tokenizer: Any
+    runner: Any, hf_model: Any, tokenizer: Any
 ) -> None:
     prompts = [tokenizer.encode(p) for p in PLAIN_PROMPTS] + [_chat(tokenizer, CHATS[0])]
     tables = interleaved_tables(
-        model.num_blocks, model.block_size, [len(p) + DECODE_STEPS for p in prompts]
+        runner.kv.num_blocks, runner.kv.block_size, [len(p) + DECODE_STEPS for p in prompts]
     )
     for table, ids in zip(tables, prompts, strict=True):
         ids = list(ids)
-        logits = model.prefill(table, ids)
-        assert logits.shape == (model.vocab_size,) and logits.dtype == torch.float32
+        logits = runner.prefill(table, ids)
+        assert logits.shape == (runner.model.vocab_size,) and logits.dtype == torch.float32
         _close(logits, _hf_last_logits(hf_model, ids))
         for _ in range(DECODE_STEPS):
             ids.append(int(logits.argmax()))
-            logits = model.decode([table], [ids[-1]], [len(ids) - 1])[0]
+            logits = runner.decode([table], [ids[-1]], [len(ids) - 1])[0]
             _close(logits, _hf_last_logits(hf_model, ids))
 
 
-def test_greedy_answers_paris(model: Any, tokenizer: Any) -> None:
+def test_greedy_answers_paris(runner: Any, tokenizer: Any) -> None:
     ids = _chat(tokenizer, "What is the capital of France?")
-    blocks = BlockPool.of(model, seed=1).table(len(ids) + NEW_TOKENS)
-    text = tokenizer.decode(greedy(model, blocks, ids, NEW_TOKENS))
+    blocks = BlockPool.of(runner, seed=1).table(len(ids) + NEW_TOKENS)
+    text = tokenizer.decode(greedy(runner, blocks, ids, NEW_TOKENS))
     assert "Paris" in text, text
 
 
 def test_greedy_text_equals_transformers_generate(
-    model: Any, tokenizer: Any, chat_refs: list[tuple[list[int], list[int]]]
+    runner: Any, tokenizer: Any, chat_refs: list[tuple[list[int], list[int]]]
 ) -> None:
     """Each chat alone (batch 1, with a padding row every other one), in scattered
     blocks: the same tokens, and so the same text, as transformers' ``generate``."""
-    pool = BlockPool.of(model, seed=2)
+    pool = BlockPool.of(runner, seed=2)
     for n, (ids, ref) in enumerate(chat_refs):
         blocks = pool.table(len(ids) + NEW_TOKENS)
-        ours = greedy(model, blocks, ids, NEW_TOKENS, pad=n % 2 == 1)
+        ours = greedy(runner, blocks, ids, NEW_TOKENS, pad=n % 2 == 1)
         assert tokenizer.decode(ours) == tokenizer.decode(ref), tokenizer.decode(ids)
         assert ours == ref
 
 
 def test_greedy_with_pauses_equals_transformers_paged_and_static(
-    model: Any,
-    static_model: Any,
+    runner: Any,
+    static_runner: Any,
     tokenizer: Any,
     chat_refs: list[tuple[list[int], list[int]]],
     monkeypatch: pytest.MonkeyPatch,
@@ -94,7 +94,7 @@ def test_greedy_with_pauses_equals_transformers_paged_and_static(
     padding rows): paged, in scattered blocks of 16, and in the static layout (one
     ``max_seq_len`` block per request, consecutive), each the same as transformers."""
     prompts = [ids for ids, _ in chat_refs]
-    paged, log = run_with_pauses(model, BlockPool.of(model, seed=3), prompts, NEW_TOKENS)
+    paged, log = run_with_pauses(runner, BlockPool.of(runner, seed=3), prompts, NEW_TOKENS)
     assert log.grown  # tables grew mid-decode, from blocks interleaved with the others'
     for (ids, ref), ours in zip(chat_refs, paged, strict=True):
         assert tokenizer.decode(ours) == tokenizer.decode(ref), tokenizer.decode(ids)
@@ -103,16 +103,16 @@ def test_greedy_with_pauses_equals_transformers_paged_and_static(
     # The static layout reads K/V in place while the batch's blocks are consecutive
     # (the pre-paging fast path) and gathers them otherwise; both must have run.
     paths: list[bool] = []
-    consecutive = static_model.kv_cache.consecutive_run
+    consecutive = static_runner.kv.cache.consecutive_run
 
     def spy(tables: Any, length: int) -> int | None:
         run = consecutive(tables, length)
         paths.append(run is not None)
         return run
 
-    monkeypatch.setattr(static_model.kv_cache, "consecutive_run", spy)
+    monkeypatch.setattr(static_runner.kv.cache, "consecutive_run", spy)
     static, _ = run_with_pauses(
-        static_model, BlockPool.of(static_model, seed=None), prompts, NEW_TOKENS
+        static_runner, BlockPool.of(static_runner, seed=None), prompts, NEW_TOKENS
     )
     assert static == paged
     assert any(paths) and not all(paths), paths

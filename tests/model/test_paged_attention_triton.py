@@ -4,8 +4,9 @@
 runs in a fresh interpreter. The paged attention must equal a plain softmax attention
 over each row's gathered blocks, whatever the block size, the block order or the
 dummy padding; RoPE + KV write must put K and V at the flat token rows the slot
-mapping names and nowhere else; and a model whose decode goes through the kernels
-(the CUDA path, forced on here without graphs) must equal the torch decode path.
+mapping names and nowhere else; and a network whose decode goes through the kernels
+(the CUDA path: the cache engine's decode step, forced on here without graphs) must
+equal the torch decode path.
 """
 
 from __future__ import annotations
@@ -100,20 +101,33 @@ print("ok")
 
 MODEL_CHECK = """
 import sys, torch
-from genpool_worker.model import LlamaModel, paged_attention
-blocks = dict(max_seq_len=160, num_blocks=14, block_size=16)  # block 14: the dummy
-plain = LlamaModel.from_hf_dir(sys.argv[1], **blocks)
+from genpool_worker.model import CacheEngine, KVSizing, LlamaModel, paged_attention
+from genpool_worker.model_runner import TorchModelRunner
+
+def build(**engine):  # 14 blocks of 16 (block 14: the dummy)
+    model = LlamaModel.from_hf_dir(sys.argv[1], max_seq_len=160)
+    return TorchModelRunner(model, CacheEngine(model, KVSizing(16, 14), **engine))
+
+plain = build()
 paged_attention.is_usable = lambda device, head_dim: True
-fast = LlamaModel.from_hf_dir(sys.argv[1], cuda_graphs=False, **blocks)
-assert fast._fast is not None and not fast.uses_cuda_graphs
+fast = build(cuda_graphs=False)
+assert fast.model.fused_kernels and fast.kv.decode_graphs is not None
+assert plain.kv.decode_graphs is None and not fast.kv.uses_cuda_graphs
 # 137 rows + the decoded one in 9 scattered blocks (two attention splits); 3 rows in one.
 long_blocks, short_blocks = [11, 2, 7, 0, 13, 5, 9, 1, 4], [6]
 long_prompt, short_prompt = [3 + i % 90 for i in range(137)], [1, 5, 9]
-for model in (plain, fast):
-    model.prefill(long_blocks, long_prompt)
-    model.prefill(short_blocks, short_prompt)
+for runner in (plain, fast):
+    runner.prefill(long_blocks, long_prompt)
+    runner.prefill(short_blocks, short_prompt)
 args = ([short_blocks, [14], long_blocks], [7, 11, 13], [3, 0, 137])  # a dummy pad row
 torch.testing.assert_close(fast.decode(*args)[[0, 2]], plain.decode(*args)[[0, 2]])
+# The replayed path refuses what the network's own decode refuses.
+try:
+    fast.decode([[14, 2]], [7], [20])
+except ValueError as exc:
+    assert "KV block 14 outside" in str(exc), exc
+else:
+    raise AssertionError("a table naming the dummy block was decoded")
 print("ok")
 """
 

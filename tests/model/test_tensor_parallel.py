@@ -21,7 +21,7 @@ from genpool_worker.model import LlamaConfig, LlamaModel
 from genpool_worker.model.kv_sizing import bytes_per_block
 from tests.model.conftest import BLOCK_SIZE, MAX_SEQ_LEN, NEW_TOKENS, NUM_BLOCKS
 from tests.model.gloo_ranks import spawn_gloo_ranks
-from tests.model.paged import BlockPool, interleaved_tables, run_with_pauses
+from tests.model.paged import BlockPool, interleaved_tables, llama_runner, run_with_pauses
 from tests.model.test_model_units import CFG, _weights
 
 WORLD = 2
@@ -30,16 +30,17 @@ SIZES: dict[str, Any] = {"num_blocks": 9, "block_size": 5, "max_seq_len": 16}
 
 
 def _rank_main(rank: int, world: int) -> None:
-    ref = LlamaModel(CFG, _weights(), **SIZES)
-    shard = LlamaModel(CFG, _weights(), **SIZES, tp_rank=rank, tp_size=world)
-    assert shard.kv_cache.k[0].shape == (CFG.num_kv_heads // world, 10, 5, CFG.head_dim)
+    ref = llama_runner(LlamaModel, CFG, _weights(), **SIZES)
+    shard = llama_runner(LlamaModel, CFG, _weights(), **SIZES, tp_rank=rank, tp_size=world)
+    assert shard.kv.cache.k[0].shape == (CFG.num_kv_heads // world, 10, 5, CFG.head_dim)
+    assert shard.kv.kv_layout() is None  # P/D moves one rank's KV: not under TP
     c, a, b = [4, 8, 15, 16, 23, 12], [5, 9, 3, 17, 22, 8, 13], [30, 31]
     tc, ta, tb = interleaved_tables(9, 5, [len(c) + 1, len(a) + 1, len(b) + 2])
     for model in (ref, shard):
         model.prefill(tc, c)
     torch.testing.assert_close(shard.prefill(ta, a), ref.prefill(ta, a))
     torch.testing.assert_close(shard.prefill(tb, b), ref.prefill(tb, b))
-    args = ([tb, ta, [ref.dummy_block]], [7, 11, 0], [2, 7, 0])  # + a dummy pad row
+    args = ([tb, ta, [ref.kv.dummy_block]], [7, 11, 0], [2, 7, 0])  # + a dummy pad row
     torch.testing.assert_close(shard.decode(*args), ref.decode(*args))
     args = ([tc, tb], [23, 5], [6, 3])
     torch.testing.assert_close(shard.decode(*args), ref.decode(*args))
@@ -48,7 +49,8 @@ def _rank_main(rank: int, world: int) -> None:
     # at 2 ranks (one of them the padding block); every rank takes the smallest count
     # (here rank 0's).
     full = bytes_per_block(CFG, 5, CFG.num_kv_heads, torch.float32)
-    sized = LlamaModel(
+    sized = llama_runner(
+        LlamaModel,
         CFG,
         _weights(),
         kv_cache_memory=(7 + 2 * rank) * full,
@@ -57,7 +59,7 @@ def _rank_main(rank: int, world: int) -> None:
         tp_rank=rank,
         tp_size=world,
     )
-    assert sized.num_blocks == 7 * world - 1
+    assert sized.kv.num_blocks == 7 * world - 1
 
 
 def test_two_gloo_ranks_match_the_single_rank_model() -> None:
@@ -73,7 +75,8 @@ def _gguf_rank(
     refs: list[list[int]],
 ) -> None:
     weights = torch.load(weights_file, mmap=True, weights_only=True)
-    shard = LlamaModel(
+    shard = llama_runner(
+        LlamaModel,
         config,
         weights,
         num_blocks=NUM_BLOCKS,
@@ -109,4 +112,4 @@ def test_gguf_three_gloo_ranks_greedy_with_pauses_equals_transformers(
 )
 def test_tensor_parallel_settings_are_checked(rank: int, size: int, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        LlamaModel(CFG, _weights(), num_blocks=1, max_seq_len=8, tp_rank=rank, tp_size=size)
+        LlamaModel(CFG, _weights(), max_seq_len=8, tp_rank=rank, tp_size=size)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -67,19 +68,26 @@ def check_invariants(scheduler: GenScheduler) -> None:
     assert scheduler.num_residents <= b + headroom
     assert scheduler.num_paused <= cap
     assert cap <= headroom
-    assert scheduler.num_residents == scheduler.num_active + scheduler.num_paused
+    prefilling = len(scheduler.prefilling_ids())  # chunked prefill: resident, not in the batch
+    assert scheduler.num_residents == scheduler.num_active + scheduler.num_paused + prefilling
     assert scheduler.slots.num_used == scheduler.num_residents
     check_blocks(scheduler)
 
 
 def check_blocks(scheduler: GenScheduler) -> None:
-    """docs/design.md#kv-blocks: every resident holds exactly its reservation, no block is
-    held twice, the pool counts what residents hold."""
-    held = [b for i in scheduler.active_ids() for b in scheduler.get_request(i).blocks]
-    held += [b for r in scheduler.pausing for b in r.blocks]
+    """docs/design.md#kv-blocks: every resident holds exactly its reservation, each block's
+    holders are its reference count (shared only through the prefix cache), the pool
+    counts the blocks held."""
+    residents = [*scheduler.active_ids(), *scheduler.prefilling_ids()]
+    requests = [*map(scheduler.get_request, residents), *scheduler.pausing]
+    held = [b for request in requests for b in request.blocks]
     held += [b for i in scheduler.kv.held_ids() for b in scheduler.kv.held_blocks(i)]
-    assert len(held) == len(set(held)) == scheduler.kv.num_used
-    for request in [*map(scheduler.get_request, scheduler.active_ids()), *scheduler.pausing]:
+    holders = Counter(held)
+    assert len(holders) == scheduler.kv.num_used
+    pool = scheduler.kv.pool
+    assert pool is None or all(pool.num_holders(b) == n for b, n in holders.items())
+    assert scheduler.kv.is_caching or len(held) == len(holders)
+    for request in requests:
         assert len(request.blocks) == scheduler.kv.num_needed(request)
 
 

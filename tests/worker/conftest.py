@@ -16,8 +16,9 @@ import uvicorn
 
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import EngineObserver
+from genpool_worker.kv_events import KVEventPublisher, start_kv_events
 from genpool_worker.metrics import WorkerMetrics
-from genpool_worker.pd.setup import PDSettings
+from genpool_worker.pd.setup import PDSettings, build_pd
 from genpool_worker.server import create_app
 from genpool_worker.worker_cli import WorkerConfig, build_runner, build_scheduler
 from tests.polling import wait_for
@@ -27,6 +28,7 @@ from tests.polling import wait_for
 class RunningWorker:
     url: str
     engine: GenEngine
+    kv_events: KVEventPublisher | None = None  # --kv-events-config's publisher
 
     def client(self, **kw: object) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30.0, **kw)  # type: ignore[arg-type]
@@ -54,13 +56,15 @@ def run_worker(
     if wrap_model is not None:
         runner.model = wrap_model(runner.model)
     metrics = WorkerMetrics(runner.info.name, runner.info.is_synthetic)
-    engine = GenEngine(
-        runner, tokenizer, scheduler, on_step=metrics.observe_step, observer=observer
-    )
+    pd = build_pd(runner, runner.info, metrics, PDSettings.from_config(config, kv_secret))
+    engine = GenEngine(runner, tokenizer, scheduler, on_step=metrics.observe_step,
+                       observer=observer, kv_connector=pd.connector)  # fmt: skip
+    # As the CLI wires it (worker_cli._serve): a binding "*" is the server's 127.0.0.1.
+    kv_events = start_kv_events(config.kv_events(), runner.info.kv_block_size, "127.0.0.1")
+    engine.kv_events = metrics.kv_events = kv_events
     app = create_app(engine, tokenizer, metrics, admin_token=admin_token,
                      stamp_arrival=config.stamp_arrival,
-                     max_arrival_age_s=config.max_arrival_age_s,
-                     pd=PDSettings.from_config(config, kv_secret))  # fmt: skip
+                     max_arrival_age_s=config.max_arrival_age_s, pd=pd)  # fmt: skip
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -75,11 +79,13 @@ def run_worker(
 
     wait_for(started, "the worker's HTTP server to start", 15, interval=0.02)
     try:
-        yield RunningWorker(f"http://127.0.0.1:{port}", engine)
+        yield RunningWorker(f"http://127.0.0.1:{port}", engine, kv_events)
     finally:
         server.should_exit = True
         thread.join(10)
         engine.stop()
+        if kv_events is not None:
+            kv_events.close()
         sock.close()
 
 

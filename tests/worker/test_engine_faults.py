@@ -35,20 +35,21 @@ class FaultyModel:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
-    def prefill(self, blocks: Sequence[int], token_ids: list[int], start: int = 0) -> Any:
+    def prefill(self, cache: Any, blocks: Sequence[int], token_ids: list[int],
+                start: int = 0) -> Any:  # fmt: skip
         if FAILS_IN_PREFILL in token_ids:
             raise ValueError("the model refuses this prompt")
         if FAILS_IN_DECODE in token_ids:
             self._poisoned.add(tuple(blocks))
-        return self._model.prefill(blocks, token_ids, start)
+        return self._model.prefill(cache, blocks, token_ids, start)
 
-    def decode(self, tables: Sequence[Sequence[int]], token_ids: list[int],
+    def decode(self, cache: Any, tables: Sequence[Sequence[int]], token_ids: list[int],
                positions: list[int]) -> Any:  # fmt: skip
         if self.is_broken.is_set():
             raise RuntimeError("device lost")
         if any(tuple(table) in self._poisoned for table in tables):
             raise IndexError("index out of range in self")
-        return self._model.decode(tables, token_ids, positions)
+        return self._model.decode(cache, tables, token_ids, positions)
 
 
 def faulty(worker_factory: Factory, **config: object) -> tuple[RunningWorker, FaultyModel]:

@@ -22,30 +22,42 @@ from genpool_worker.events import EngineEvent, Finished, Rejected, TokenDelta, U
 from genpool_worker.model_runner import TorchModelRunner
 from genpool_worker.output_processor import OutputProcessor
 from genpool_worker.sampling_params import SamplingParams
+from genpool_worker.synthetic import SyntheticKVCache
 
 VOCAB = 8
 
 
 class RecordingModel:
-    """Logits that pick ``(last input token + 1) % VOCAB``; records every call."""
+    """Logits that pick ``(last input token + 1) % VOCAB``; records every call (and that
+    each pass got the runner's cache)."""
 
     name = "fake"
     is_synthetic = True
     eos_token_ids = (0,)
     max_seq_len = 64
-    num_blocks = 16
-    block_size = 4
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
+        self.kv = SyntheticKVCache(self.name, num_blocks=16, block_size=4)
 
-    def prefill(self, blocks: Sequence[int], token_ids: list[int]) -> torch.Tensor:
+    def runner(self) -> TorchModelRunner[torch.Tensor]:
+        return TorchModelRunner(self, self.kv)
+
+    def prefill(
+        self, cache: torch.Tensor, blocks: Sequence[int], token_ids: list[int], start: int = 0
+    ) -> torch.Tensor:
+        assert cache is self.kv.cache and start == 0
         self.calls.append(("prefill", (tuple(blocks), list(token_ids))))
         return torch.nn.functional.one_hot(torch.tensor((token_ids[-1] + 1) % VOCAB), VOCAB)
 
     def decode(
-        self, block_tables: Sequence[Sequence[int]], token_ids: list[int], positions: list[int]
+        self,
+        cache: torch.Tensor,
+        block_tables: Sequence[Sequence[int]],
+        token_ids: list[int],
+        positions: list[int],
     ) -> torch.Tensor:
+        assert cache is self.kv.cache
         tables = [tuple(t) for t in block_tables]
         self.calls.append(("decode", (tables, list(token_ids), list(positions))))
         nxt = torch.tensor([(t + 1) % VOCAB for t in token_ids])
@@ -66,7 +78,7 @@ def plan(
 
 def test_runner_prefills_the_plans_prefill_ids_and_decodes_the_rest() -> None:
     model = RecordingModel()
-    runner = TorchModelRunner(model)
+    runner = model.runner()
     runner.add_request(Arrival("a", [3, 4], 8))
     runner.add_request(Arrival("b", [5], 8))
     assert runner.execute(plan(("a",), (0,), ("a",), {"a": (2, 0)})).tokens == {"a": 5}
@@ -84,7 +96,7 @@ def test_runner_prefills_the_plans_prefill_ids_and_decodes_the_rest() -> None:
 
 def test_seeded_sampling_is_reproducible_per_request() -> None:
     def draw(seed: int | None) -> list[int]:
-        runner = TorchModelRunner(RecordingModel())
+        runner = RecordingModel().runner()
         runner.add_request(Arrival("r", [1], 8, SamplingParams(temperature=2.0, seed=seed)))
         tokens = [runner.execute(plan(("r",), (0,), ("r",), {"r": (0,)})).tokens["r"]]
         tokens += [runner.execute(plan(("r",), (0,), ())).tokens["r"] for _ in range(5)]
@@ -145,7 +157,7 @@ def test_engine_counts_each_request_against_its_own_output_floor() -> None:
     ticks = iter(range(1, 1000))
     scheduler = GenScheduler.from_settings({}, GenCapacity(max_batch_size=4))
     engine = GenEngine(
-        TorchModelRunner(RecordingModel()),
+        RecordingModel().runner(),
         CharTokenizer(),
         scheduler,
         clock=lambda: 0.1 * next(ticks),
@@ -173,7 +185,7 @@ def test_engine_counts_each_request_against_its_own_output_floor() -> None:
 )
 def test_engine_rejects_a_bad_per_request_slo(field: str, value: float) -> None:
     scheduler = GenScheduler.from_settings({}, GenCapacity(max_batch_size=4))
-    engine = GenEngine(TorchModelRunner(RecordingModel()), CharTokenizer(), scheduler)
+    engine = GenEngine(RecordingModel().runner(), CharTokenizer(), scheduler)
     request = EngineRequest(Arrival("bad", [1], 5, arrival_time=0.0, **{field: value}))
     request.loop = asyncio.new_event_loop()
     try:

@@ -53,7 +53,8 @@ def test_completion_and_openai_shape(worker_factory: Factory) -> None:
         assert body["object"] == "text_completion" and body["model"] == "synthetic:test"
         assert body["choices"][0]["finish_reason"] == "length"
         assert len(body["choices"][0]["text"]) == 6
-        assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
+        assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11,
+                                 "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
         ids = client.post("/v1/completions", json={"prompt": [104, 105], "max_tokens": 2})
         assert ids.status_code == 200 and ids.json()["usage"]["prompt_tokens"] == 2
         assert client.get("/health").json() == {"status": "ok"}

@@ -55,7 +55,8 @@ def test_chat_completion_has_openai_shape_and_usage(worker_factory: Factory) -> 
         assert len(choice["message"]["content"]) == 12
         prompt = len("user: hello\nassistant:")  # the synthetic fallback template, 1 byte a token
         assert body["usage"] == {"prompt_tokens": prompt, "completion_tokens": 12,
-                                 "total_tokens": prompt + 12}  # fmt: skip
+                                 "total_tokens": prompt + 12,
+                                 "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
         parts = {"role": "user", "content": [{"type": "text", "text": "hel"},
                                              {"type": "text", "text": "lo"}]}  # fmt: skip
         same = client.post("/v1/chat/completions",

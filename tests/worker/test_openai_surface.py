@@ -5,8 +5,10 @@ and what stays unsupported refused with a message that says so."""
 
 from __future__ import annotations
 
+import json
 import math
 
+import httpx
 import openai
 import pytest
 
@@ -27,15 +29,23 @@ def test_sampling_knobs_are_accepted_and_seeded(worker_factory: Factory) -> None
 def test_n_choices_of_each_prompt(worker_factory: Factory) -> None:
     worker = worker_factory()
     client = sdk(worker)
-    reply = client.completions.create(model=MODEL, prompt=["hello", "world"], n=2, max_tokens=4)
-    # submitted together, admitted in one pass: each prompt's second choice copies the
-    # first one's KV (5 tokens each) instead of prefilling again
-    assert metric(worker.url, "genpool_prefill_tokens_shared_total") == 10
+    # 43 and 50 tokens (the synthetic model's text follows each prompt's last token):
+    # two and three full blocks of 16, one token always left to compute
+    prompts = ["hello " * 7 + "a", "world! " * 7 + "b"]
+    reply = client.completions.create(model=MODEL, prompt=prompts, n=2, max_tokens=4)
+    # submitted together, admitted in one pass: each prompt's second choice holds the
+    # first one's two full blocks (the prefix cache) instead of prefilling them again
+    assert metric(worker.url, "vllm:prefix_cache_hits_total") == 32 + 48
     assert [c.index for c in reply.choices] == [0, 1, 2, 3]
     texts = [c.text for c in reply.choices]
     assert texts[0] == texts[1] and texts[2] == texts[3] and texts[0] != texts[2]  # greedy
-    assert reply.usage is not None
-    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (10, 16)
+    assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (93, 16)
+    assert reply.usage.prompt_tokens_details.cached_tokens == 0  # each prompt computed once
+    again = client.completions.create(model=MODEL, prompt=prompts, n=2, max_tokens=4)
+    assert [c.text for c in again.choices] == texts
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    assert again.usage.prompt_tokens_details.cached_tokens == 32 + 48
     chat = client.chat.completions.create(model=MODEL, messages=HELLO, n=3, max_tokens=5)
     assert [c.index for c in chat.choices] == [0, 1, 2]
     assert chat.usage is not None and chat.usage.completion_tokens == 15
@@ -57,6 +67,35 @@ def test_streamed_choices_are_interleaved_and_whole(worker_factory: Factory) -> 
     assert texts == [c.text for c in whole.choices]
     assert finishes == {0: "length", 1: "length"} and usage is not None
     assert usage.completion_tokens == 12
+
+
+def test_guidellms_stream_options_give_usage_in_every_chunk(worker_factory: Factory) -> None:
+    """What guidellm sends (vLLM's ``continuous_usage_stats``, ``stop: null``,
+    ``ignore_eos``) is served: every content chunk carries its usage so far, and the
+    usage-only chunk closes the stream (chat and completions)."""
+    worker = worker_factory()
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    extra = {"stream_options": options, "stop": None, "ignore_eos": True}
+    http = httpx.Client(base_url=worker.url, timeout=30)
+    for path, body in (
+        ("/v1/completions", {"model": MODEL, "prompt": "hello", "max_tokens": 6}),
+        ("/v1/chat/completions", {"model": MODEL, "messages": HELLO,
+                                  "max_completion_tokens": 6}),
+    ):  # fmt: skip
+        with http.stream("POST", path, json={**body, **extra, "stream": True}) as response:
+            assert response.status_code == 200, response.read()
+            chunks = [json.loads(line[6:]) for line in response.iter_lines()
+                      if line.startswith("data: {")]  # fmt: skip
+        counts = [c["usage"]["completion_tokens"] for c in chunks if c.get("usage")]
+        assert counts == sorted(counts) and counts[-1] == 6, (path, counts)
+        content = [c for c in chunks if c["choices"] and _text_of(c["choices"][0])]
+        assert content and all(c.get("usage") for c in content), path
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+
+
+def _text_of(choice: dict[str, object]) -> object:
+    delta = choice.get("delta")
+    return delta.get("content") if isinstance(delta, dict) else choice.get("text")
 
 
 def test_echo_puts_the_prompt_first(worker_factory: Factory) -> None:

@@ -20,11 +20,11 @@ BREAK_THE_ENGINE = """
 import genpool_worker.synthetic as synthetic
 _decode = synthetic.SyntheticModel.decode
 _lost = []
-def decode(self, tables, tokens, positions):
+def decode(self, cache, tables, tokens, positions):
     if _lost or len(tables) >= 2:
         _lost.append(True)
         raise RuntimeError("device lost")
-    return _decode(self, tables, tokens, positions)
+    return _decode(self, cache, tables, tokens, positions)
 synthetic.SyntheticModel.decode = decode
 """
 DRAIN_TIMEOUT_S = 3.0

@@ -87,9 +87,14 @@ class GenPoolTiming(BaseModel):
 
 
 class StreamOptions(BaseModel):
+    """OpenAI's ``include_usage`` (a usage-only chunk before ``[DONE]``) and vLLM's
+    ``continuous_usage_stats`` (every chunk carries its choice's usage so far), which
+    guidellm sends."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class GenerationRequest(BaseModel):

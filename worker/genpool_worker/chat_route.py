@@ -11,11 +11,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from genpool_worker.api import ChatCompletionRequest
+from genpool_worker.api import ChatCompletionRequest, StreamOptions
 from genpool_worker.chat_template import ChatTemplateError
-from genpool_worker.choices import Choices, Collected, check_model, start_choices
+from genpool_worker.choices import Choices, Collected, check_model, running_usage, start_choices
 from genpool_worker.events import TokenDelta, Usage
-from genpool_worker.generation import End, PiecesResponse, kv_transfer_fields
+from genpool_worker.generation import End, PiecesResponse, reply_fields
 from genpool_worker.http_common import ApiError, ServerContext, context_of, read_json, sse
 from genpool_worker.logprobs_format import chat_logprobs
 
@@ -32,23 +32,28 @@ async def models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": [card]})
 
 
+def chat_prompt_ids(context: ServerContext, body: ChatCompletionRequest) -> list[int]:
+    """The chat's prompt: its messages through the model's template (a 400 when the
+    template refuses them); what ``/v1/chat/completions/render`` answers too."""
+    try:
+        return context.chat.prompt_ids([m.as_template_input() for m in body.messages])
+    except ChatTemplateError as exc:
+        raise ApiError(400, f"messages: {exc}") from None
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     context = context_of(request)
     body = await read_json(request, ChatCompletionRequest, limits=context.edge_limits)
     check_model(context, body.model)
-    try:
-        ids = context.chat.prompt_ids([m.as_template_input() for m in body.messages])
-    except ChatTemplateError as exc:
-        raise ApiError(400, f"messages: {exc}") from None
+    ids = chat_prompt_ids(context, body)
     max_seq_len = context.engine.model_info.max_seq_len
     max_tokens = body.length_limit() or max(1, max_seq_len - len(ids))
     choices = await start_choices(context, body, [ids], lambda _: max_tokens, request,
                                   id_prefix="chatcmpl")  # fmt: skip
     reply = _Reply(context, body, choices)
     if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return PiecesResponse(stream(reply, include_usage), choices)
+        return PiecesResponse(stream(reply, body.stream_options), choices)
     return await collect(reply, request)
 
 
@@ -78,17 +83,20 @@ class _Reply:
         return self.head("chat.completion.chunk") | {"choices": [choice]}
 
 
-def _usage(ends: list[End]) -> dict[str, int]:
+def _usage(ends: list[End]) -> dict[str, Any]:
     """The prompt once (the n choices share it), every choice's output."""
-    return Usage(
-        ends[0].usage.prompt_tokens, sum(e.usage.completion_tokens for e in ends)
-    ).as_dict()
+    first = ends[0].usage
+    completion = sum(e.usage.completion_tokens for e in ends)
+    return Usage(first.prompt_tokens, completion, first.cached_tokens).as_dict()
 
 
-async def stream(reply: _Reply, include_usage: bool) -> AsyncIterator[bytes]:
+async def stream(reply: _Reply, options: StreamOptions | None) -> AsyncIterator[bytes]:
     """Each choice's role first, then content deltas, then its finish reason (the last
     with the usage), ``[DONE]``. ``stream_options.include_usage`` adds OpenAI's usage-only
-    chunk before ``[DONE]``."""
+    chunk before ``[DONE]``; ``continuous_usage_stats`` puts each choice's usage so far in
+    its every chunk (vLLM's)."""
+    include_usage = options is not None and options.include_usage
+    continuous = options is not None and options.continuous_usage_stats
     ends: list[End] = []
     try:
         for index in range(len(reply.choices.started)):
@@ -96,6 +104,8 @@ async def stream(reply: _Reply, include_usage: bool) -> AsyncIterator[bytes]:
         async for index, piece in reply.choices.stream():
             if isinstance(piece, TokenDelta):
                 chunk = reply.chunk(index, {"content": piece.text}, tokens=piece.logprobs)
+                if continuous:
+                    chunk["usage"] = running_usage(reply.choices, index, piece)
                 yield sse(chunk).encode()
                 continue
             ends.append(piece)
@@ -124,5 +134,5 @@ async def collect(reply: _Reply, request: Request) -> Response:
                         "logprobs": reply.logprobs(result.logprobs)})  # fmt: skip
     body = reply.head("chat.completion") | {"choices": choices}
     body["usage"] = _usage([r.end for r in results if r.end])
-    extra = kv_transfer_fields(reply.context, request, reply.choices.started)
+    extra = reply_fields(reply.context, request, reply.choices.started)
     return JSONResponse(body | extra)

@@ -24,10 +24,8 @@ from genpool_worker.generation import (
     submit,
 )
 from genpool_worker.http_common import ApiError, ServerContext
+from genpool_worker.kv_connector import KVTransfer
 from genpool_worker.metrics import RequestTimer
-from genpool_worker.pd.decode_side import KVPlan, plan_kv, release_imports
-from genpool_worker.pd.endpoints import endpoint_text
-from genpool_worker.pd.prefill_side import pull_address
 from genpool_worker.sampling_params import TokenLogprobs
 
 
@@ -48,27 +46,26 @@ async def start_choices(
 ) -> Choices:
     """Choice ``p * n + j`` is prompt ``p``'s ``j``-th; one refused aborts the others.
     All are submitted at once, before any acceptance is awaited, so one pass admits them
-    together and a prompt's choices share its prefill. Over P/D a prompt has one export
-    (a prefill leg runs each prompt once) and one pull: its choice 0 decodes from the
-    pulled KV, the others copy it (docs/pd.md#n-choices-and-prompt-lists)."""
+    together and a prompt's choices share its prefill. The KV edge plans each prompt's
+    KV once: choice 0 carries it (a load, or an export: then it runs alone, once), the
+    others compute theirs here (docs/pd.md#n-choices-and-prompt-lists)."""
     received_at = time.time()
     for ids in prompts:
         check_request(context, body, ids, max_tokens_of(ids))
-    own = endpoint_text(*pull_address(request))
-    plans = await plan_kv(context.pd, body, prompts, request.headers, request.url.path, own)
-    num_choices = 1 if plans and plans[0].kv_export else body.n
+    transfers = await context.kv_edge.plan(body, prompts, request)
+    num_choices = 1 if transfers and transfers[0].holds_kv_at_finish else body.n
     started: list[Started] = []
     try:
-        for ids, plan in zip(prompts, plans, strict=True):
+        for ids, kv in zip(prompts, transfers, strict=True):
             for j in range(num_choices):
                 started.append(start(context, body, ids, max_tokens_of(ids), request,
-                                     id_prefix=id_prefix, kv=plan if j == 0 else KVPlan(),
+                                     id_prefix=id_prefix, kv=kv if j == 0 else KVTransfer(),
                                      received_at=received_at, choice=j))  # fmt: skip
         submit(context, started)
         for queued in started:
             await accepted(context, queued)
     except ApiError:
-        release_imports(plans)  # the pulled KV of a request that will not run
+        context.kv_edge.release(transfers)  # what was loaded for requests that will not run
         for done in started:
             context.engine.abort(done.arrival.request_id)
         raise
@@ -144,3 +141,10 @@ class Choices:
     async def aclose(self) -> None:
         for source in self._sources:
             await source.aclose()
+
+
+def running_usage(choices: Choices, index: int, delta: TokenDelta) -> dict[str, int]:
+    """vLLM's ``continuous_usage_stats``: a choice's usage up to this chunk."""
+    prompt = len(choices.started[index].arrival.prompt_ids)
+    output = delta.num_output_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output}

@@ -12,9 +12,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from genpool_worker.api import CompletionRequest
-from genpool_worker.choices import Choices, Collected, check_model, start_choices
+from genpool_worker.choices import (
+    Choices,
+    Collected,
+    check_model,
+    running_usage,
+    start_choices,
+)
 from genpool_worker.events import TokenDelta, Usage
-from genpool_worker.generation import End, PiecesResponse, kv_transfer_fields
+from genpool_worker.generation import End, PiecesResponse, reply_fields
 from genpool_worker.http_common import ApiError, ServerContext, context_of, read_json, sse
 from genpool_worker.logprobs_format import completion_logprobs
 
@@ -37,6 +43,7 @@ class _Reply:
         self.offsets = [0] * len(choices.started)
         options = body.stream_options
         self.include_usage = options is not None and options.include_usage
+        self.continuous_usage = options is not None and options.continuous_usage_stats
 
     def echo(self, index: int) -> str:
         """The prompt text ``echo`` puts before the choice's text ("" without echo)."""
@@ -56,11 +63,13 @@ class _Reply:
                 "model": self.model, "choices": choices}  # fmt: skip
 
 
-def total_usage(choices: Choices, ends: list[End], n: int) -> dict[str, int]:
-    """Each prompt's tokens once (its ``n`` choices share it), every choice's output."""
+def total_usage(choices: Choices, ends: list[End], n: int) -> dict[str, Any]:
+    """Each prompt's tokens once (its ``n`` choices share it; its first choice's cached
+    count), every choice's output."""
     prompt_tokens = sum(len(started.arrival.prompt_ids) for started in choices.started[::n])
     completion = sum(end.usage.completion_tokens for end in ends)
-    return Usage(prompt_tokens, completion).as_dict()
+    cached = sum(end.usage.cached_tokens for end in ends[::n])
+    return Usage(prompt_tokens, completion, cached).as_dict()
 
 
 @router.post("/v1/completions")
@@ -87,7 +96,10 @@ async def stream(reply: _Reply) -> AsyncIterator[bytes]:
         async for index, piece in reply.choices.stream():
             if isinstance(piece, TokenDelta):
                 choice = reply.choice(index, piece.text, piece.logprobs, None)
-                yield sse(reply.body_of([choice])).encode()
+                body = reply.body_of([choice])
+                if reply.continuous_usage:  # vLLM's continuous_usage_stats
+                    body["usage"] = running_usage(reply.choices, index, piece)
+                yield sse(body).encode()
                 continue
             ends.append(piece)
             chunk = reply.body_of([reply.choice(index, "", (), piece.finish_reason)])
@@ -113,5 +125,5 @@ async def collect(reply: _Reply, request: Request) -> Response:
         choices.append(reply.choice(index, text, result.logprobs, result.end.finish_reason))
     body = reply.body_of(choices)
     body["usage"] = total_usage(reply.choices, [r.end for r in results if r.end], reply.body.n)
-    extra = kv_transfer_fields(reply.context, request, reply.choices.started)
+    extra = reply_fields(reply.context, request, reply.choices.started)
     return JSONResponse(body | extra)

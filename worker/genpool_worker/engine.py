@@ -5,7 +5,8 @@ One thread owns the scheduler and the runner; HTTP handlers talk to it only thro
 ``submit`` / ``abort`` / ``reconfigure`` (thread-safe inboxes) and read the snapshot it
 publishes after every pass. Events go back through each request's asyncio queue. The
 loop imports no torch: every model decision is the runner's, every scheduling
-decision (prefill or decode, finish reasons) the plan's.
+decision (prefill or decode, finish reasons, every KV move) the plan's; KV that comes
+from or goes to elsewhere moves through the engine's KV connector (``kv_connector``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from genpool_core.block_hash import extend_hashes
 from genpool_core.live import LiveUpdate
 from genpool_core.names import RECENT_STAT_LINES
 from genpool_core.plan import GenPlan
@@ -29,6 +31,7 @@ from genpool_worker.engine_io import (
     EngineObserver,
     EngineRequest,
     EngineSnapshot,
+    KVEventSink,
     LocalCoordinator,
     ModelRunner,
     PassInputs,
@@ -37,8 +40,8 @@ from genpool_worker.engine_io import (
 )
 from genpool_worker.engine_requests import RequestLifecycle
 from genpool_worker.events import Failed
+from genpool_worker.kv_connector import KVConnector, NoKVConnector
 from genpool_worker.output_processor import OutputProcessor
-from genpool_worker.pd.engine_side import KVHandoff
 from genpool_worker.request_faults import describe
 
 STAT_LOGGER = logging.getLogger("genpool.gen_preemption")
@@ -57,7 +60,10 @@ class GenEngine(RequestLifecycle):
         on_step: Callable[[float, int], None] | None = None,
         coordinator: Coordinator | None = None,
         observer: EngineObserver | None = None,
+        kv_connector: KVConnector | None = None,
     ) -> None:
+        """``kv_connector``: moves the KV the plans load, hold and release (None: a
+        colocated worker's, which moves none)."""
         self.runner = runner
         self.model_info = runner.info
         self.scheduler = scheduler
@@ -70,8 +76,10 @@ class GenEngine(RequestLifecycle):
         self._wake = threading.Event()
         self._inbox: list[EngineRequest] = []
         self._aborts: list[str] = []
-        self._kv_releases: list[str] = []
-        self.kv_handoff = KVHandoff(scheduler.kv, runner.info, self.release_kv)  # docs/pd.md
+        self.kv_connector: KVConnector = kv_connector or NoKVConnector()
+        self.kv_connector.set_wake(self._wake.set)  # a release wakes an idle loop
+        self._unheld: list[str] = []  # held at finish, but nobody takes them: next pass
+        self.kv_events: KVEventSink | None = None  # the KV event publisher, when configured
         self._configs: list[tuple[LiveUpdate, Future[dict[str, Any]]]] = []
         self._config_futures: list[Future[dict[str, Any]]] = []
         self._requests: dict[str, EngineRequest] = {}
@@ -80,7 +88,6 @@ class GenEngine(RequestLifecycle):
         self._last_now = 0.0
         self._inflight = 0
         self._tokens_total = 0
-        self._shared_prefill_tokens_total = 0
         self._passes = 0
         # The periodic lines a controller has not necessarily read: it counts each once.
         self._recent_stats: tuple[StatLine, ...] = ()
@@ -136,12 +143,6 @@ class GenEngine(RequestLifecycle):
             self._aborts.append(request_id)
         self._wake.set()
 
-    def release_kv(self, request_id: str) -> None:
-        """Free a finished prefill leg's held KV blocks in the next pass (any thread)."""
-        with self._lock:
-            self._kv_releases.append(request_id)
-        self._wake.set()
-
     def reconfigure(self, update: LiveUpdate) -> Future[dict[str, Any]]:
         future: Future[dict[str, Any]] = Future()
         with self._lock:
@@ -184,19 +185,20 @@ class GenEngine(RequestLifecycle):
             self._inflight = 0
         for request in pending:
             request.emit(Failed(message))
-            self.kv_handoff.on_dropped(request)
+            self.kv_connector.drop(request.arrival)
 
     def _collect(self) -> PassInputs:
         """Rank 0: this pass's inputs from the clock and the inboxes."""
         if not (self.scheduler.num_residents or self.scheduler.num_waiting or self._inbox):
             self._wake.wait(IDLE_PASS_S)
             self._wake.clear()
-        self.kv_handoff.sweep()  # into _kv_releases, taken just below
+        # Held blocks nobody takes, and those the connector is done with (it sweeps here).
+        releases = [*self._unheld, *self.kv_connector.take_released()]
+        self._unheld = []
         with self._lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
             configs, self._configs = self._configs, []
-            releases, self._kv_releases = self._kv_releases, []
         for request in inbox:
             self._requests[request.request_id] = request
         self._config_futures = [future for _, future in configs]
@@ -220,17 +222,18 @@ class GenEngine(RequestLifecycle):
         self._apply(inputs)
         plan = self._schedule(inputs.now)
         started = time.perf_counter()
-        result = self.runner.execute(plan) if plan.batch_ids else StepResult({})
+        result = self.runner.execute(plan, self.kv_connector) if plan.batch_ids else StepResult({})
         for request_id, message in result.failed.items():
             self._fail_alone(request_id, message)
         tokens = result.tokens
+        self._track_cache(plan, tokens)
         self._prev_end = self._now()
-        # A prefill leg's handle reports when its prefill began (its first chunk's pass).
+        # When its prefill began (its first chunk's pass): an export's timings report it.
         first_chunks = [rid for rid, start, _ in plan.prefill_chunks if start == 0]
         for request_id in (*plan.prefill_ids, *first_chunks):
             prefilling = self._requests[request_id]
             prefilling.prefill_started_at = prefilling.prefill_started_at or plan.now
-        for request_id in tokens:  # the first token this worker produced (P/D's TTFT parts)
+        for request_id in tokens:  # the first token this worker produced (TTFT's parts)
             self._requests[request_id].first_token_at = (
                 self._requests[request_id].first_token_at or self._prev_end
             )
@@ -247,7 +250,6 @@ class GenEngine(RequestLifecycle):
             except Exception as exc:  # its text cannot be made: it fails, the others go on
                 self._fail_alone(request_id, describe(exc))
         self._tokens_total += len(tokens)
-        self._shared_prefill_tokens_total += result.num_shared_prefill_tokens
         self._passes += 1
         if plan.batch_ids and self._on_step is not None:
             self._on_step(time.perf_counter() - started, len(plan.batch_ids))
@@ -257,8 +259,12 @@ class GenEngine(RequestLifecycle):
         plan = self.scheduler.step(now)
         if self._observer is not None:
             self._observer.on_plan(plan)
+        events = self.scheduler.kv.take_events()
+        if events and self.kv_events is not None:  # before the finished requests go
+            self.kv_events.publish(events, self._tokens_of)
+        held = set(plan.held_ids)
         for request_id, reason in zip(plan.finished_ids, plan.finish_reasons, strict=True):
-            self._finish(request_id, reason)
+            self._finish(request_id, reason, is_held=request_id in held)
         if plan.stat is not None:
             # A new tuple only when a line is cut: the snapshot after every pass shares it.
             self._recent_stats = (*self._recent_stats, plan.stat)[-RECENT_STAT_LINES:]
@@ -305,5 +311,26 @@ class GenEngine(RequestLifecycle):
         stat = recent[-1] if recent else make_statline(stats, None)
         return EngineSnapshot(
             stats, stat, self.config(), self._inflight, self._tokens_total, self._passes,
-            self._recent_stats, self._shared_prefill_tokens_total,
+            self._recent_stats,
         )  # fmt: skip
+
+    def _tokens_of(self, request_id: str) -> list[int]:
+        """A request's tokens so far, prompt first (its KV events' token ids)."""
+        request = self._requests[request_id]
+        return [*request.arrival.prompt_ids, *request.output_ids]
+
+    def _track_cache(self, plan: GenPlan, tokens: dict[str, int]) -> None:
+        """What the prefix cache gave each admission (its reply's ``cached_tokens``), and
+        the hashes of output blocks that filled this pass (shared once it ends)."""
+        for request_id, cached in zip(plan.admitted_ids, plan.admitted_cached_tokens,
+                                      strict=True):  # fmt: skip
+            self._requests[request_id].num_cached_tokens = cached
+        if not self.scheduler.kv.is_caching:
+            return
+        size = self.model_info.kv_block_size
+        for request_id, token in tokens.items():
+            request = self._requests[request_id]
+            gen = request.gen
+            num_tokens = len(request.arrival.prompt_ids) + len(request.output_ids) + 1
+            if gen is not None and num_tokens >= (len(gen.block_hashes) + 1) * size:
+                extend_hashes(gen.block_hashes, [*self._tokens_of(request_id), token], size)

@@ -5,17 +5,19 @@ request's engine state, the per-pass inputs that rank 0 broadcasts
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from genpool_core.block_hash import BlockHash
+from genpool_core.kv_blocks import KVEvent
 from genpool_core.live import LiveUpdate
 from genpool_core.plan import GenPlan
 from genpool_core.request import FinishReason, GenRequest
 from genpool_core.statline import StatLine, format_statline
 from genpool_core.stats import SchedulerStats
 from genpool_worker.events import EngineEvent
-from genpool_worker.pd.layout import KVLayout
+from genpool_worker.kv_connector import KVExecutionSide, KVTransfer
 from genpool_worker.sampling_params import SamplingParams, TokenLogprobs
 from genpool_worker.stop_strings import StopMatcher
 
@@ -48,46 +50,8 @@ class StepResult:
 
     tokens: dict[str, int]
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
-    # Prompt tokens not computed: copied from a resident with the same prompt (n choices).
-    num_shared_prefill_tokens: int = 0
     # Requests that failed this pass (request id -> why): each fails alone, the rest go on.
     failed: dict[str, str] = field(default_factory=dict)
-
-
-class KVImport:
-    """A prefill tier's KV for a decode-role request (docs/pd.md), pulled into host memory:
-    the ``num_blocks`` blocks of its prompt (``kv_layout`` bytes) and its first token.
-
-    The bytes are held once, until the runner writes them into the request's blocks
-    (``take``) or the request goes (``release``); either frees them and calls
-    ``on_release`` once (the import budget, ``pd.import_budget``). Thread-safe enough: the
-    engine thread takes, and only a request that never reached the engine is released by
-    its HTTP handler."""
-
-    def __init__(self, data: bytearray, num_blocks: int, first_token: int,
-                 on_release: Callable[[], None] | None = None) -> None:  # fmt: skip
-        self._data: bytearray | None = data
-        self.num_bytes = len(data)
-        self.num_blocks, self.first_token = num_blocks, first_token
-        self._on_release = on_release
-
-    @property
-    def is_held(self) -> bool:
-        return self._data is not None
-
-    def take(self) -> bytearray:
-        """The bytes, once; the import holds them no longer."""
-        data = self._data
-        if data is None:
-            raise ValueError("the pulled KV was already written or released")
-        self.release()
-        return data
-
-    def release(self) -> None:
-        self._data = None
-        on_release, self._on_release = self._on_release, None
-        if on_release is not None:
-            on_release()
 
 
 @dataclass(frozen=True)
@@ -98,6 +62,7 @@ class Arrival:
     (D_i, seconds) and output-rate floor (T_i, tokens/s); None uses the pool's.
     ``stop``: OpenAI stop strings; the text ends before the first one completed and the
     request finishes as a stop (every rank decodes, so all see the match in one pass).
+    ``kv_transfer``: what its KV does besides being computed here (``kv_connector``).
     """
 
     request_id: str
@@ -112,22 +77,23 @@ class Arrival:
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    kv_export: str | None = None
-    kv_import: KVImport | None = None
+    kv_transfer: KVTransfer = KVTransfer()  # noqa: RUF009 (frozen: one shared default)
 
-    def gen_request(self, now: float) -> GenRequest:
-        """What the scheduler queues (an arrival stamped later than ``now`` is clamped)."""
+    def gen_request(self, now: float, block_hashes: list[BlockHash] | None = None) -> GenRequest:
+        """What the scheduler queues (an arrival stamped later than ``now`` is clamped);
+        ``block_hashes``: its prompt's full blocks' prefix-cache hashes."""
         return GenRequest(
             request_id=self.request_id,
             prompt_len=len(self.prompt_ids),
             max_tokens=self.max_tokens,
             arrival_time=None if self.arrival_time is None else min(self.arrival_time, now),
             first_token_time=self.first_token_time,
-            # A pulled request's first token is the prefill tier's (docs/pd.md).
-            num_output_tokens=0 if self.kv_import is None else 1,
+            # A loaded request's first token was made with its KV, elsewhere.
+            num_output_tokens=1 if self.kv_transfer.is_loaded else 0,
             slo_ttft_s=self.slo_ttft_s,
             target_output_tps=self.target_output_tps,
-            holds_kv_at_finish=self.kv_export is not None,
+            holds_kv_at_finish=self.kv_transfer.holds_kv_at_finish,
+            block_hashes=block_hashes or [],
         )
 
 
@@ -140,16 +106,9 @@ class ModelRunner(Protocol):
 
     def remove_request(self, request_id: str) -> None: ...
 
-    def execute(self, plan: GenPlan) -> StepResult:
-        """One token for every batch member: ``plan.prefill_ids`` prefill, the rest decode."""
-        ...
-
-    def kv_layout(self) -> KVLayout | None:
-        """The KV cache's wire layout (None: this runner cannot move KV, e.g. TP > 1)."""
-        ...
-
-    def read_kv(self, blocks: Sequence[int]) -> Iterator[bytes]:
-        """The blocks' K and V bytes, per layer K then V (``KVLayout``'s order)."""
+    def execute(self, plan: GenPlan, kv: KVExecutionSide) -> StepResult:
+        """One token for every batch member: ``plan.prefill_ids`` prefill, the rest decode;
+        ``plan.imported_ids`` decode from the KV ``kv`` loads into their blocks."""
         ...
 
 
@@ -165,9 +124,11 @@ class EngineRequest:
     stop_matcher: StopMatcher | None = field(init=False, default=None)
     # Sampled tokens (and logprobs) whose text has not gone out yet (logprobs asked for).
     unsent_logprobs: list[tuple[int, TokenLogprobs | None]] = field(default_factory=list)
-    received_at: float = 0.0  # Unix s of the HTTP receipt (a prefill leg's handle ages)
-    prefill_started_at: float | None = None  # Unix s, set by the engine (prefill legs)
+    received_at: float = 0.0  # Unix s of the HTTP receipt (an export's timings start here)
+    prefill_started_at: float | None = None  # Unix s, set by the engine (its first chunk)
     first_token_at: float | None = None
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache held at its admission
+    gen: GenRequest | None = None  # the scheduler's request, once queued
 
     def __post_init__(self) -> None:
         if self.arrival.stop:
@@ -212,7 +173,7 @@ class PassInputs:
     arrivals: list[Arrival]
     aborts: list[str]
     configs: list[LiveUpdate]
-    kv_releases: list[str] = field(default_factory=list)  # held KV to free (docs/pd.md)
+    kv_releases: list[str] = field(default_factory=list)  # held KV blocks to give back
     stop: bool = False
 
 
@@ -230,6 +191,13 @@ class LocalCoordinator:
     def exchange(self, inputs: PassInputs | None) -> PassInputs:
         assert inputs is not None
         return inputs
+
+
+class KVEventSink(Protocol):
+    """Where each pass's prefix-cache events go (the worker's KV event publisher), with a
+    way to read a still-resident request's tokens (a stored block's token ids)."""
+
+    def publish(self, events: Sequence[KVEvent], tokens_of: Callable[[str], list[int]]) -> None: ...
 
 
 class EngineObserver(Protocol):
@@ -252,7 +220,6 @@ class EngineSnapshot:
     tokens_total: int
     passes: int
     recent: tuple[StatLine, ...] = ()  # the last periodic lines, oldest first
-    shared_prefill_tokens_total: int = 0
 
     @property
     def recent_lines(self) -> str:

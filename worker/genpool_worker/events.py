@@ -6,6 +6,7 @@ of tuple positions."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from genpool_core.request import FinishReason
 from genpool_worker.sampling_params import TokenLogprobs
@@ -32,22 +33,27 @@ class TokenDelta:
 
     text: str
     logprobs: tuple[tuple[int, TokenLogprobs | None], ...] = ()
+    num_output_tokens: int = 0  # the request's output tokens so far (continuous usage)
 
 
 @dataclass(frozen=True, slots=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens the prefix cache held (not computed)
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
+        """OpenAI's usage object, with ``prompt_tokens_details.cached_tokens`` (vLLM's;
+        llm-d's sidecar forwards it)."""
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
 
 

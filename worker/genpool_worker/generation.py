@@ -31,9 +31,8 @@ from genpool_worker.events import (
     Usage,
 )
 from genpool_worker.http_common import ApiError, ServerContext
+from genpool_worker.kv_connector import KVTransfer
 from genpool_worker.metrics import RequestTimer
-from genpool_worker.pd.decode_side import KVPlan
-from genpool_worker.pd.prefill_side import leg_handles
 from genpool_worker.slo_request import request_slo
 
 
@@ -48,11 +47,11 @@ class End:
 @dataclass(frozen=True, slots=True)
 class Started:
     """A request built for the engine (``submit`` queues it, ``accepted`` waits for the
-    scheduler's answer), with what P/D made of it (``kv``)."""
+    scheduler's answer), with what its KV does (``kv``, the KV edge's plan)."""
 
     arrival: Arrival
     request: EngineRequest
-    kv: KVPlan
+    kv: KVTransfer
 
 
 def check_request(context: ServerContext, body: GenerationRequest, ids: list[int],
@@ -69,17 +68,18 @@ def check_request(context: ServerContext, body: GenerationRequest, ids: list[int
 
 
 def start(context: ServerContext, body: GenerationRequest, ids: list[int], max_tokens: int,
-          request: Request, *, id_prefix: str, kv: KVPlan, received_at: float,
+          request: Request, *, id_prefix: str, kv: KVTransfer, received_at: float,
           choice: int = 0) -> Started:  # fmt: skip
-    """Build choice ``choice`` of ``body.n`` with what P/D made of its prompt (``kv``,
-    docs/pd.md); raises ``ApiError`` for what it cannot serve. Not yet submitted:
-    ``submit`` hands a reply's choices to the engine at once, so one pass admits them
-    together (they share a prefill, or the KV one of them pulled)."""
-    arrival = make_arrival(context, body, ids, 1 if kv.kv_export else max_tokens,
+    """Build choice ``choice`` of ``body.n`` with what its prompt's KV does (``kv``);
+    raises ``ApiError`` for what it cannot serve. Not yet submitted: ``submit`` hands a
+    reply's choices to the engine at once, so one pass admits them together (they share
+    a prefill, or the KV one of them loaded). A request that computes its KV for someone
+    else (held at finish) runs to its first token only."""
+    arrival = make_arrival(context, body, ids, 1 if kv.holds_kv_at_finish else max_tokens,
                            request.headers, id_prefix=id_prefix, kv=kv,
                            received_at=received_at, choice=choice)  # fmt: skip
-    # A pulled request's clock here starts once its KV is in (the gen_wait part).
-    accepted_from = received_at if kv.kv_import is None else time.time()
+    # A loaded request's clock here starts once its KV is in (the GEN wait).
+    accepted_from = time.time() if kv.is_loaded else received_at
     loop = asyncio.get_running_loop()
     return Started(arrival, EngineRequest(arrival, loop=loop, received_at=accepted_from), kv)
 
@@ -92,13 +92,13 @@ def make_arrival(
     headers: Mapping[str, str],
     *,
     id_prefix: str,
-    kv: KVPlan = KVPlan(),  # noqa: B008 (frozen: one shared empty plan is safe)
+    kv: KVTransfer = KVTransfer(),  # noqa: B008 (frozen: one shared empty transfer is safe)
     received_at: float | None = None,
     choice: int = 0,
 ) -> Arrival:
-    """The request as the engine sees it. A pulled request is the specification's GEN
-    waiter: keyed at its receipt here (its pull counts in its wait), its first token as
-    old as the handle says at that receipt."""
+    """The request as the engine sees it. A loaded request is the specification's GEN
+    waiter: keyed at its receipt here (its load counts in its wait), its first token as
+    old as the transfer says at that receipt."""
     now = time.time()
     slo = request_slo(headers, body.slo)
     timing = body.genpool
@@ -110,9 +110,9 @@ def make_arrival(
         context.metrics.arrival_keys.labels(key.source, str(key.is_clamped).lower()).inc()
     arrival = key.time
     first_token_time = timing.first_token_time if timing else None
-    if kv.handle is not None:
+    if kv.is_loaded:
         arrival = now if received_at is None else min(received_at, now)
-        first_token_time = max(0.0, arrival - kv.handle.first_token_age_s)
+        first_token_time = max(0.0, arrival - kv.first_token_age_s)
     return Arrival(
         request_id=f"{id_prefix}-{uuid.uuid4().hex[:24]}",
         prompt_ids=ids,
@@ -126,8 +126,7 @@ def make_arrival(
         min_tokens=body.min_tokens,
         ignore_eos=body.ignore_eos,
         stop_token_ids=tuple(body.stop_token_ids or ()),
-        kv_export=kv.kv_export,
-        kv_import=kv.kv_import,
+        kv_transfer=kv,
     )
 
 
@@ -158,29 +157,17 @@ def failed_error(event: Failed) -> ApiError:
                     "unavailable" if event.status == 503 else "engine_error")  # fmt: skip
 
 
-def kv_transfer_fields(
+def reply_fields(
     context: ServerContext, request: Request, started: Sequence[Started]
 ) -> dict[str, Any]:
-    """A prefill leg's response carries its handles (top-level, as vLLM's does): one per
-    prompt (a leg runs each prompt once); none when any prompt's export is gone."""
-    legs = [each for each in started if each.kv.kv_export is not None]
-    if not legs:
-        return {}
-    params = leg_handles(context.pd, request, [each.request for each in legs])
-    return {} if params is None else {"kv_transfer_params": params}
+    """What the KV edge adds to a whole reply (e.g. the handles of a prefill leg's
+    exports: docs/pd.md), from its finished requests."""
+    return context.kv_edge.reply_fields(request, [each.request for each in started])
 
 
 def pieces(context: ServerContext, started: Started, timer: RequestTimer) -> Pieces:
-    """The request's pieces; a pulled one's GEN wait is observed when it finishes."""
-
-    def observe_gen_wait(submitted: EngineRequest) -> None:
-        # From its acceptance here (KV in) to the first token this worker decoded.
-        if submitted.first_token_at is not None:
-            gen_wait = max(0.0, submitted.first_token_at - submitted.received_at)
-            context.pd.metrics.ttft_parts.labels("gen_wait").observe(gen_wait)
-
-    is_pulled = started.kv.kv_import is not None
-    return Pieces(context.engine, started.request, timer, observe_gen_wait if is_pulled else None)
+    """The request's pieces; the KV edge sees it finish (a loaded one's GEN wait)."""
+    return Pieces(context.engine, started.request, timer, context.kv_edge.on_finished)
 
 
 class Pieces:

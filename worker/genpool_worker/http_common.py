@@ -17,8 +17,8 @@ from genpool_worker.chat_template import ChatPrompter, chat_prompter
 from genpool_worker.edge_limits import EdgeLimits
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
+from genpool_worker.kv_edge import KVEdge, NoKVEdge
 from genpool_worker.metrics import WorkerMetrics
-from genpool_worker.pd.context import PDContext
 
 RETRY_AFTER_S = "1"
 Body = TypeVar("Body", bound=BaseModel)
@@ -26,12 +26,13 @@ Body = TypeVar("Body", bound=BaseModel)
 
 @dataclass
 class ServerContext:
-    """What the routes serve: set once on ``app.state.context`` by ``create_app``."""
+    """What the routes serve: set once on ``app.state.context`` by ``create_app``.
+    ``kv_edge``: the routes' half of the engine's KV connector."""
 
     engine: GenEngine
     tokenizer: Tokenizer
     metrics: WorkerMetrics
-    pd: PDContext
+    kv_edge: KVEdge = field(default_factory=NoKVEdge)
     admin_token: str | None = None
     stamp_arrival: bool = True  # docs/design.md#keyed-by-default
     max_arrival_age_s: float = DEFAULT_MAX_ARRIVAL_AGE_S  # older stamps are clamped to it

@@ -17,6 +17,7 @@ from genpool_worker.api import ARRIVAL_SOURCES
 if TYPE_CHECKING:
     from genpool_core.stats import SchedulerStats
     from genpool_worker.engine import GenEngine
+    from genpool_worker.kv_events import KVEventPublisher
 
 # The model-server protocol (Gateway API Inference Extension endpoint pickers, llm-d,
 # KEDA): vLLM's names, so unmodified consumers read a GenPool worker. The picker of GIE
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
 NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
 NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
 KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc"
+# vLLM v1's prefix-cache counters (exposed with _total), in prompt tokens
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
 KV_CACHE_USAGE_PERC_OLD = "vllm:gpu_cache_usage_perc"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"  # GIE reads block_size and num_gpu_blocks
 MODEL_NAME_LABEL = "model_name"  # vLLM's label on these series
@@ -38,6 +42,7 @@ class WorkerMetrics(Collector):
         self.labels = {"model": model_name, "synthetic": "true" if is_synthetic else "false"}
         self.engine: GenEngine | None = None
         self.kv_block_size = 0  # tokens per KV block, fixed for the worker's life
+        self.kv_events: KVEventPublisher | None = None  # --kv-events-config's publisher
         self.requests_total = {"ok": 0, "rejected": 0, "invalid": 0}
         self.step_seconds = Histogram(
             "genpool_step_seconds",
@@ -113,15 +118,16 @@ class WorkerMetrics(Collector):
         for outcome, count in sorted(self.requests_total.items()):
             requests.add_metric([*values, outcome], count)
         yield requests
+        if self.kv_events is not None:
+            yield from self.kv_event_counters(self.kv_events)
         if self.engine is None:
             return
         snap = self.engine.snapshot
         s = snap.stats
         yield from self.model_server_gauges(s)
         yield counter("genpool_tokens", "Output tokens produced", snap.tokens_total)
-        yield counter("genpool_prefill_tokens_shared",
-                      "Prompt tokens not recomputed: KV copied from a resident request with the"
-                      " same prompt (n choices)", snap.shared_prefill_tokens_total)  # fmt: skip
+        yield gauge("genpool_kv_blocks_cached", "KV-cache blocks holding a cached prefix",
+                    s.kv_blocks_cached)  # fmt: skip
         yield gauge("genpool_queue_length", "Waiters in the admission queue", s.waiters)
         yield gauge("genpool_residents", "Resident requests (active + paused)", s.residents)
         yield gauge("genpool_active", "Requests in the batch", s.active)
@@ -153,6 +159,26 @@ class WorkerMetrics(Collector):
             yield gauge("genpool_admission_target_seconds", "Adaptive target X",
                         s.admission_target_s)  # fmt: skip
 
+    def kv_event_counters(self, publisher: KVEventPublisher) -> Iterator[Metric]:
+        """The KV event publisher's batches by outcome, and the events it skipped."""
+        names, values = list(self.labels), list(self.labels.values())
+        counts = publisher.counts
+        batches = CounterMetricFamily(
+            "genpool_kv_event_batches",
+            "KV event batches: sent, dropped (the send queue was full), failed (the socket"
+            " refused them)",
+            labels=[*names, "outcome"],
+        )
+        for outcome, count in (("sent", counts.sent), ("dropped", counts.dropped),
+                               ("failed", counts.failed)):  # fmt: skip
+            batches.add_metric([*values, outcome], count)
+        yield batches
+        skipped = CounterMetricFamily(
+            "genpool_kv_events_skipped", "KV events whose tokens were gone", labels=names
+        )
+        skipped.add_metric(values, counts.skipped)
+        yield skipped
+
     def model_server_gauges(self, s: SchedulerStats) -> Iterator[Metric]:
         """Queued = waiting for admission. Running = residents: a paused resident keeps
         its KV blocks, so it is running to a router. KV usage = KV blocks held (by
@@ -168,6 +194,14 @@ class WorkerMetrics(Collector):
             family = GaugeMetricFamily(name, doc, labels=list(labels))
             family.add_metric(list(labels.values()), float(value))
             yield family
+        for name, doc, count in (
+            (PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache",
+             s.prefix_cache_queries),
+            (PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache", s.prefix_cache_hits),
+        ):  # fmt: skip
+            counted = CounterMetricFamily(name, doc, labels=list(labels))
+            counted.add_metric(list(labels.values()), float(count))
+            yield counted
         # vLLM's info metric: a constant 1 whose labels carry the cache geometry.
         info = GaugeMetricFamily(
             CACHE_CONFIG_INFO, "KV-cache configuration", labels=["block_size", "num_gpu_blocks"]

@@ -3,6 +3,10 @@
 The loop hands it each pass's plan; it returns one sampled token per batch member.
 It keeps what the model step needs per request (prompt, last token, position,
 sampling parameters and the seeded generator), so the loop never touches a tensor.
+It holds a network (``DecodeModel``: layers, no state between calls) and the KV cache
+it runs over (``KVCacheOwner``: the cache, sized and allocated, the decode steps
+replayed from CUDA graphs over it, and the P/D port), built together at load
+(``worker_cli.build_model``; ``model/cache_engine.py`` for a Llama).
 """
 
 from __future__ import annotations
@@ -10,19 +14,28 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import torch
 
 from genpool_core.plan import GenPlan
-from genpool_worker.engine_io import Arrival, KVImport, ModelInfo, StepResult
+from genpool_worker.engine_io import Arrival, ModelInfo, StepResult
+from genpool_worker.kv_connector import NO_KV_CONNECTOR, KVExecutionSide
+from genpool_worker.kv_layout import KVLayout
 from genpool_worker.model.sampler import SampleRow, sample
-from genpool_worker.pd.layout import KVLayout
 from genpool_worker.request_faults import RequestFaults
 from genpool_worker.sampling_params import TokenLogprobs
 
+Tables = Sequence[Sequence[int]]
+# The KV cache's type, as the runner's cache owner holds it and its network takes it.
+CacheT = TypeVar("CacheT")
+_CacheIn = TypeVar("_CacheIn", contravariant=True)
+_CacheOut = TypeVar("_CacheOut", covariant=True)
 
-class DecodeModel(Protocol):
+
+class DecodeModel(Protocol[_CacheIn]):
+    """A network: forward passes over the KV cache the runner hands it."""
+
     @property
     def name(self) -> str: ...
 
@@ -35,19 +48,38 @@ class DecodeModel(Protocol):
     @property
     def max_seq_len(self) -> int: ...
 
+    def prefill(
+        self, cache: _CacheIn, blocks: Sequence[int], token_ids: list[int], start: int = 0
+    ) -> torch.Tensor: ...
+
+    def decode(
+        self, cache: _CacheIn, block_tables: Tables, token_ids: list[int], positions: list[int]
+    ) -> torch.Tensor: ...
+
+
+class DecodeGraphs(Protocol):
+    """The network's decode step over the cache, replayed from CUDA graphs."""
+
+    def run(
+        self, block_tables: Tables, token_ids: list[int], positions: list[int]
+    ) -> torch.Tensor: ...
+
+
+class KVCacheOwner(Protocol[_CacheOut]):
+    """What the runner owns of the KV cache: the cache (sized and allocated), the decode
+    graphs captured over it (None: the network's own decode), and the P/D port."""
+
+    @property
+    def cache(self) -> _CacheOut: ...
+
     @property
     def num_blocks(self) -> int: ...
 
     @property
     def block_size(self) -> int: ...
 
-    def prefill(
-        self, blocks: Sequence[int], token_ids: list[int], start: int = 0
-    ) -> torch.Tensor: ...
-
-    def decode(
-        self, block_tables: Sequence[Sequence[int]], token_ids: list[int], positions: list[int]
-    ) -> torch.Tensor: ...
+    @property
+    def decode_graphs(self) -> DecodeGraphs | None: ...
 
     def kv_layout(self) -> KVLayout | None: ...
 
@@ -55,17 +87,15 @@ class DecodeModel(Protocol):
 
     def write_kv(self, blocks: Sequence[int], data: bytearray) -> None: ...
 
-    def copy_kv(self, source: Sequence[int], target: Sequence[int]) -> None: ...
-
 
 @dataclass
 class _RunState:
     prompt_ids: list[int]
     sample: SampleRow
     blocks: tuple[int, ...] = ()  # the KV block table, from the plan that admitted it
-    kv_import: KVImport | None = None  # another worker's prefill, written at admission
     num_output_tokens: int = 0
-    num_prefilled: int = 0  # prompt tokens whose KV is written (chunked prefill)
+    num_prefilled: int = 0  # prompt tokens whose KV is written (cached, or prefilled)
+    num_cached_blocks: int = 0  # its table's first blocks, shared from the prefix cache
     last_token: int | None = field(default=None)
     min_tokens: int = 0
     # What may not end it before ``min_tokens`` (vLLM masks them): EOS unless ``ignore_eos``,
@@ -94,9 +124,12 @@ def _sample_row(arrival: Arrival) -> SampleRow:
     return SampleRow(params, generator, arrival.prompt_ids, [])
 
 
-class TorchModelRunner:
-    def __init__(self, model: DecodeModel) -> None:
+class TorchModelRunner(Generic[CacheT]):
+    """A network and the KV cache it runs over: the plan's passes, sampled."""
+
+    def __init__(self, model: DecodeModel[CacheT], kv: KVCacheOwner[CacheT]) -> None:
         self.model = model
+        self.kv = kv
         vocab_size = getattr(model, "vocab_size", None)
         self.info = ModelInfo(
             name=model.name,
@@ -104,63 +137,86 @@ class TorchModelRunner:
             max_seq_len=model.max_seq_len,
             eos_token_ids=tuple(model.eos_token_ids),
             vocab_size=vocab_size if isinstance(vocab_size, int) else None,
-            num_kv_blocks=model.num_blocks,
-            kv_block_size=model.block_size,
+            num_kv_blocks=kv.num_blocks,
+            kv_block_size=kv.block_size,
         )
         self._states: dict[str, _RunState] = {}
 
     def add_request(self, arrival: Arrival) -> None:
         eos = () if arrival.ignore_eos else self.info.eos_token_ids
         self._states[arrival.request_id] = _RunState(
-            list(arrival.prompt_ids), _sample_row(arrival), kv_import=arrival.kv_import,
-            min_tokens=arrival.min_tokens, stop_ids=(*eos, *arrival.stop_token_ids),
+            list(arrival.prompt_ids), _sample_row(arrival), min_tokens=arrival.min_tokens,
+            stop_ids=(*eos, *arrival.stop_token_ids),
         )  # fmt: skip
 
     def remove_request(self, request_id: str) -> None:
         self._states.pop(request_id, None)
 
-    def execute(self, plan: GenPlan) -> StepResult:
+    def execute(self, plan: GenPlan, kv: KVExecutionSide = NO_KV_CONNECTOR) -> StepResult:
         """Run ``plan.prefill_chunks`` (chunked prefill), prefill ``plan.prefill_ids``
         (their token this pass; their last chunk), decode the rest; each request's KV
-        goes to the block table its admission's plan gave it. The whole batch is
-        sampled in one call; a request still mid-prefill has no row. What one request
-        causes fails it alone (``StepResult.failed``; request_faults.py)."""
+        goes to the block table its admission's plan gave it, its prefill starting after
+        the prompt tokens the prefix cache held; ``kv`` loads the KV of
+        ``plan.imported_ids``, and nobody else's, into theirs (the plan decides, never the
+        runner). Prefill work runs in plan order: an admission may share blocks an
+        earlier one computes in the same pass. The whole batch is sampled in one call; a
+        request still mid-prefill has no row. What one request causes fails it alone
+        (``StepResult.failed``; request_faults.py), and so does a request sharing blocks
+        whose prefill failed this pass."""
         faults = RequestFaults()
-        for request_id, blocks in zip(plan.admitted_ids, plan.admitted_blocks, strict=True):
+        cached = plan.admitted_cached_tokens or (0,) * len(plan.admitted_ids)
+        imported = set(plan.imported_ids)
+        for request_id, blocks, num_cached in zip(
+            plan.admitted_ids, plan.admitted_blocks, cached, strict=True
+        ):
             with faults.of(request_id):
-                self._admit(self._states[request_id], blocks)
+                self._admit(self._states[request_id], blocks, num_cached)
+                if request_id in imported:
+                    self._load(request_id, kv)
         prefill = set(plan.prefill_ids)
         ends = {rid: end for rid, _, end in plan.prefill_chunks}
-        last_rows: dict[int, torch.Tensor] = {}  # id(state) -> its prompt-end logits, this pass
-        num_shared = 0
         for request_id, _, _ in plan.prefill_chunks:
-            if request_id not in prefill and request_id not in faults.failed:
-                with faults.of(request_id):  # a chunk short of the prompt: no row
-                    state = self._states[request_id]
-                    num_shared += self._prefill_or_copy(state, ends[request_id], last_rows)[1]
+            if request_id not in prefill:  # a chunk short of the prompt: no row
+                self._prefill_alone(request_id, ends[request_id], faults)
         rows: list[torch.Tensor] = []
         order: list[str] = []
         for request_id in plan.batch_ids:
-            if request_id in prefill and request_id not in faults.failed:
-                with faults.of(request_id):
-                    state = self._states[request_id]
-                    end = ends.get(request_id, len(state.prompt_ids))
-                    row, shared = self._prefill_or_copy(state, end, last_rows)
-                    assert row is not None, f"{request_id}: a prompt's end has its logits"
-                    num_shared += shared
+            if request_id in prefill:
+                end = ends.get(request_id, len(self._states[request_id].prompt_ids))
+                row = self._prefill_alone(request_id, end, faults)
+                if row is not None:
                     rows.append(row[None, :])
                     order.append(request_id)
         decoding = [r for r in plan.batch_ids if r not in prefill and r not in faults.failed]
         if decoding:
-            kept, decoded = faults.retry_alone(decoding, self._decode, lambda r: self._decode([r]))
+            kept, decoded = faults.retry_alone(
+                decoding, self._decode_rows, lambda r: self._decode_rows([r])
+            )
             rows.extend(decoded)
             order.extend(kept)
         if not order:  # only chunks short of their prompts ran (or every row failed)
-            return StepResult({}, num_shared_prefill_tokens=num_shared, failed=faults.failed)
+            return StepResult({}, failed=faults.failed)
         tokens = self._sample(order, torch.cat(rows), faults)
         logprobs = {rid: lp for rid, (_, lp) in tokens.items() if lp is not None}
-        return StepResult({rid: t for rid, (t, _) in tokens.items()}, logprobs, num_shared,
+        return StepResult({rid: t for rid, (t, _) in tokens.items()}, logprobs,
                           failed=faults.failed)  # fmt: skip
+
+    def _prefill_alone(
+        self, request_id: str, end: int, faults: RequestFaults
+    ) -> torch.Tensor | None:
+        """One request's prefill up to ``end`` (its logits there), unless it failed or
+        reads a block whose writer failed this pass (then it fails too)."""
+        if request_id in faults.failed:
+            return None
+        state = self._states[request_id]
+        with faults.of(request_id):
+            if not self._bad_blocks(faults).isdisjoint(state.blocks[: state.num_cached_blocks]):
+                raise RuntimeError("a prefix it shares was being computed by a request that failed")
+            return self._prefill_to(state, end)
+        return None
+
+    def _bad_blocks(self, faults: RequestFaults) -> set[int]:
+        return {b for rid in faults.failed if rid in self._states for b in self._states[rid].blocks}
 
     def _sample(
         self, order: list[str], logits: torch.Tensor, faults: RequestFaults
@@ -183,54 +239,16 @@ class TorchModelRunner:
             states[rid].took(token)
         return dict(zip(kept, zip(tokens, logprobs, strict=True), strict=True))
 
-    def _prefill_or_copy(
-        self, state: _RunState, end: int, last_rows: dict[int, torch.Tensor]
-    ) -> tuple[torch.Tensor | None, int]:
-        """Its prompt's KV up to ``end`` and the logits there; returns them and the prompt
-        tokens not recomputed. The ``n`` choices of a reply are requests with one prompt:
-        where another's KV already covers ``end`` this one copies those blocks. At the
-        prompt's end it reuses that one's logits if it got them this pass (``last_rows``),
-        else recomputes the last position alone; short of it there are no logits (None)."""
-        start, num_prompt = state.num_prefilled, len(state.prompt_ids)
-        twin = self._twin(state, end)
-        if twin is None:
-            row = self._prefill(state, end)
-            if end == num_prompt:
-                last_rows[id(state)] = row
-            return row, 0
-        size = self.info.kv_block_size
-        first, last = start // size, -(-end // size)
-        self.model.copy_kv(twin.blocks[first:last], state.blocks[first:last])
-        state.num_prefilled = end
-        if end < num_prompt:  # a chunk short of the prompt: no logits wanted
-            return None, end - start
-        reused = last_rows.get(id(twin))
-        if reused is not None:
-            return reused, end - start
-        state.num_prefilled = end - 1  # the logits at end - 1: one position computed
-        return self._prefill(state, end), end - start - 1
-
-    def _twin(self, state: _RunState, end: int) -> _RunState | None:
-        """Another admitted request with this prompt whose KV reaches ``end``."""
-        for other in self._states.values():
-            if (other is not state and other.blocks and other.num_prefilled >= end
-                    and other.prompt_ids == state.prompt_ids):  # fmt: skip
-                return other
-        return None
-
-    def _prefill(self, state: _RunState, end: int) -> torch.Tensor:
+    def _prefill_to(self, state: _RunState, end: int) -> torch.Tensor:
         """Its prompt from where its KV ends up to ``end``; last-position logits.
 
         From its own count, not the chunk's start: a pass the engine did not run (no
         batch member, chunks only) is caught up here rather than leaving a KV gap.
         """
         start, state.num_prefilled = state.num_prefilled, end
-        chunk = state.prompt_ids[start:end]
-        if start == 0:  # a whole prefill calls the model as it always did
-            return self.model.prefill(state.blocks, chunk)
-        return self.model.prefill(state.blocks, chunk, start)
+        return self.prefill(state.blocks, state.prompt_ids[start:end], start)
 
-    def _decode(self, request_ids: Sequence[str]) -> torch.Tensor:
+    def _decode_rows(self, request_ids: Sequence[str]) -> torch.Tensor:
         tables, last, positions = [], [], []
         for request_id in request_ids:
             state = self._states[request_id]
@@ -238,21 +256,46 @@ class TorchModelRunner:
             tables.append(state.blocks)
             last.append(state.last_token)
             positions.append(len(state.prompt_ids) + state.num_output_tokens - 1)
-        return self.model.decode(tables, last, positions)
+        return self.decode(tables, last, positions)
 
-    def _admit(self, state: _RunState, blocks: tuple[int, ...]) -> None:
-        """Its blocks; an imported request's pulled KV goes into the first of them and it
-        decodes from its first token (it has no prefill here: docs/pd.md)."""
+    # ---- one pass of the network over the cache (what execute runs; benchmarks too) ----
+
+    def prefill(self, blocks: Sequence[int], token_ids: list[int], start: int = 0) -> torch.Tensor:
+        """``token_ids`` into ``blocks`` at positions ``start..``; the last one's logits."""
+        return self.model.prefill(self.kv.cache, blocks, token_ids, start)
+
+    def decode(
+        self, block_tables: Tables, token_ids: list[int], positions: list[int]
+    ) -> torch.Tensor:
+        """One token per row at its position; logits ``[B, vocab]``. Replayed from the
+        cache owner's CUDA graphs where it has them, else the network's own decode."""
+        graphs = self.kv.decode_graphs
+        if graphs is not None:
+            return graphs.run(block_tables, token_ids, positions)
+        return self.model.decode(self.kv.cache, block_tables, token_ids, positions)
+
+    def _admit(self, state: _RunState, blocks: tuple[int, ...], num_cached: int) -> None:
+        """Its blocks, the first ``num_cached`` prompt tokens' KV already in them (the prefix
+        cache's)."""
         state.blocks = blocks
-        imported, state.kv_import = state.kv_import, None
-        if imported is not None and not state.num_output_tokens:
-            # The pulled bytes leave host memory as they are written (KVImport.take).
-            self.model.write_kv(blocks[: imported.num_blocks], imported.take())
-            state.num_prefilled = len(state.prompt_ids)  # its n choices' twins copy it
-            state.took(imported.first_token)
+        state.num_prefilled = num_cached
+        state.num_cached_blocks = -(-num_cached // self.info.kv_block_size)
+
+    def _load(self, request_id: str, kv: KVExecutionSide) -> None:
+        """The plan imports its prompt's KV: ``kv`` writes it into its blocks and it
+        decodes from the first token made with it (no prefill here)."""
+        state = self._states[request_id]
+        first = kv.load_kv(request_id, state.blocks)
+        state.num_prefilled = len(state.prompt_ids)
+        state.took(first)
+
+    # The cache's port (``kv_connector.KVCachePort``): the cache engine's.
 
     def kv_layout(self) -> KVLayout | None:
-        return self.model.kv_layout()
+        return self.kv.kv_layout()
 
     def read_kv(self, blocks: Sequence[int]) -> Iterator[bytes]:
-        return self.model.read_kv(blocks)
+        return self.kv.read_kv(blocks)
+
+    def write_kv(self, blocks: Sequence[int], data: bytearray) -> None:
+        self.kv.write_kv(blocks, data)

@@ -44,7 +44,7 @@ class OutputProcessor:
         if matcher is not None:
             text = matcher.feed(text)
         if text:
-            request.emit(TokenDelta(text, tuple(request.unsent_logprobs)))
+            request.emit(TokenDelta(text, tuple(request.unsent_logprobs), len(request.output_ids)))
             request.unsent_logprobs.clear()
 
     def on_finished(self, request: EngineRequest, reason: FinishReason) -> None:
@@ -57,10 +57,11 @@ class OutputProcessor:
             self._send(request, text[request.text_sent :])
             request.text_sent = len(text)
         if request.stop_matcher is not None and (tail := request.stop_matcher.flush()):
-            request.emit(TokenDelta(tail, tuple(request.unsent_logprobs)))
+            request.emit(TokenDelta(tail, tuple(request.unsent_logprobs), len(request.output_ids)))
             request.unsent_logprobs.clear()
         if request.unsent_logprobs:  # tokens whose text the stop matcher dropped
-            request.emit(TokenDelta("", tuple(request.unsent_logprobs)))
+            request.emit(TokenDelta("", tuple(request.unsent_logprobs), len(request.output_ids)))
             request.unsent_logprobs.clear()
-        usage = Usage(len(request.arrival.prompt_ids), len(request.output_ids))
+        usage = Usage(len(request.arrival.prompt_ids), len(request.output_ids),
+                      request.num_cached_tokens)  # fmt: skip
         request.emit(Finished(reason, usage))

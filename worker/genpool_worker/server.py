@@ -10,15 +10,22 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from genpool_worker import admin_routes, chat_route, completions_route, status_routes
+from genpool_worker import (
+    admin_routes,
+    chat_route,
+    completions_route,
+    render_routes,
+    status_routes,
+)
 from genpool_worker.api import DEFAULT_MAX_ARRIVAL_AGE_S
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
 from genpool_worker.http_common import ApiError, ServerContext, context_of, error_response
+from genpool_worker.kv_edge import KVEdge, NoKVEdge
 from genpool_worker.metrics import WorkerMetrics
 from genpool_worker.openapi import install_openapi
 from genpool_worker.pd import routes as pd_routes
-from genpool_worker.pd.setup import PDSettings, build_pd_context
+from genpool_worker.pd.setup import PDParts
 
 INVALID_STATUSES = (400, 413, 422)  # counted as ``genpool_requests_total{outcome="invalid"}``
 ERROR_KINDS = {404: "not_found_error", 405: "invalid_request_error"}
@@ -63,13 +70,18 @@ def create_app(
     admin_token: str | None = None,
     stamp_arrival: bool = True,
     max_arrival_age_s: float = DEFAULT_MAX_ARRIVAL_AGE_S,
-    pd: PDSettings | None = None,
+    pd: PDParts | None = None,
     aliases: tuple[str, ...] = (),
 ) -> FastAPI:
+    """``pd``: the worker's P/D parts (``pd.setup.build_pd``), whose connector ``engine``
+    was built with; None: no P/D (no KV moves in or out, no P/D routes)."""
     app = FastAPI(title="GenPool GEN worker", docs_url=None, redoc_url=None)
-    pd_context = build_pd_context(engine, metrics, pd or PDSettings())
+    edge: KVEdge = NoKVEdge()
+    if pd is not None:
+        assert engine.kv_connector is pd.connector, "build the engine with the P/D connector"
+        edge = pd.edge
     app.state.context = ServerContext(
-        engine, tokenizer, metrics, pd_context, admin_token=admin_token,
+        engine, tokenizer, metrics, edge, admin_token=admin_token,
         stamp_arrival=stamp_arrival, max_arrival_age_s=max_arrival_age_s, aliases=aliases,
     )  # fmt: skip
     metrics.attach(engine)
@@ -77,7 +89,9 @@ def create_app(
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(Exception, _internal_error)
-    for module in (completions_route, chat_route, status_routes, admin_routes, pd_routes):
+    for module in (completions_route, chat_route, render_routes, status_routes, admin_routes):
         app.include_router(module.router)
-    install_openapi(app)
+    if pd is not None:
+        app.include_router(pd_routes.router)
+    install_openapi(app, pd_routes.OPENAPI_BODIES if pd is not None else None)
     return app

@@ -4,7 +4,8 @@ For scale tests of the serving path (HTTP, scheduler, operator) without a model.
 Tokens are a deterministic function of the previous token, so outputs are
 reproducible; everything it serves is labelled synthetic (logs, /stats, metrics).
 Its "KV" is each position's token id (one layer, one head, one int32), stored in real
-blocks, so a P/D transfer between synthetic workers moves real bytes (docs/pd.md).
+blocks of the runner's cache (``SyntheticKVCache``), so a P/D transfer between synthetic
+workers moves real bytes (docs/pd.md).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from genpool_core.model_catalogue import kv_bytes_per_token
 from genpool_core.stepmodel import DEFAULT_STEP_MODEL, StepModel
-from genpool_worker.pd.layout import KVLayout
+from genpool_worker.kv_layout import KVLayout
 
 SYNTHETIC_VOCAB = 256
 SYNTHETIC_EOS = 0
@@ -39,37 +40,26 @@ class SyntheticTokenizer:
         return bytes(i for i in ids if 0 < i < 256).decode("utf-8", errors="replace")
 
 
-class SyntheticModel:
-    is_synthetic = True
+class SyntheticKVCache:
+    """The synthetic model's KV cache, the runner's: K and V ``[2, num_blocks + 1,
+    block_size]`` int32 token ids (block ``num_blocks``: padding), and its P/D port."""
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        num_blocks: int,
-        block_size: int,
-        max_seq_len: int,
-        step_model: StepModel = DEFAULT_STEP_MODEL,
-        time_scale: float = 1.0,
-    ) -> None:
-        self.name = f"synthetic:{name}"
+    decode_graphs = None  # nothing to replay: the synthetic decode is a sleep
+
+    def __init__(self, model_name: str, *, num_blocks: int, block_size: int) -> None:
+        """``model_name``: the model's, which the wire layout names."""
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.max_seq_len = max_seq_len
-        self.vocab_size = SYNTHETIC_VOCAB
-        self.eos_token_ids = (SYNTHETIC_EOS,)
-        self._step_model = step_model
-        self._time_scale = time_scale
-        # K and V: [2, num_blocks + 1, block_size] token ids (block num_blocks: padding).
-        self._kv = torch.zeros((2, num_blocks + 1, block_size), dtype=torch.int32)
+        self.cache = torch.zeros((2, num_blocks + 1, block_size), dtype=torch.int32)
+        self._model_name = model_name
 
     def kv_layout(self) -> KVLayout:
-        return KVLayout(self.name, "int32", self.block_size, num_layers=1, num_kv_heads=1,
+        return KVLayout(self._model_name, "int32", self.block_size, num_layers=1, num_kv_heads=1,
                         head_dim=1)  # fmt: skip
 
     def read_kv(self, blocks: Sequence[int]) -> Iterator[bytes]:
         index = torch.tensor(list(blocks), dtype=torch.long)
-        for part in self._kv:
+        for part in self.cache:
             yield part.index_select(0, index).contiguous().numpy().tobytes()
 
     def write_kv(self, blocks: Sequence[int], data: bytearray) -> None:
@@ -77,18 +67,29 @@ class SyntheticModel:
         if values.numel() != 2 * len(blocks) * self.block_size:
             raise ValueError(f"{len(data)} bytes do not fill {len(blocks)} synthetic blocks")
         index = torch.tensor(list(blocks), dtype=torch.long)
-        self._kv.index_copy_(1, index, values.view(2, len(blocks), self.block_size))
+        self.cache.index_copy_(1, index, values.view(2, len(blocks), self.block_size))
 
-    def copy_kv(self, source: Sequence[int], target: Sequence[int]) -> None:
-        src = torch.tensor(list(source), dtype=torch.long)
-        self._kv.index_copy_(1, torch.tensor(list(target), dtype=torch.long),
-                             self._kv.index_select(1, src))  # fmt: skip
 
-    def _store(self, blocks: Sequence[int], start: int, token_ids: Sequence[int]) -> None:
-        for offset, token in enumerate(token_ids):
-            position = start + offset
-            block = blocks[position // self.block_size]
-            self._kv[:, block, position % self.block_size] = token
+class SyntheticModel:
+    """The network: a step's time asleep, then logits of the previous token; its passes
+    store each position's token id in the cache they are handed."""
+
+    is_synthetic = True
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        max_seq_len: int,
+        step_model: StepModel = DEFAULT_STEP_MODEL,
+        time_scale: float = 1.0,
+    ) -> None:
+        self.name = f"synthetic:{name}"
+        self.max_seq_len = max_seq_len
+        self.vocab_size = SYNTHETIC_VOCAB
+        self.eos_token_ids = (SYNTHETIC_EOS,)
+        self._step_model = step_model
+        self._time_scale = time_scale
 
     def _logits_for(self, previous: list[int]) -> torch.Tensor:
         # Printable lowercase letters and spaces, never EOS: requests end by length.
@@ -97,20 +98,35 @@ class SyntheticModel:
         logits[torch.arange(len(previous)), nxt] = 0.0
         return logits
 
-    def prefill(self, blocks: Sequence[int], token_ids: list[int], start: int = 0) -> torch.Tensor:
+    def prefill(
+        self, cache: torch.Tensor, blocks: Sequence[int], token_ids: list[int], start: int = 0
+    ) -> torch.Tensor:
         """Positions ``start..`` (a chunked prefill's chunk), at the chunk's prefill time."""
         time.sleep(self._time_scale * self._step_model.prefill_time(len(token_ids)))
         if blocks:
-            self._store(blocks, start, token_ids)
+            _store(cache, blocks, start, token_ids)
         return self._logits_for([token_ids[-1]])[0]
 
     def decode(
-        self, block_tables: Sequence[Sequence[int]], token_ids: list[int], positions: list[int]
+        self,
+        cache: torch.Tensor,
+        block_tables: Sequence[Sequence[int]],
+        token_ids: list[int],
+        positions: list[int],
     ) -> torch.Tensor:
         context = sum(position + 1 for position in positions)
         step = self._step_model.decode_step_time(len(block_tables), context)
         time.sleep(self._time_scale * step)
         for table, token, position in zip(block_tables, token_ids, positions, strict=True):
             if table:
-                self._store(table, position, [token])
+                _store(cache, table, position, [token])
         return self._logits_for(token_ids)
+
+
+def _store(
+    cache: torch.Tensor, blocks: Sequence[int], start: int, token_ids: Sequence[int]
+) -> None:
+    block_size = cache.shape[2]
+    for offset, token in enumerate(token_ids):
+        position = start + offset
+        cache[:, blocks[position // block_size], position % block_size] = token

@@ -10,7 +10,7 @@ import time
 import traceback
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
@@ -20,6 +20,7 @@ from genpool_core.preemption import GenPreemptionConfigError
 from genpool_core.scheduler import GenScheduler
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
+from genpool_worker.kv_events import KVEventsSocketError, start_kv_events
 from genpool_worker.metrics import WorkerMetrics
 from genpool_worker.serving import ServerProcess, drain_timeout_s, read_kv_secret
 from genpool_worker.termination_log import report_fatal
@@ -39,7 +40,8 @@ if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
     from genpool_worker.engine_io import Coordinator
-    from genpool_worker.model_runner import DecodeModel, TorchModelRunner
+    from genpool_worker.model_runner import TorchModelRunner
+    from genpool_worker.pd.setup import PDParts
 
 log = logging.getLogger("genpool.worker")
 RANK_DEATH_GRACE_S = 1.0
@@ -82,42 +84,43 @@ def model_max_seq_len(config: WorkerConfig) -> int:
 
 def build_model(
     config: WorkerConfig, num_slots: int, tp_rank: int = 0
-) -> tuple[DecodeModel, Tokenizer]:
-    """The model and its KV cache; ``num_slots`` (B + max headroom) sizes the default cache."""
+) -> tuple[TorchModelRunner[Any], Tokenizer]:
+    """The network (this rank's shard) and its KV cache behind a runner, and the
+    tokenizer; ``num_slots`` (B + max headroom) sizes the default cache."""
+    from genpool_worker.model_runner import TorchModelRunner
+
     max_seq_len = model_max_seq_len(config)
     num_blocks = default_num_blocks(config, num_slots, max_seq_len)
     if config.model.startswith(SYNTHETIC_PREFIX):
-        from genpool_worker.synthetic import SyntheticModel, SyntheticTokenizer
+        from genpool_worker.synthetic import SyntheticKVCache, SyntheticModel, SyntheticTokenizer
 
-        model = SyntheticModel(
+        synthetic = SyntheticModel(
             config.model.split(":", 1)[1] or "default",
-            num_blocks=num_blocks or synthetic_num_blocks(config, max_seq_len),
-            block_size=config.kv_block_size,
             max_seq_len=max_seq_len,
             time_scale=config.synthetic_time_scale,
         )
-        return model, SyntheticTokenizer()
+        blocks = num_blocks or synthetic_num_blocks(config, max_seq_len)
+        cache = SyntheticKVCache(synthetic.name, num_blocks=blocks,
+                                 block_size=config.kv_block_size)  # fmt: skip
+        return TorchModelRunner(synthetic, cache), SyntheticTokenizer()
     import torch
 
+    from genpool_worker.model.cache_engine import CacheEngine
     from genpool_worker.model.gguf_weights import find_smollm2_gguf
+    from genpool_worker.model.kv_sizing import KVSizing
     from genpool_worker.model.llama import LlamaModel
     from genpool_worker.model.tokenizer import load_tokenizer
 
+    sizing = KVSizing(config.kv_block_size, num_blocks, config.kv_cache_memory,
+                      config.gpu_memory_utilization)  # fmt: skip
     torch.set_num_threads(torch_threads(config.tensor_parallel_size))
     path = find_smollm2_gguf() if config.model == "smollm2-135m" else config.model
     llama = LlamaModel.load(  # a GGUF file or a Hugging Face checkpoint directory
-        path,
-        max_seq_len=max_seq_len,
-        num_blocks=num_blocks,
-        block_size=config.kv_block_size,
-        kv_cache_memory=config.kv_cache_memory,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-        max_decode_batch=config.max_batch_size,
-        device=config.device,
-        tp_rank=tp_rank,
-        tp_size=config.tensor_parallel_size,
-    )
-    return llama, load_tokenizer(path)
+        path, max_seq_len=max_seq_len, device=config.device,
+        tp_rank=tp_rank, tp_size=config.tensor_parallel_size,
+    )  # fmt: skip
+    engine = CacheEngine(llama, sizing, max_decode_batch=config.max_batch_size)
+    return TorchModelRunner(llama, engine), load_tokenizer(path)
 
 
 def synthetic_num_blocks(config: WorkerConfig, max_seq_len: int) -> int:
@@ -140,13 +143,10 @@ def synthetic_num_blocks(config: WorkerConfig, max_seq_len: int) -> int:
 
 def build_runner(
     config: WorkerConfig, num_slots: int, tp_rank: int = 0
-) -> tuple[TorchModelRunner, Tokenizer, GenScheduler]:
+) -> tuple[TorchModelRunner[Any], Tokenizer, GenScheduler]:
     """The model (this rank's shard) behind its runner, the tokenizer, and the scheduler
     with the KV budget the model's cache holds."""
-    from genpool_worker.model_runner import TorchModelRunner
-
-    model, tokenizer = build_model(config, num_slots, tp_rank)
-    runner = TorchModelRunner(model)
+    runner, tokenizer = build_model(config, num_slots, tp_rank)
     info = runner.info
     log.info(
         "KV cache: %d blocks of %d tokens (%d tokens)",
@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _config_error([str(exc)])
     try:
         return _run(config, scheduler)
-    except MaxSeqLenError as exc:  # known once the model's context is read
+    except (MaxSeqLenError, KVEventsSocketError) as exc:  # known once the model is read
         return _config_error([str(exc)])
     except Exception as exc:  # model load, engine set-up: the cause goes to the pod's status
         log.exception("worker failed")
@@ -197,6 +197,8 @@ def _traceback_tail() -> str:
 
 
 def _run(config: WorkerConfig, scheduler: GenScheduler) -> int:
+    from genpool_worker.pd.setup import PDSettings, build_pd
+
     log.info(scheduler.policy.enabled_line())
     followers, coordinator = _start_followers(config)
     runner, tokenizer, scheduler = build_runner(config, scheduler.slots.pool_size)
@@ -204,14 +206,16 @@ def _run(config: WorkerConfig, scheduler: GenScheduler) -> int:
     if info.is_synthetic:
         log.info("model %s is SYNTHETIC: no weights, simulated step times", info.name)
     metrics = WorkerMetrics(info.name, info.is_synthetic)
-    engine = GenEngine(
-        runner, tokenizer, scheduler, on_step=metrics.observe_step, coordinator=coordinator
-    )
+    # P/D's parts over the runner's KV cache: its connector goes into the engine.
+    pd = build_pd(runner, info, metrics,
+                  PDSettings.from_config(config, read_kv_secret(config, os.environ)))  # fmt: skip
+    engine = GenEngine(runner, tokenizer, scheduler, on_step=metrics.observe_step,
+                       coordinator=coordinator, kv_connector=pd.connector)  # fmt: skip
     if followers:
         from genpool_worker.multirank import watch_followers
 
         watch_followers(followers, lambda rank, code: _rank_died(engine, rank, code))
-    return _serve(engine, tokenizer, metrics, config)
+    return _serve(engine, tokenizer, metrics, config, pd)
 
 
 def _start_followers(
@@ -235,14 +239,12 @@ def _start_followers(
     return followers, DistCoordinator(0)
 
 
-def _serve(
-    engine: GenEngine, tokenizer: Tokenizer, metrics: WorkerMetrics, config: WorkerConfig
-) -> int:
+def _serve(engine: GenEngine, tokenizer: Tokenizer, metrics: WorkerMetrics,
+           config: WorkerConfig, pd: PDParts) -> int:  # fmt: skip
     """Rank 0: the engine thread and the HTTP server until the server stops (SIGTERM, or
     the engine died)."""
     import uvicorn
 
-    from genpool_worker.pd.setup import PDSettings
     from genpool_worker.server import create_app
 
     app = create_app(
@@ -252,7 +254,7 @@ def _serve(
         admin_token=os.environ.get("GENPOOL_ADMIN_TOKEN") or None,
         stamp_arrival=config.stamp_arrival,
         max_arrival_age_s=config.max_arrival_age_s,
-        pd=PDSettings.from_config(config, read_kv_secret(config, os.environ)),
+        pd=pd,
         aliases=(config.model,),
     )
     http = uvicorn.Config(app, host=config.host, port=config.port, log_level="warning")
@@ -260,6 +262,10 @@ def _serve(
     # A dead loop fails every request at once (503) and readiness goes false; the process
     # then exits non-zero so the kubelet restarts it (docs/worker.md#engine-loop).
     engine.on_death = lambda exc: server.stop()
+    # Rank 0 alone publishes: every rank's pool makes the same events.
+    kv_events = start_kv_events(config.kv_events(), engine.model_info.kv_block_size, config.host)
+    engine.kv_events = kv_events
+    metrics.kv_events = kv_events
     # uvicorn re-raises a SIGTERM it handled once it has shut down, to the handler found
     # before it: this one lets the shutdown below (engine, ranks) run, then exit 0.
     signal.signal(signal.SIGTERM, lambda sig, frame: None)
@@ -268,6 +274,8 @@ def _serve(
         server.run()
     finally:
         engine.stop()
+        if kv_events is not None:
+            kv_events.close()
     if engine.error:
         report_fatal(f"engine failed: {engine.error}")
         return 1

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from genpool_core.field_help import describe, help_for
 from genpool_core.kv_blocks import KVBudget
@@ -30,13 +30,17 @@ from genpool_core.preemption import GenCapacity, GenPreemptionSettings
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
 from genpool_core.stat_fields import MIN_STAT_INTERVAL_S
 from genpool_worker.api import DEFAULT_MAX_ARRIVAL_AGE_S
-from genpool_worker.pd.endpoints import parse_endpoints
-from genpool_worker.pd.import_budget import DEFAULT_MAX_KV_IMPORT_BYTES, DEFAULT_MAX_KV_PULLS
+from genpool_worker.host_port import parse_endpoints
+from genpool_worker.kv_events_config import FLAG as KV_EVENTS_FLAG
+from genpool_worker.kv_events_config import KVEventsConfig, parse_kv_events_config
 
 DESCRIPTION = "One GEN worker process: model, engine and HTTP API."
 CONFIG_ENV = "GENPOOL_WORKER_CONFIG"
 Mode = Literal["off", "tpot_budget", "target_output_tps"]
 DEFAULT_KV_EXPORT_TIMEOUT_S = 30.0  # a prefill leg's KV waits this long for its pull
+# The KV import caps (docs/pd.md#the-pull): pulls in flight, and pulled bytes held.
+DEFAULT_MAX_KV_PULLS = 8
+DEFAULT_MAX_KV_IMPORT_BYTES = 1 << 30  # 1 GiB of host memory for pulled KV
 # --max-seq-len unset: the model's context, at most this (tokens). Off CUDA the default KV
 # cache is B + max headroom requests of it, so the CPU cap keeps that memory bounded.
 MAX_SEQ_LEN_CAP = 2048
@@ -137,6 +141,21 @@ class WorkerConfig(BaseModel):
         ge=1,
         le=1024,
         description="tokens per KV-cache block (the unit of KV memory a request holds), tokens",
+    )
+    enable_prefix_caching: bool = Field(
+        default=True,
+        description="prefix caching: a request shares the KV blocks of the prompt prefix an"
+        " earlier request computed (whole blocks of tokens, found by hash), and its prefill"
+        " starts after them; cached blocks nobody holds are evicted least recently used"
+        " when memory is needed (vLLM's --enable-prefix-caching)",
+    )
+    kv_events_config: str | None = Field(
+        default=None,
+        description="KV events in vLLM's format for llm-d's precise prefix-cache routing:"
+        " vLLM's --kv-events-config JSON object, e.g. '{\"enable_kv_cache_events\": true,"
+        ' "endpoint": "tcp://*:5557", "topic": "kv@<pod ip>:<port>@<model>"}\' (also'
+        " publisher zmq|null, replay_endpoint, buffer_steps, hwm, max_queue_size); a binding"
+        " endpoint's * is --host's address (docs/worker.md#kv-events); unset: no events",
     )
     max_prefill_tokens_per_pass: int | None = Field(
         default=None,
@@ -276,6 +295,24 @@ class WorkerConfig(BaseModel):
         """``preemption_mode``, parsed once: compare members, not spellings."""
         return PreemptionMode(self.preemption_mode)
 
+    @field_validator("kv_events_config", mode="before")
+    @classmethod
+    def _kv_events_object(cls, value: object) -> object:
+        # GENPOOL_WORKER_CONFIG may hold the object itself rather than its JSON text.
+        return json.dumps(value) if isinstance(value, dict) else value
+
+    @field_validator("kv_events_config")
+    @classmethod
+    def _kv_events_valid(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_kv_events_config(value)
+        return value
+
+    def kv_events(self) -> KVEventsConfig | None:
+        """``--kv-events-config`` parsed (None: not given)."""
+        given = self.kv_events_config
+        return None if given is None else parse_kv_events_config(given)
+
     @model_validator(mode="after")
     def _mode_parameter(self) -> WorkerConfig:
         check_tensor_parallel_size(self.model, self.tensor_parallel_size)
@@ -288,6 +325,10 @@ class WorkerConfig(BaseModel):
         if self.mode is PreemptionMode.TPOT_BUDGET and self.tpot_budget is None:
             raise ValueError("--preemption-mode tpot_budget needs --tpot-budget")
         self._check_pd()
+        events = self.kv_events()
+        if events is not None and events.is_publishing and not self.enable_prefix_caching:
+            raise ValueError(f"{KV_EVENTS_FLAG} publishes the prefix cache's blocks: it needs"
+                             " --enable-prefix-caching")  # fmt: skip
         return self
 
     def _check_pd(self) -> None:
@@ -307,9 +348,6 @@ class WorkerConfig(BaseModel):
             on_cuda = self.device.startswith("cuda")
             return PREFILL_TOKENS_PER_PASS_CUDA if on_cuda else PREFILL_TOKENS_PER_PASS
         return given or None
-
-    def prefiller_endpoints(self) -> tuple[str, ...]:
-        return parse_endpoints(self.prefillers.split(","))
 
     def preemption_settings(self) -> dict[str, object]:
         settings: dict[str, object] = {
@@ -382,5 +420,6 @@ def build_scheduler(config: WorkerConfig, kv_budget: KVBudget | None = None) -> 
             stat_interval_s=config.stat_interval_s,
             kv_budget=kv_budget,
             max_prefill_tokens_per_pass=config.prefill_budget(),
+            enable_prefix_caching=config.enable_prefix_caching,
         ),
     )

@@ -2,7 +2,7 @@
 
 Run by devcluster/interop_llm_d.sh (which builds both binaries) as ``python -m
 genpool_devcluster.interop``; docs/llm-d-interop-notes.md has the protocol this checks and
-its results. Three subcommands:
+its results. Four subcommands:
 
 ``capture``  no cluster. The sidecar between recording fakes: a fake prefiller and a fake
              decoder log the exact requests it sends (method, path, headers, body) for a
@@ -21,6 +21,13 @@ its results. Three subcommands:
              colocated reference pool (the reference text), the epp for the InferencePool.
              The epp is driven as Envoy would drive it, the way
              tests/integration/epp_gateway.py drives GIE's picker.
+``precise-prefix``  the local control plane: a GenPool of two workers with
+             ``engine.kvEvents.enabled`` and an InferencePool (the operator, Helm chart),
+             the epp with Kubernetes discovery and the precise prefix-cache scorer over
+             them, a multi-turn load picked by the epp over ext_proc; then the same with
+             KV events off (control). Writes bench/results/kv_events_interop_cluster.json
+             (docs/operator.md, "Precise prefix-cache routing with llm-d"; only the epp
+             binary is needed).
 
 ``--host-override`` (local, run) also sends ``Host: <prefiller>``: a diagnostic only (the
 sidecar passes the client's Host header on to the prefill leg; the worker names its pull
@@ -32,5 +39,7 @@ in the decode pod's network namespace); a devcluster pod listens on its own 127.
 Modules: ``cli`` (the subcommands' flags), ``common`` (constants, waiting, the worker's P/D
 counters), ``children`` (the sidecar, epp and worker processes), ``epp_config``,
 ``fakes`` and ``capture``, ``epp_client`` (Envoy's part towards the epp), ``local``,
-``forwarder`` and ``cluster_run``.
+``forwarder`` and ``cluster_run``; for ``precise-prefix`` ``conversations`` (the load, pure),
+``prefix_epp`` (the epp's configuration and sync, the conversation loop; shared with
+bench/kv_events_interop.py, the same check outside Kubernetes) and ``precise_prefix``.
 """

@@ -86,17 +86,19 @@ def sidecar_proc(bin_dir: Path, port: int, decoder_port: int, *extra: str) -> Pr
     return Proc(f"pd-sidecar-{port}", argv)
 
 
-def epp_proc(bin_dir: Path, config: str, *, pool: str, namespace: str, kubeconfig: Path | None
+def epp_proc(bin_dir: Path, config: str, *, pool: str, namespace: str, kubeconfig: Path | None,
+             extra: tuple[str, ...] = (), binary: Path | None = None,
              ) -> tuple[Proc, int, int]:  # fmt: skip
-    """llm-d's epp: plaintext ext_proc (as tests/integration/endpoint_picker.py runs GIE's),
-    no metrics auth, no tracing; (proc, ext_proc port, metrics port)."""
+    """llm-d's epp (``binary``, else ``bin_dir``/epp): plaintext ext_proc (as
+    tests/integration/endpoint_picker.py runs GIE's), no metrics auth, no tracing, then
+    ``extra`` flags; (proc, ext_proc port, metrics port)."""
     grpc_port, metrics_port = free_port(), free_port()
     argv = [
-        str(bin_dir / "epp"), "--pool-name", pool, "--pool-namespace", namespace,
+        str(binary or bin_dir / "epp"), "--pool-name", pool, "--pool-namespace", namespace,
         "--grpc-port", str(grpc_port), "--grpc-health-port", str(free_port()),
         "--metrics-port", str(metrics_port), "--secure-serving=false",
         "--metrics-endpoint-auth=false", "--tracing=false", "--enable-pprof=false",
-        "--config-text", config, "--v=4",
+        "--config-text", config, "--v=4", *extra,
     ]  # fmt: skip
     env = {"KUBECONFIG": str(kubeconfig)} if kubeconfig else {}
     return Proc("epp", argv, env), grpc_port, metrics_port

@@ -52,7 +52,7 @@ def _pd_specs(model: str) -> dict[str, dict[str, Any]]:
     return {POOL: pd, REF_POOL: ref}
 
 
-def _pods(tools: Tools, pool: str) -> list[dict[str, Any]]:
+def pods_of(tools: Tools, pool: str) -> list[dict[str, Any]]:
     from genpool_core.names import pool_label_selector
 
     out = tools.run("kubectl", "get", "pods", "-n", NAMESPACE, "-l", pool_label_selector(pool),
@@ -62,7 +62,7 @@ def _pods(tools: Tools, pool: str) -> list[dict[str, Any]]:
 
 
 def _ready_ip(tools: Tools, pool: str, role: str | None) -> str | None:
-    for pod in _pods(tools, pool):
+    for pod in pods_of(tools, pool):
         labels = pod["metadata"].get("labels") or {}
         if labels.get("llm-d.ai/role") != role:
             continue
@@ -80,22 +80,22 @@ class PodIPs:
     ref: str
 
 
-def _control_plane() -> Tools | None:
-    """The devcluster up (None when it does not come up), as kubectl and helm see it."""
+def control_plane(state_dir: Path) -> Tools | None:
+    """The devcluster of ``state_dir`` up (None when it does not come up), as kubectl and
+    helm see it."""
     from genpool_devcluster import build, cli
     from genpool_devcluster.demo import Tools
 
-    log("[1/6] control plane")
     build.ensure_binaries()
-    if cli.main(["up"]) != 0:
+    if cli.main(["up", "--state-dir", str(state_dir)]) != 0:
         return None
-    return Tools(Path(cli.DEFAULT_STATE_DIR).expanduser() / "kubeconfig")
+    return Tools(state_dir.expanduser() / "kubeconfig")
 
 
-def _install(tools: Tools) -> None:
+def install(tools: Tools) -> None:
+    """The InferencePool CRD (inference.networking.k8s.io/v1), the operator (Helm chart)."""
     from genpool_devcluster.demo import _install_operator
 
-    log("[2/6] InferencePool CRD (inference.networking.k8s.io/v1), operator (Helm chart)")
     crd = ROOT / "tests" / "data" / "crds" / "inference.networking.k8s.io_inferencepools.yaml"
     tools.run("kubectl", "apply", "--server-side", "-f", str(crd))
     tools.run("kubectl", "wait", "--for=condition=Established", "--timeout=60s",
@@ -165,10 +165,12 @@ def _check_prompts(args: argparse.Namespace, ips: PodIPs, epp_address: str, side
 
 def run(args: argparse.Namespace) -> int:
     bin_dir: Path = args.bin
-    tools = _control_plane()
+    log(f"[1/6] control plane ({args.state_dir})")
+    tools = control_plane(args.state_dir)
     if tools is None:
         return 1
-    _install(tools)
+    log("[2/6] InferencePool CRD (inference.networking.k8s.io/v1), operator (Helm chart)")
+    install(tools)
     ips = _apply_pools(tools, args.model)
 
     log("[4/6] llm-d epp (P/D config) and pd-sidecar in front of the decode pod")

@@ -15,6 +15,7 @@ WORKER_BIN = ROOT / ".venv" / "bin" / "genpool-worker"
 PREFILL_HEADER = "x-prefiller-host-port"  # llm-d pkg/common/routing/common.go
 FAKE_MODE_HEADER = "x-fake-prefill"  # capture only: what the fake prefiller answers
 DESTINATION = ("envoy.lb", "x-gateway-destination-endpoint")  # GIE/llm-d pkg/epp/metadata
+SCORES = "x-gateway-destination-endpoint-scores"  # the same namespace, --emit-endpoint-scores
 WORKER_PORT = 8000
 NAMESPACE = "genpool-interop"
 POOL = "pd"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from genpool_devcluster.interop.common import DESTINATION, PREFILL_HEADER
+from genpool_devcluster.interop.common import DESTINATION, PREFILL_HEADER, SCORES
 
 
 @dataclass
@@ -15,6 +15,8 @@ class Pick:
     call: Any
     endpoint: str
     headers: dict[str, str]
+    # each endpoint's score, when the epp runs with --emit-endpoint-scores
+    scores: dict[str, float] = field(default_factory=dict)
 
 
 class EppClient:
@@ -75,11 +77,14 @@ class EppClient:
         namespace, key = DESTINATION
         picked = (meta[namespace].struct_value.fields[key].string_value if namespace in meta
                   else headers.get(key, ""))  # fmt: skip
+        fields = meta[namespace].struct_value.fields if namespace in meta else {}
+        scored = fields[SCORES].struct_value.fields if SCORES in fields else {}
+        scores = {endpoint: value.number_value for endpoint, value in scored.items()}
         while True:  # the (re-serialised) body, up to end_of_stream
             streamed = (await self._read(call, "request_body")).request_body.response
             if streamed.body_mutation.streamed_response.end_of_stream:
                 break
-        return Pick(call, picked.split(",")[0], headers)
+        return Pick(call, picked.split(",")[0], headers, scores)
 
     async def finish(self, pick: Pick, status: int, headers: list[tuple[str, str]],
                      body: bytes) -> None:  # fmt: skip

@@ -1,9 +1,9 @@
 """The shared runner context, and a container process's full environment.
 
 A pod's process gets: a small pass-through of the runner's environment (PATH with the venv first,
-HOME, locale, model caches), the service-link vars pointing at the apiserver, KUBECONFIG for its
-ServiceAccount, TMPDIR in the pod dir, then the container's declared env. The runner's own
-KUBECONFIG and credentials are never passed on.
+PYTHONPATH, HOME, locale, model caches), the service-link vars pointing at the apiserver,
+KUBECONFIG for its ServiceAccount, TMPDIR in the pod dir, then the container's declared env. The
+runner's own KUBECONFIG and credentials are never passed on.
 """
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ PASS_NAMES = {
     "SSL_CERT_FILE",
     "SSL_CERT_DIR",
     "REQUESTS_CA_BUNDLE",
+    # The runner's own import path: the project's packages a pod imports are the ones the
+    # runner imports (a git worktree sharing another checkout's editable venv names its
+    # packages here, ahead of the venv's import hook).
+    "PYTHONPATH",
 }
 PASS_PREFIXES = ("LC_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "CUDA_", "NVIDIA_", "XDG_")
 

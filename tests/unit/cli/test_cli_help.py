@@ -22,6 +22,7 @@ from genpool_sim.autoscale_cli import autoscale_config
 from genpool_sim.cli import tune_config
 from genpool_sim.cli_options import build_parser as sim_parser
 from genpool_sim.cluster import ClusterConfig
+from genpool_sim.conversations import ConversationSettings
 from genpool_sim.experiment import Workload
 from genpool_sim.pool_control import TuneConfig
 from genpool_worker.worker_config import WorkerConfig
@@ -63,6 +64,17 @@ SIM_FLAGS: dict[str, tuple[type, str]] = {
     "--capacity-override": (AutoscaleConfig, "capacity_override"),
     "--schedule": (AutoscaleConfig, "schedule"),
     "--learn-days": (AutoscaleConfig, "learn_days"),
+    # conversations and prefix caching
+    "--conversations": (ConversationSettings, "rate"),
+    "--system-prompt-tokens": (ConversationSettings, "system_prompt_tokens"),
+    "--system-prompts": (ConversationSettings, "system_prompts"),
+    "--conv-turns": (ConversationSettings, "turns"),
+    "--conv-think-s": (ConversationSettings, "think_s"),
+    "--conv-message-scale": (ConversationSettings, "message_scale"),
+    "--conv-max-context": (ConversationSettings, "max_context_tokens"),
+    "--colocated": (ClusterConfig, "colocated"),
+    "--prefix-caching": (ClusterConfig, "prefix_caching"),
+    "--router": (ClusterConfig, "router"),
 }
 # `genpool sim` flags whose help stays hand-written: they set no described field (a mode,
 # a file, a run count, a switch); --workers, --ctx-servers and --paused-cap-fraction set
@@ -76,7 +88,8 @@ SIM_HAND_WRITTEN = frozenset({
 SIM_SHOWN_DEFAULTS = {"--headroom-max": "A", "--cap-max": "A", "--target-output-tps": "auto",
                       "--kv-block-size": "16"}  # fmt: skip
 # The dataclasses behind the tuner and the scaler: every field carries its description.
-DESCRIBED = (KnobBounds, TunerSettings, ScalerSettings, TuneConfig, AutoscaleConfig)
+DESCRIBED = (KnobBounds, TunerSettings, ScalerSettings, TuneConfig, AutoscaleConfig,
+             ConversationSettings)  # fmt: skip
 # AutoscaleConfig fields handed to ScalerSettings unchanged in meaning: one description.
 SCALER_FIELDS = {"slo_ttft_p90_s": "ttft_p90_s", "max_replicas": "max_replicas"}
 CORE_FIELDS: dict[str, type] = {

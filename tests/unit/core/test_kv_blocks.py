@@ -17,12 +17,12 @@ from tests.unit.support import check_invariants, keyed, make_scheduler, run_pass
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 12)), max_size=60))
-def test_the_pool_hands_out_the_lowest_free_ids_and_never_one_twice(
+def test_the_pool_never_hands_out_a_held_block_and_every_rank_agrees(
     ops: list[tuple[bool, int]],
 ) -> None:
-    pool = BlockPool(KVBudget(24, 16))
+    pool, twin = BlockPool(KVBudget(24, 16)), BlockPool(KVBudget(24, 16))
     free = set(range(24))
-    held: list[tuple[int, ...]] = []
+    held: list[list[int]] = []
     for is_allocate, n in ops:
         if is_allocate:
             assert pool.can_allocate(n) == (n <= len(free))
@@ -31,14 +31,21 @@ def test_the_pool_hands_out_the_lowest_free_ids_and_never_one_twice(
                     pool.allocate(n)
                 continue
             blocks = pool.allocate(n)
-            assert blocks == tuple(sorted(free)[:n])
+            assert twin.allocate(n) == blocks  # the same calls give the same ids
+            assert len(set(blocks)) == n and set(blocks) <= free
             free -= set(blocks)
             held.append(blocks)
         elif held:
             blocks = held.pop(n % len(held))
             pool.free(blocks)
+            twin.free(blocks)
             free |= set(blocks)
         assert pool.num_free == len(free) and pool.num_used == 24 - len(free)
+
+
+def test_a_fresh_pool_hands_out_consecutive_ids_from_zero() -> None:
+    pool = BlockPool(KVBudget(8, 16))
+    assert pool.allocate(3) == [0, 1, 2] and pool.allocate(2) == [3, 4]
 
 
 def test_the_pool_refuses_to_free_what_it_did_not_hand_out() -> None:

@@ -56,6 +56,12 @@ POOLS: dict[str, dict[str, Any]] = {
         "resources": {"requests": {"cpu": "2", "memory": "3Gi"}, "limits": {"memory": "3Gi"}},
         "engine": {"kvBlockSize": 32},
     },
+    "kv-events": {  # KV events for llm-d's precise prefix-cache scorer: an arg and a port
+        "model": "smollm2-135m",
+        "accelerator": "none",
+        "preemption": {"mode": "TargetOutputTps", "targetOutputTps": 8},
+        "engine": {"kvEvents": {"enabled": True}},
+    },
     "pd": {  # a prefill tier beside the GEN tier (docs/pd.md), its memory limit its own
         "replicas": 2,
         "model": "smollm2-135m",

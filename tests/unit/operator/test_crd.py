@@ -19,7 +19,12 @@ from pydantic import BaseModel
 
 from genpool_core.scaler import ScaleInputs
 from genpool_operator.quantity import POSITIVE_QUANTITY, QUANTITY
-from genpool_operator.spec import GPU_SHARE_NEEDS_GPU, GenPoolSpec, GenPoolSpecError
+from genpool_operator.spec import (
+    GPU_SHARE_NEEDS_GPU,
+    KV_EVENTS_NEED_CACHING,
+    GenPoolSpec,
+    GenPoolSpecError,
+)
 from genpool_operator.spec_sections import KV_CACHE_MEMORY_POSITIVE, ONE_KV_BUDGET
 
 CRD_PATH = Path(__file__).parents[3] / "crds" / "genpool.dev_genpools.yaml"
@@ -236,6 +241,7 @@ def test_the_kv_budget_rules_have_the_models_messages(crd: dict[str, Any]) -> No
     kv_cache_memory = engine_schema(crd)["properties"]["kvCacheMemory"]
     assert rule_messages(kv_cache_memory) == [KV_CACHE_MEMORY_POSITIVE]
     assert GPU_SHARE_NEEDS_GPU in rule_messages(spec_schema(crd))
+    assert KV_EVENTS_NEED_CACHING in rule_messages(spec_schema(crd))
 
 
 @cache

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from genpool_operator.spec import GenPoolSpec
+from genpool_operator.spec import GenPoolSpec, GenPoolSpecError
 from genpool_worker.worker_config import WorkerConfig, build_scheduler
 
 TPS = {"mode": "TargetOutputTps", "targetOutputTps": 8}
@@ -30,6 +30,7 @@ CPU = {"accelerator": "none"}
         {"engine": {"kvCacheMemory": 8589934592}},
         {"engine": {"gpuMemoryUtilization": 0.75}},
         {**CPU, "engine": {"maxPrefillTokensPerPass": 256}},
+        {**CPU, "engine": {"enablePrefixCaching": False}},
     ],
 )  # fmt: skip
 def test_the_worker_accepts_worker_config(fields: dict[str, Any]) -> None:
@@ -53,3 +54,27 @@ def test_chunked_prefill_reaches_the_worker_only_when_asked_for() -> None:
     assert config.max_prefill_tokens_per_pass == 512
     assert build_scheduler(config).config.max_prefill_tokens_per_pass == 512
     assert "max_prefill_tokens_per_pass" not in GenPoolSpec.from_body(CPU).worker_config()
+
+
+def test_prefix_caching_is_on_unless_the_spec_turns_it_off() -> None:
+    on = WorkerConfig.model_validate(GenPoolSpec.from_body(CPU).worker_config())
+    assert on.enable_prefix_caching and build_scheduler(on).config.enable_prefix_caching
+    spec = GenPoolSpec.from_body({**CPU, "engine": {"enablePrefixCaching": False}})
+    off = WorkerConfig.model_validate(spec.worker_config())
+    assert not off.enable_prefix_caching and not build_scheduler(off).config.enable_prefix_caching
+
+
+def test_kv_events_need_the_prefix_cache_and_reach_the_worker_as_its_flag() -> None:
+    from genpool_worker.kv_events_config import parse_kv_events_config
+
+    spec = GenPoolSpec.from_body({**CPU, "engine": {"kvEvents": {"enabled": True, "port": 6000}}})
+    text = spec.kv_events_config()
+    assert text is not None
+    config = parse_kv_events_config(text.replace("$(POD_IP)", "10.0.0.7"))
+    assert config.is_publishing and config.endpoint == "tcp://*:6000"
+    assert config.topic == f"kv@10.0.0.7:8000@{spec.model}"
+    assert GenPoolSpec.from_body(CPU).kv_events_config() is None
+    for bad in ({"kvEvents": {"enabled": True}, "enablePrefixCaching": False},
+                {"kvEvents": {"enabled": True, "port": 8000}}):  # fmt: skip
+        with pytest.raises(GenPoolSpecError):
+            GenPoolSpec.from_body({**CPU, "engine": bad})

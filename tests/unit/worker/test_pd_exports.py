@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from genpool_worker.pd.endpoints import Prefillers, header_endpoint, parse_endpoint
+from genpool_worker.host_port import parse_endpoint
+from genpool_worker.pd.endpoints import Prefillers, header_endpoint
 from genpool_worker.pd.exports import ExportRegistry
 
 

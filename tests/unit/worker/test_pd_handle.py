@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from genpool_worker.kv_layout import KVLayout
 from genpool_worker.pd.handle import (
     PREFILL_LEG_PARAMS,
     Handle,
@@ -20,7 +21,6 @@ from genpool_worker.pd.handle import (
     parse_handles,
     prompt_digest,
 )
-from genpool_worker.pd.layout import KVLayout
 
 LAYOUT = KVLayout("smollm2-135m", "float32", 16, num_layers=30, num_kv_heads=3, head_dim=64)
 

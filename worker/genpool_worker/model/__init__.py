@@ -1,15 +1,20 @@
-"""Llama-family inference for the GEN worker: GGUF or HF checkpoints, tokenizer, slot-KV model."""
+"""Llama-family inference for the GEN worker: GGUF or HF checkpoints, tokenizer, the
+network (``LlamaModel``) and the paged KV cache the runner owns for it (``CacheEngine``)."""
 
+from .cache_engine import CacheEngine
 from .config import LlamaConfig, ModelLoadError, RopeScaling
 from .gguf_weights import GGUFLoadError, find_smollm2_gguf, load_gguf
 from .hf_weights import load_hf_checkpoint
 from .kv_cache import KVCache
+from .kv_sizing import KVSizing
 from .llama import LlamaModel
 from .tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
+    "CacheEngine",
     "GGUFLoadError",
     "KVCache",
+    "KVSizing",
     "LlamaConfig",
     "LlamaModel",
     "ModelLoadError",

@@ -35,6 +35,7 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 Tables = Sequence[Sequence[int]]
+Check = Callable[[Tables, list[int], list[int]], None]
 
 
 class BlockTables:
@@ -89,7 +90,9 @@ def dense_tables(tables: Tables, width: int, dummy: int) -> torch.Tensor:
 
 class GraphedDecode:
     """Runs ``step(block_tables, tokens, positions) -> logits`` from device tensors:
-    int32 ``[bucket, max_blocks_per_seq]``, int64 ``[bucket]`` and int64 ``[bucket]``."""
+    int32 ``[bucket, max_blocks_per_seq]``, int64 ``[bucket]`` and int64 ``[bucket]``.
+    ``check`` refuses a bad batch (raising) before anything runs: a graph replay reads
+    whatever block ids it is given."""
 
     def __init__(
         self,
@@ -100,8 +103,10 @@ class GraphedDecode:
         dummy_block: int,
         device: torch.device,
         graphs: bool,
+        check: Check | None = None,
     ) -> None:
         self._step = step
+        self._check = check
         self._width = max_blocks_per_seq
         self._dummy = dummy_block
         self._device = device
@@ -123,7 +128,10 @@ class GraphedDecode:
             self._tables[bucket] = BlockTables(bucket, self._width, self._dummy, self._device)
         return self._tables[bucket]
 
+    @torch.inference_mode()
     def run(self, block_tables: Tables, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        if self._check is not None:
+            self._check(block_tables, tokens, positions)
         b = len(tokens)
         bucket = self._bucket(b)
         if bucket is None:  # beyond the largest bucket: one-off tensors, eager
@@ -144,6 +152,7 @@ class GraphedDecode:
         # A copy: the next replay overwrites the graph's output buffer.
         return self._outputs[bucket][:b].clone()
 
+    @torch.inference_mode()
     def capture_all(self) -> None:
         """Capture every bucket now (largest first, so the smaller reuse its pool)."""
         if self.uses_graphs:

@@ -7,16 +7,30 @@ ready for the CPU path's matmuls (no second copy). Block ``num_blocks`` is the d
 (padding) block, never a request's. Which blocks a request holds is the scheduler's
 decision (``genpool_core.kv_blocks``), carried by the plan; this module only stores.
 
-How many blocks there are comes from memory: ``kv_sizing``.
+How many blocks there are comes from memory (``kv_sizing``); the runner's
+``cache_engine.CacheEngine`` allocates the cache and hands it to the network's passes,
+which ask it where their tokens' rows are (``token_rows``, ``decode_rows``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from .config import LlamaConfig
+
+
+@dataclass(frozen=True)
+class DecodeRows:
+    """Where a torch-path decode batch writes and reads in the cache (flat token rows)."""
+
+    positions: torch.Tensor  # [B]: each row's new token's position
+    written: torch.Tensor  # [B]: the flat row it goes to
+    context: torch.Tensor  # [B * length]: each row's positions 0..length-1
+    run: int | None  # ``consecutive_run``: the first block when K and V are read in place
+    mask: torch.Tensor  # additive [1, B, 1, length]: -inf past each row's own position
 
 
 class KVCache:
@@ -70,14 +84,6 @@ class KVCache:
             part = raw[i * per_tensor : (i + 1) * per_tensor].view(tensor.dtype).view(shape)
             tensor.index_copy_(1, index, part.to(tensor.device))
 
-    def copy_blocks(self, source: Sequence[int], target: Sequence[int]) -> None:
-        """``source``'s K and V into ``target`` (as many blocks), every layer."""
-        device = self.k[0].device
-        src = torch.tensor(list(source), device=device)
-        dst = torch.tensor(list(target), device=device)
-        for tensor in (*self.k, *self.v):
-            tensor.index_copy_(1, dst, tensor.index_select(1, src))
-
     def token_rows(self, blocks: Sequence[int], num_tokens: int) -> list[int]:
         """Flat rows of a request's positions ``0..num_tokens-1`` (its blocks in order)."""
         bs = self.block_size
@@ -102,3 +108,20 @@ class KVCache:
             return None
         first = block_tables[0][0]
         return first if all(t[0] == first + i for i, t in enumerate(block_tables)) else None
+
+    def decode_rows(
+        self, block_tables: Sequence[Sequence[int]], positions: list[int]
+    ) -> DecodeRows:
+        """The rows a decode at ``positions`` (one per table) writes and attends to."""
+        device = self.k[0].device
+        b, length = len(block_tables), max(positions) + 1
+        pos = torch.tensor(positions, device=device)
+        context = self.context_rows(block_tables, length)
+        written = context.view(b, length)[torch.arange(b), pos]
+        # Rows past a request's own position hold stale KV (a previous holder's, or the
+        # padding block's): masked out, per row (additive).
+        visible = torch.arange(length, device=device) <= pos[:, None]
+        mask = torch.zeros(visible.shape, device=device, dtype=self.k[0].dtype)
+        mask = mask.masked_fill_(~visible, float("-inf"))[None, :, None, :]
+        run = self.consecutive_run(block_tables, length)
+        return DecodeRows(pos, written, context, run, mask)

@@ -1,4 +1,5 @@
-"""Per-layer weights of the Llama blocks, sharded for tensor parallelism."""
+"""The Llama network's weights on their device: embedding, LM head, output norm and each
+block's (fused, sharded for tensor parallelism, on the CPU pre-packed for oneDNN)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from .config import LlamaConfig
-from .linear import Linear
+from .linear import Linear, onednn_available
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,16 @@ class Shard:
                 f"tp_size={self.size} needs torch.distributed initialised with world_size "
                 f"{self.size} and this process at rank tp_rank={self.rank}"
             )
+
+
+def rank_device(device: torch.device, tp_rank: int) -> torch.device:
+    """``cuda`` alone means this rank's own GPU (NCCL needs one device per rank)."""
+    if device.type != "cuda":
+        return device
+    if device.index is None:
+        device = torch.device("cuda", tp_rank % max(torch.cuda.device_count(), 1))
+    torch.cuda.set_device(device)
+    return device
 
 
 class LayerWeights:
@@ -101,3 +112,28 @@ def _fused_bias(
             for w, b in zip(weights, parts, strict=True)
         ]
     )
+
+
+class NetworkWeights:
+    """Every weight of the network, moved (and popped) from ``w`` in the model dtype."""
+
+    def __init__(
+        self,
+        w: MutableMapping[str, torch.Tensor],
+        config: LlamaConfig,
+        to: dict[str, Any],
+        use_onednn: bool | None,
+        tp: Shard,
+    ) -> None:
+        """``use_onednn``: pre-packed oneDNN GEMMs (CPU float32); None = when available."""
+        available = onednn_available(to["device"], to["dtype"])
+        if use_onednn and not available:
+            raise ValueError("use_onednn=True needs a float32 CPU model and torch with oneDNN")
+        pack = available if use_onednn is None else use_onednn
+        self.embed = w.pop("token_embd.weight").to(**to)
+        # GGUF omits output.weight when the LM head is tied to the embedding (SmolLM2);
+        # a packed head is then a second copy (+113 MB), which buys ~40% of its GEMM.
+        head = w.pop("output.weight", None)
+        self.lm_head = Linear(self.embed if head is None else head.to(**to), pack=pack)
+        self.out_norm = w.pop("output_norm.weight").to(**to)
+        self.layers = [LayerWeights(w, i, to, pack, tp) for i in range(config.num_layers)]

@@ -1,6 +1,7 @@
-"""What the P/D parts of a worker share (docs/pd.md): its role, its exports, the known
-prefill endpoints, the pool's KV secret, the import caps, the HTTP client of pulls and
-prefill legs, and the P/D metrics."""
+"""What the P/D parts of a worker share (docs/pd.md): its role, its KV connector (and
+through it the exports and the cache's reads), the known prefill endpoints, the pool's KV
+secret, the import caps, the HTTP client of pulls and prefill legs, and the P/D
+metrics."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from dataclasses import dataclass, field
 import httpx
 
 from genpool_core.names import BOTH_ROLE, DECODE_ROLE, PREFILL_ROLE
+from genpool_worker.kv_layout import KVLayout
+from genpool_worker.pd.connector import PDConnector
 from genpool_worker.pd.endpoints import Prefillers
 from genpool_worker.pd.exports import ExportRegistry
 from genpool_worker.pd.import_budget import ImportBudget
-from genpool_worker.pd.layout import KVLayout
 from genpool_worker.pd.metrics import PDMetrics
 
 # A pull or prefill leg that cannot connect in this long falls back to a local prefill.
@@ -49,7 +51,7 @@ class PDContext:
     role: Role
     layout: KVLayout | None  # None: this worker cannot move KV (tensor parallelism)
     metrics: PDMetrics
-    exports: ExportRegistry | None = None
+    connector: PDConnector  # the engine's: its exports, and the reads of their blocks
     prefillers: Prefillers = field(default_factory=Prefillers)
     kv_secret: str | None = None
     trusts_prefiller_header: bool = False
@@ -60,3 +62,8 @@ class PDContext:
             timeout=httpx.Timeout(PULL_READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
         )
     )
+
+    @property
+    def exports(self) -> ExportRegistry | None:
+        """The finished prefill legs' KV held for pulls (None: this worker exports none)."""
+        return self.connector.exports

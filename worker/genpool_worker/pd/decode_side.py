@@ -6,16 +6,14 @@ done). Only the pool's prefill workers are ever contacted."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from genpool_worker.api import GenerationRequest
-from genpool_worker.engine_io import KVImport
 from genpool_worker.http_common import ApiError
+from genpool_worker.kv_connector import KVTransfer
 from genpool_worker.pd.context import PREFILL_LEG_TIMEOUT_S, PREFILL_RETRIES, PDContext
 from genpool_worker.pd.endpoints import PREFILLER_HEADER, header_endpoint
 from genpool_worker.pd.handle import (
@@ -29,41 +27,32 @@ from genpool_worker.pd.handle import (
     prompt_digest,
 )
 from genpool_worker.pd.import_budget import ImportCapReached
+from genpool_worker.pd.request_kv import PulledKV, leg_export, pulled_kv
 from genpool_worker.pd.transfer import PullFailed, cancel, pull
 
 RETRIED_STATUSES = (502, 503, 504)
 RETRY_BACKOFF_S = 0.1
 
 
-@dataclass(frozen=True, slots=True)
-class KVPlan:
-    """What P/D made of one prompt of a request: ``kv_export``: serve it as a prefill leg
-    under this transfer id. ``kv_import`` (with its ``handle``): decode from the pulled KV.
-    Neither: a plain local request."""
-
-    kv_export: str | None = None
-    kv_import: KVImport | None = None
-    handle: Handle | None = None
-
-
-def release_imports(plans: Sequence[KVPlan]) -> None:
-    """Free the pulled KV of plans whose requests will not run (refused after the pull)."""
-    for plan in plans:
-        if plan.kv_import is not None:
-            plan.kv_import.release()
+def release_imports(transfers: Sequence[KVTransfer]) -> None:
+    """Free the pulled KV of requests that will not run (refused after the pull)."""
+    for transfer in transfers:
+        if isinstance(transfer, PulledKV):
+            transfer.pulled.release()
 
 
 async def plan_kv(pd: PDContext, body: GenerationRequest, prompts: Sequence[list[int]],
-                  headers: Mapping[str, str], path: str, own: str) -> list[KVPlan]:  # fmt: skip
-    """One plan per prompt of the request (``own``: this worker's endpoint, which it may
-    contact too). Raises ``ApiError`` for a leg or handle this worker must refuse (a 400
-    names the field) or a pull past the import caps (503)."""
+                  headers: Mapping[str, str], path: str, own: str) -> list[KVTransfer]:  # fmt: skip
+    """What P/D makes of each prompt of the request: a prefill leg's export, a pulled
+    handle, or a local prefill (``KVTransfer()``); ``own``: this worker's endpoint, which
+    it may contact too. Raises ``ApiError`` for a leg or handle this worker must refuse (a
+    400 names the field) or a pull past the import caps (503)."""
     params = body.kv_transfer_params
     kind = classify(params)
-    plain = [KVPlan() for _ in prompts]
+    plain = [KVTransfer() for _ in prompts]
     if kind is ParamsKind.PREFILL_LEG:
         _check_prefill_leg(pd, body)
-        return [KVPlan(kv_export=uuid.uuid4().hex) for _ in prompts]
+        return [leg_export() for _ in prompts]
     if kind is ParamsKind.FOREIGN:
         pd.metrics.fallback("foreign")
         return plain
@@ -117,31 +106,31 @@ async def _cancel_trusted(pd: PDContext, handles: Sequence[Handle],
 
 
 async def _import_all(pd: PDContext, handles: Sequence[Handle],
-                      trusted: Sequence[bool]) -> list[KVPlan]:  # fmt: skip
+                      trusted: Sequence[bool]) -> list[KVTransfer]:  # fmt: skip
     """Pull each prompt's KV from a trusted endpoint (else, or when a pull fails, that
     prompt prefills here, counted); past an import cap nothing is kept and it is a 503."""
-    plans: list[KVPlan] = []
+    transfers: list[KVTransfer] = []
     for index, (handle, is_trusted) in enumerate(zip(handles, trusted, strict=True)):
         if not is_trusted:
             pd.metrics.fallback("untrusted")
-            plans.append(KVPlan())
+            transfers.append(KVTransfer())
             continue
         try:
             kv_import = await pull(pd, handle)
         except ImportCapReached as exc:
-            release_imports(plans)
+            release_imports(transfers)
             await _cancel_trusted(pd, handles[index:], trusted[index:])
             raise ApiError(503, f"{FIELD}: {exc}", "unavailable") from None
         except PullFailed:
             pd.metrics.fallback("pull_failed")
             await cancel(pd, handle)
-            plans.append(KVPlan())
+            transfers.append(KVTransfer())
             continue
         for part, seconds in (("prefill_queue", handle.queue_s), ("prefill", handle.prefill_s),
                               ("handoff", handle.first_token_age_s)):  # fmt: skip
             pd.metrics.ttft_parts.labels(part).observe(seconds)
-        plans.append(KVPlan(kv_import=kv_import, handle=handle))
-    return plans
+        transfers.append(pulled_kv(handle, kv_import))
+    return transfers
 
 
 def _check_matches(pd: PDContext, handle: Handle, ids: list[int]) -> None:

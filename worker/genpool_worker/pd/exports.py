@@ -29,7 +29,8 @@ class Export:
 
 
 class ExportRegistry:
-    """``release(request_id)`` frees the scheduler's held blocks (the engine's inbox);
+    """``release(request_id)`` lets the scheduler's held blocks go (the connector hands
+    them to the engine's next pass: ``PDConnector.take_released``);
     ``on_outcome(outcome)`` counts how each export ended (metrics)."""
 
     def __init__(

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from genpool_worker.pd.endpoints import endpoint_text
-from genpool_worker.pd.layout import KVLayout
+from genpool_worker.host_port import endpoint_text
+from genpool_worker.kv_layout import KVLayout
 
 HANDLE_KEY = "genpool"  # our handle's key inside kv_transfer_params
 HANDLE_VERSION = 1

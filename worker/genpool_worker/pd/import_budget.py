@@ -3,15 +3,14 @@
 (pulls in flight plus pulled requests still waiting to be admitted, whose bytes leave
 once written into their blocks). Past either cap a request gets a 503 before anything
 is pulled, so host memory stays bounded whatever the clients send. Thread-safe: the
-HTTP side reserves, the engine thread releases (``KVImport.release``)."""
+HTTP side reserves, the engine thread releases (``request_kv.KVImport.release``)."""
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
 
-DEFAULT_MAX_KV_PULLS = 8
-DEFAULT_MAX_KV_IMPORT_BYTES = 1 << 30  # 1 GiB of host memory for pulled KV
+from genpool_worker.worker_config import DEFAULT_MAX_KV_IMPORT_BYTES, DEFAULT_MAX_KV_PULLS
 
 
 class ImportCapReached(Exception):

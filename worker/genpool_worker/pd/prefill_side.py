@@ -13,6 +13,7 @@ from fastapi import Request
 from genpool_worker.engine_io import EngineRequest
 from genpool_worker.pd.context import PDContext
 from genpool_worker.pd.handle import Handle, handle_params, prompt_digest
+from genpool_worker.pd.request_kv import LegExport
 
 
 def pull_address(request: Request) -> tuple[str, int]:
@@ -43,10 +44,11 @@ def leg_handles(
 
 def _handle(pd: PDContext, request: Request, submitted: EngineRequest) -> Handle | None:
     arrival = submitted.arrival
+    leg = arrival.kv_transfer
     export = (
         None
-        if pd.exports is None or arrival.kv_export is None
-        else pd.exports.get(arrival.kv_export)
+        if pd.exports is None or not isinstance(leg, LegExport)
+        else pd.exports.get(leg.transfer_id)
     )
     if export is None or pd.layout is None or submitted.first_token_at is None:
         return None

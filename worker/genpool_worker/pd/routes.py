@@ -11,9 +11,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import iterate_in_threadpool
 
+from genpool_worker.host_port import MAX_ENDPOINTS
 from genpool_worker.http_common import ApiError, context_of, read_json, require_admin
 from genpool_worker.pd.context import PDContext
-from genpool_worker.pd.endpoints import MAX_ENDPOINTS
+from genpool_worker.pd.edge import PDEdge
 from genpool_worker.pd.handle import TRANSFER_ID
 from genpool_worker.pd.transfer import KV_PATH, send_export
 
@@ -26,8 +27,16 @@ class PrefillersBody(BaseModel):
     endpoints: list[str] = Field(max_length=MAX_ENDPOINTS)
 
 
+# The bodies of these routes, for /openapi.json (``openapi.install_openapi``).
+OPENAPI_BODIES: dict[tuple[str, str], tuple[type[BaseModel], bool]] = {
+    ("/prefillers", "put"): (PrefillersBody, True),
+}
+
+
 def _pd(request: Request) -> PDContext:
-    return context_of(request).pd
+    edge = context_of(request).kv_edge
+    assert isinstance(edge, PDEdge), "the P/D routes are installed with the P/D edge only"
+    return edge.pd
 
 
 def require_kv_secret(request: Request) -> None:
@@ -54,23 +63,23 @@ def _transfer_id(transfer_id: str) -> str:
 async def pull_kv(request: Request, transfer_id: str) -> Response:
     """An export's blocks, once: a second pull, an unknown or expired id is a 404."""
     require_kv_secret(request)
-    context = context_of(request)
-    registry = context.pd.exports
+    pd = _pd(request)
+    registry = pd.exports
     export = None if registry is None else registry.claim(_transfer_id(transfer_id))
     if registry is None or export is None:
         raise ApiError(
             404, f"no KV export {transfer_id} (unknown, expired or pulled)", "not_found_error"
         )
-    layout = context.pd.layout
+    layout = pd.layout
     assert layout is not None  # a worker without a layout holds no exports
-    metrics = context.pd.metrics
+    metrics = pd.metrics
 
     async def counted(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         async for chunk in chunks:
             metrics.transfer_bytes.labels("export").inc(len(chunk))
             yield chunk
 
-    chunks = iterate_in_threadpool(context.engine.runner.read_kv(export.blocks))
+    chunks = iterate_in_threadpool(pd.connector.read_kv(export.blocks))
     body = send_export(registry, export, counted(chunks))
     headers = {"content-length": str(layout.num_bytes(len(export.blocks)))}
     return StreamingResponse(body, media_type="application/octet-stream", headers=headers)

@@ -1,21 +1,26 @@
-"""A worker's P/D parts, wired to its engine (docs/pd.md#roles)."""
+"""A worker's P/D parts (docs/pd.md#roles), built before its engine: the KV connector the
+engine is constructed with, and the edge its routes call (``server.create_app``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from genpool_worker.engine import GenEngine
+from genpool_worker.engine_io import ModelInfo
+from genpool_worker.host_port import parse_endpoints
+from genpool_worker.kv_connector import KVCachePort
 from genpool_worker.metrics import WorkerMetrics
+from genpool_worker.pd.connector import PDConnector
 from genpool_worker.pd.context import PDContext, Role
+from genpool_worker.pd.edge import PDEdge
 from genpool_worker.pd.endpoints import Prefillers
-from genpool_worker.pd.exports import ExportRegistry
-from genpool_worker.pd.import_budget import (
+from genpool_worker.pd.import_budget import ImportBudget
+from genpool_worker.pd.metrics import PDMetrics
+from genpool_worker.worker_config import (
+    DEFAULT_KV_EXPORT_TIMEOUT_S,
     DEFAULT_MAX_KV_IMPORT_BYTES,
     DEFAULT_MAX_KV_PULLS,
-    ImportBudget,
+    WorkerConfig,
 )
-from genpool_worker.pd.metrics import PDMetrics
-from genpool_worker.worker_config import DEFAULT_KV_EXPORT_TIMEOUT_S, WorkerConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,31 +35,45 @@ class PDSettings:
 
     @classmethod
     def from_config(cls, config: WorkerConfig, kv_secret: str | None = None) -> PDSettings:
-        return cls(Role(config.role), config.prefiller_endpoints(), config.kv_export_timeout_s,
-                   kv_secret, config.trust_prefiller_header, config.max_kv_pulls,
+        prefillers = parse_endpoints(config.prefillers.split(","))
+        return cls(Role(config.role), prefillers, config.kv_export_timeout_s, kv_secret,
+                   config.trust_prefiller_header, config.max_kv_pulls,
                    config.max_kv_import_bytes)  # fmt: skip
 
 
-def build_pd_context(engine: GenEngine, metrics: WorkerMetrics, settings: PDSettings) -> PDContext:
-    """The role's parts: a worker that exports gets the registry its engine feeds (and
-    sweeps); a runner without a layout (tensor parallelism) moves no KV."""
-    layout = engine.runner.kv_layout()
-    exports: ExportRegistry | None = None
-    pd_metrics: PDMetrics
+@dataclass(frozen=True, slots=True)
+class PDParts:
+    """``connector``: the engine's (``GenEngine(kv_connector=...)``); ``edge``: the
+    routes' (``create_app(pd=...)``), over the same connector."""
+
+    connector: PDConnector
+    edge: PDEdge
+
+
+def build_pd(
+    cache: KVCachePort, info: ModelInfo, metrics: WorkerMetrics, settings: PDSettings
+) -> PDParts:
+    """The role's parts over the runner's KV ``cache``: a worker that exports gets the
+    registry its connector feeds (and sweeps); a cache without a layout (tensor
+    parallelism) moves no KV."""
+    layout = cache.kv_layout()
 
     def num_held() -> int:
+        exports = connector.exports
         return 0 if exports is None else exports.num_held
 
     pd_metrics = PDMetrics(metrics.registry, num_held)
-    if settings.role.exports and layout is not None:
-        exports = ExportRegistry(
-            engine.release_kv,
-            timeout_s=settings.kv_export_timeout_s,
-            on_outcome=pd_metrics.count_export,
-        )
-        engine.kv_handoff.exports = exports
+    connector = PDConnector(
+        cache,
+        info.kv_block_size,
+        export_timeout_s=(
+            settings.kv_export_timeout_s if settings.role.exports and layout is not None else None
+        ),
+        on_export_outcome=pd_metrics.count_export,
+    )
     budget = ImportBudget(settings.max_kv_pulls, settings.max_kv_import_bytes)
-    return PDContext(settings.role, layout, pd_metrics, exports, Prefillers(settings.prefillers),
-                     kv_secret=settings.kv_secret or None,
-                     trusts_prefiller_header=settings.trusts_prefiller_header, imports=budget,
-                     vocab_size=engine.model_info.vocab_size)  # fmt: skip
+    context = PDContext(settings.role, layout, pd_metrics, connector,
+                        Prefillers(settings.prefillers), kv_secret=settings.kv_secret or None,
+                        trusts_prefiller_header=settings.trusts_prefiller_header,
+                        imports=budget, vocab_size=info.vocab_size)  # fmt: skip
+    return PDParts(connector, PDEdge(context))

@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from genpool_worker.engine_io import KVImport
 from genpool_worker.pd.context import PDContext
 from genpool_worker.pd.exports import Export, ExportRegistry
 from genpool_worker.pd.handle import Handle
+from genpool_worker.pd.request_kv import KVImport
 
 KV_PATH = "/v1/kv/{transfer_id}"
 
@@ -55,8 +55,7 @@ async def pull(pd: PDContext, handle: Handle) -> KVImport:
         kept = len(data)
     finally:
         pd.imports.end_pull(kept, handle.num_bytes)
-    return KVImport(data, handle.num_blocks, handle.first_token,
-                    on_release=lambda: pd.imports.release(kept))  # fmt: skip
+    return KVImport(data, handle.num_blocks, on_release=lambda: pd.imports.release(kept))
 
 
 async def _read(pd: PDContext, handle: Handle) -> bytearray:

@@ -1,5 +1,7 @@
-"""The KV cache's wire layout (docs/pd.md#the-pull): what a decode worker checks before it
-decodes from another worker's blocks. No torch here: the runner fills it in."""
+"""The KV cache's wire layout: the shape and order of a block's K and V bytes as the
+cache reads and writes them (``read_kv`` / ``write_kv``), so whoever moves KV between
+caches (P/D's pull, docs/pd.md#the-pull) can check two caches agree before one decodes
+from the other's blocks. No torch here: the model fills it in."""
 
 from __future__ import annotations
 

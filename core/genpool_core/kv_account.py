@@ -1,0 +1,157 @@
+"""The scheduler's side of the KV blocks: what a request needs, what the prefix cache
+already holds for it, what it holds and gives back (docs/design.md#kv-blocks).
+
+A request is admitted only when every block it will ever use fits: its prompt plus
+``max_tokens``, block-rounded, taken whole at admission and given back when it finishes,
+so a running request never needs a block it does not hold and running out of blocks can
+only make a waiter wait. With prefix caching the prompt's leading full blocks that are
+cached are held, not taken (``num_cached_tokens``: prefill starts after them), so
+admission reserves only what is not cached; at least one prompt token is always
+computed (its logits give the first output token). Blocks become findable once the
+plan has scheduled their tokens (``register_computed``; a pass runs its prefill work in
+plan order, so a later admission in the same pass may share them) and, for the output,
+when the request ends (the hashes the worker appended). A paused request keeps its
+blocks, so what it shares stays pinned.
+
+``budget`` None: no memory limit (the simulator's default, unit tests); requests then
+hold no blocks and only the request caps (B, H) bound admission.
+"""
+
+from __future__ import annotations
+
+from genpool_core.kv_blocks import BlockPool, KVBudget, KVEvent, reserved_tokens
+from genpool_core.request import GenRequest
+
+
+class KVAccount:
+    def __init__(self, budget: KVBudget | None, *, is_caching: bool = False) -> None:
+        self.pool = None if budget is None else BlockPool(budget)
+        self.is_caching = is_caching and self.pool is not None
+        self._held: dict[str, list[int]] = {}  # finished, KV exported: held on
+        self._registered: dict[str, int] = {}  # blocks each resident made findable
+        self._hits: tuple[GenRequest | None, list[int]] = (None, [])  # the last lookup
+        self.num_queried_tokens = 0  # prompt tokens looked up (vllm:prefix_cache_queries)
+        self.num_hit_tokens = 0  # of them, found cached (vllm:prefix_cache_hits)
+
+    def num_needed(self, request: GenRequest) -> int:
+        if self.pool is None:
+            return 0
+        return self.pool.budget.blocks_for(reserved_tokens(request.prompt_len, request.max_tokens))
+
+    def check_fits_ever(self, request: GenRequest) -> None:
+        """A request larger than the whole cache would block the queue head forever."""
+        if self.pool is not None and self.num_needed(request) > self.pool.num_blocks:
+            raise ValueError(
+                f"prompt_len={request.prompt_len} + max_tokens={request.max_tokens} tokens need "
+                f"{self.num_needed(request)} KV blocks of {self.pool.block_size} tokens; the "
+                f"worker's KV cache has {self.pool.num_blocks}"
+            )
+
+    def _cached_prefix(self, request: GenRequest) -> list[int]:
+        """The cached blocks ``request``'s prompt starts with, leaving one token to compute."""
+        if not self.is_caching or not request.block_hashes or request.num_output_tokens:
+            return []
+        if self._hits[0] is request:
+            return self._hits[1]
+        assert self.pool is not None
+        limit = (request.prompt_len - 1) // self.pool.block_size
+        hits = self.pool.lookup(request.block_hashes[:limit])
+        self._hits = (request, hits)
+        return hits
+
+    def can_fit(self, request: GenRequest | None) -> bool:
+        if request is None:
+            return False
+        if self.pool is None:
+            return True
+        hits = self._cached_prefix(request)
+        new = self.num_needed(request) - len(hits)
+        return self.pool.can_allocate(new + self.pool.num_evictable(hits))
+
+    def reserve(self, request: GenRequest) -> None:
+        """Hold the cached prefix and take the rest (``can_fit`` first)."""
+        if self.pool is None:
+            return
+        hits = self._cached_prefix(request)
+        self._hits = (None, [])
+        self.pool.touch(hits)
+        request.blocks = tuple(hits + self.pool.allocate(self.num_needed(request) - len(hits)))
+        request.num_cached_tokens = len(hits) * self.pool.block_size
+        self._registered[request.request_id] = len(hits)
+        if self.is_caching and not request.num_output_tokens:
+            self.num_queried_tokens += request.prompt_len
+            self.num_hit_tokens += request.num_cached_tokens
+
+    def register_computed(self, request: GenRequest, num_tokens: int) -> None:
+        """The plan computes ``request``'s first ``num_tokens`` tokens' KV by the end of
+        this pass: make its full blocks among them findable."""
+        if not self.is_caching:
+            return
+        assert self.pool is not None
+        done = self._registered.get(request.request_id, 0)
+        full = min(num_tokens // self.pool.block_size, len(request.block_hashes))
+        if full <= done:
+            return
+        parent = request.block_hashes[done - 1] if done else None
+        self.pool.cache(request.request_id, done, request.blocks[done:full],
+                        request.block_hashes[done:full], parent)  # fmt: skip
+        self._registered[request.request_id] = full
+
+    def num_written(self, request: GenRequest) -> int:
+        """Tokens whose KV is in the blocks: the prompt and every output token but the
+        last (its KV is written by the step that would read it)."""
+        return request.prompt_len + max(0, request.num_output_tokens - 1)
+
+    def release(self, request: GenRequest) -> None:
+        if self.pool is not None:
+            self.register_computed(request, self.num_written(request))
+            self._registered.pop(request.request_id, None)
+            self.pool.free(request.blocks)
+        request.blocks = ()
+
+    def forget(self, request: GenRequest) -> None:
+        """``request``'s KV is not what its hashes say (its prefill failed): whatever it
+        made findable is forgotten, so nobody shares it."""
+        if self.pool is not None and self._registered.get(request.request_id):
+            self.pool.uncache(request.blocks[: self._registered[request.request_id]])
+            self._registered[request.request_id] = len(request.blocks)  # nothing more
+
+    def hold(self, request: GenRequest) -> None:
+        """A finished request's blocks stay held (its KV is exported, docs/pd.md) until
+        ``release_held``: they count as used, so admission waits for them like any other."""
+        if self.pool is not None:
+            self.register_computed(request, self.num_written(request))
+            self._registered.pop(request.request_id, None)
+            self._held[request.request_id] = list(request.blocks)
+
+    def held_blocks(self, request_id: str) -> tuple[int, ...]:
+        """A held request's block table (empty when it holds none)."""
+        return tuple(self._held.get(request_id, ()))
+
+    def release_held(self, request_id: str) -> bool:
+        """Give a held request's blocks back; False when it holds none (already released)."""
+        blocks = self._held.pop(request_id, None)
+        if blocks is None:
+            return False
+        assert self.pool is not None
+        self.pool.free(blocks)
+        return True
+
+    def held_ids(self) -> tuple[str, ...]:
+        """Finished requests whose blocks are still held, oldest first."""
+        return tuple(self._held)
+
+    def take_events(self) -> list[KVEvent]:
+        return [] if self.pool is None else self.pool.take_events()
+
+    @property
+    def num_blocks(self) -> int:
+        return 0 if self.pool is None else self.pool.num_blocks
+
+    @property
+    def num_used(self) -> int:
+        return 0 if self.pool is None else self.pool.num_used
+
+    @property
+    def num_cached(self) -> int:
+        return 0 if self.pool is None else self.pool.num_cached

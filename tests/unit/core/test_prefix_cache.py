@@ -1,0 +1,295 @@
+"""Prefix caching (docs/design.md#prefix-caching): the block pool's hashes, reference
+counts and LRU eviction against a model, and the scheduler sharing a prompt's cached
+blocks: a hit's blocks hold exactly the request's tokens, admission reserves only what
+is not cached, prefill starts after the hit, and pausing and exhaustion lose nothing."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from genpool_core.block_hash import block_hashes, extend_hashes, hash_block
+from genpool_core.kv_blocks import (
+    AllBlocksCleared,
+    BlockPool,
+    BlockRemoved,
+    BlockStored,
+    KVBudget,
+)
+from genpool_core.plan import GenPlan
+from genpool_core.request import FinishReason, GenRequest, RequestStatus
+from genpool_core.scheduler import GenScheduler
+from tests.unit.support import check_invariants, make_scheduler
+
+BS = 4  # tokens per block in these tests
+
+# -- hashes ---------------------------------------------------------------------------
+
+
+def test_a_block_hash_pins_every_token_before_it() -> None:
+    tokens = list(range(40))
+    hashes = block_hashes(tokens, BS)
+    assert len(hashes) == 10 and len(set(hashes)) == 10
+    assert block_hashes(tokens[:39], BS) == hashes[:9]  # only full blocks
+    changed = [*tokens[:1], 999, *tokens[2:]]
+    assert all(a != b for a, b in zip(block_hashes(changed, BS), hashes, strict=True))
+    assert block_hashes(tokens, BS, b"other model")[0] != hashes[0]
+    assert hashes[1] == hash_block(hashes[0], tokens[4:8])
+
+
+@given(st.lists(st.integers(0, 50_000), max_size=60), st.integers(0, 60))
+def test_hashes_extend_as_tokens_come(tokens: list[int], cut: int) -> None:
+    grown = block_hashes(tokens[:cut], BS)
+    extend_hashes(grown, tokens, BS)
+    assert grown == block_hashes(tokens, BS)
+
+
+# -- the pool against a model -----------------------------------------------------------
+
+OPS = st.lists(
+    st.tuples(st.sampled_from(["alloc", "free", "cache", "hit"]), st.integers(0, 6),
+              st.integers(0, 5)),
+    max_size=80,
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPS)
+def test_the_pool_matches_a_model_of_refcounts_and_lru_eviction(
+    ops: list[tuple[str, int, int]],
+) -> None:
+    pool = BlockPool(KVBudget(12, BS))
+    refs = [0] * 12
+    content: dict[int, int] = {}  # block -> the hash its KV is (the model's truth)
+    held: list[list[int]] = []  # one entry per holder
+    stored: set[int] = set()  # hashes the events say are cached
+    for op, n, pick in ops:
+        if op == "alloc" and pool.can_allocate(n):
+            blocks = pool.allocate(n)
+            assert all(refs[b] == 0 for b in blocks), "a held block was handed out"
+            for block in blocks:
+                refs[block] = 1
+                content.pop(block, None)  # reused: what it held is gone
+            held.append(blocks)
+        elif op == "free" and held:
+            blocks = held.pop(pick % len(held))
+            pool.free(blocks)
+            for block in blocks:
+                refs[block] -= 1
+        elif op == "cache" and held:
+            blocks = held[pick % len(held)]
+            hashes = [hash((pick, n, i)) & (2**64 - 1) for i in range(len(blocks))]
+            pool.cache("r", 0, blocks, hashes, None)
+            for block, block_hash in zip(blocks, hashes, strict=True):
+                if pool.cached_block(block_hash) == block:
+                    content[block] = block_hash
+        elif op == "hit" and content:
+            block_hash = sorted(content.values())[pick % len(content)]
+            found = pool.lookup([block_hash])
+            assert found and content[found[0]] == block_hash, "a hit's KV is what it says"
+            pool.touch(found)
+            refs[found[0]] += 1
+            held.append(found)
+        for event in pool.take_events():
+            if isinstance(event, BlockStored):
+                assert not stored & set(event.hashes)
+                stored |= set(event.hashes)
+            elif isinstance(event, BlockRemoved):
+                assert set(event.hashes) <= stored, "evicted twice, or never stored"
+                stored -= set(event.hashes)
+        assert stored == set(content.values()) and pool.num_cached == len(content)
+        assert pool.num_free == sum(1 for r in refs if r == 0)
+        assert all(pool.num_holders(b) == r for b, r in enumerate(refs))
+
+
+def test_eviction_takes_uncached_blocks_first_then_the_least_recently_freed() -> None:
+    pool = BlockPool(KVBudget(6, BS))
+    a, b = pool.allocate(2), pool.allocate(2)
+    pool.cache("a", 0, a, [1, 2], None)
+    pool.cache("b", 0, b, [3, 4], None)
+    pool.free(a)
+    pool.free(b)
+    assert pool.allocate(2) == [4, 5]  # never cached: first
+    pool.take_events()
+    assert sorted(pool.allocate(1)) == [a[1]]  # a's tail: freed first, its last block first
+    assert pool.take_events() == [BlockRemoved((2,))]
+    assert pool.lookup([1, 2]) == [a[0]]  # the prefix survives its tail
+
+
+def test_clearing_forgets_every_prefix_but_keeps_what_is_held() -> None:
+    pool = BlockPool(KVBudget(4, BS))
+    blocks = pool.allocate(2)
+    pool.cache("a", 0, blocks, [7, 8], None)
+    pool.free(blocks[1:])
+    pool.clear_cache()
+    assert pool.lookup([7]) == [] and pool.num_free == 3 and pool.num_holders(blocks[0]) == 1
+    assert pool.take_events()[-1] == AllBlocksCleared()
+
+
+# -- the scheduler sharing prompts -------------------------------------------------------
+
+
+class Writer:
+    """The runner's part: writes each scheduled prompt token into its block (block ->
+    position -> token), checks a hit's blocks hold the request's own tokens."""
+
+    def __init__(self) -> None:
+        self.kv: dict[int, dict[int, int]] = {}
+        self.tokens: dict[str, list[int]] = {}
+
+    def run(self, scheduler: GenScheduler, plan: GenPlan) -> None:
+        """In plan order: each admission's hit is checked before it (or any later one)
+        is prefilled, whole prefills in admission order, then the chunks."""
+        whole = set(plan.prefill_ids) - {rid for rid, _, _ in plan.prefill_chunks}
+        for request_id, cached in zip(plan.admitted_ids, plan.admitted_cached_tokens,
+                                      strict=True):  # fmt: skip
+            request, tokens = scheduler.get_request(request_id), self.tokens[request_id]
+            for position in range(cached):
+                block = request.blocks[position // BS]
+                assert self.kv[block][position % BS] == tokens[position], "a hit's KV"
+            if request_id in whole:
+                self.write(request, cached, request.prompt_len)
+        for request_id, start, end in plan.prefill_chunks:
+            self.write(scheduler.get_request(request_id), start, end)
+
+    def write(self, request: GenRequest, first: int, last: int) -> None:
+        for position in range(first, last):
+            block = request.blocks[position // BS]
+            self.kv.setdefault(block, {})[position % BS] = self.tokens[request.request_id][position]
+
+
+def conversation(seed: int, turns: int, system: int) -> list[list[int]]:
+    """Each turn's prompt: a shared system prompt, the history, a new message."""
+    rng = random.Random(seed)
+    history = [1000 + t for t in range(system)]
+    prompts = []
+    for _ in range(turns):
+        history = history + [rng.randrange(50_000) for _ in range(rng.randint(1, 9))]
+        prompts.append(list(history))
+        history = history + [rng.randrange(50_000) for _ in range(rng.randint(1, 6))]
+    return prompts
+
+
+MODES = [
+    {},
+    {"tpot_budget": 0.5, "resident_headroom": 4, "paused_cap": 3},
+    {"target_output_tps": 20.0, "resident_headroom": 4, "paused_cap": 3},
+]
+
+
+@pytest.mark.parametrize("chunk", [None, 3])
+@pytest.mark.parametrize("mode", MODES, ids=["off", "tpot_budget", "target_output_tps"])
+def test_conversations_share_their_history_and_exhaustion_loses_nothing(
+    mode: dict[str, object], chunk: int | None
+) -> None:
+    scheduler = make_scheduler(2, mode, target_x=0.4, kv_budget=KVBudget(30, BS),
+                               enable_prefix_caching=True,
+                               max_prefill_tokens_per_pass=chunk)  # fmt: skip
+    writer = Writer()
+    prompts = [p for seed in range(6) for p in conversation(seed, 3, system=10)]
+    requests = []
+    for i, prompt in enumerate(prompts):
+        request = GenRequest(f"r{i}", len(prompt), 3 + i % 4, arrival_time=0.05 * i,
+                             first_token_time=0.05 * i, num_output_tokens=0,
+                             block_hashes=block_hashes(prompt, BS))  # fmt: skip
+        writer.tokens[request.request_id] = prompt
+        requests.append(request)
+    now, arrived, hit_tokens = 0.0, 0, 0
+    while arrived < len(requests) or scheduler.num_residents or scheduler.num_waiting:
+        while arrived < len(requests) and requests[arrived].arrival_time <= now:  # type: ignore[operator]
+            scheduler.add_request(requests[arrived], now)
+            arrived += 1
+        plan = scheduler.step(now)
+        writer.run(scheduler, plan)
+        hit_tokens += sum(plan.admitted_cached_tokens)
+        scheduler.postprocess(plan, now + 0.05)
+        check_invariants(scheduler)
+        now += 0.05
+        assert now < 300, "the pool did not drain"
+    assert hit_tokens > 0 and scheduler.kv.num_hit_tokens == hit_tokens
+    assert scheduler.kv.num_queried_tokens == sum(len(p) for p in prompts)
+    for request in requests:
+        assert request.status is RequestStatus.FINISHED
+        assert request.finish_reason is FinishReason.LENGTH and request.blocks == ()
+    assert scheduler.kv.num_used == 0  # every held block came back; cached ones stay findable
+
+
+def test_a_hit_reserves_only_what_is_not_cached_and_leaves_a_token_to_compute() -> None:
+    scheduler = make_scheduler(4, kv_budget=KVBudget(8, BS), enable_prefix_caching=True)
+    prompt = list(range(12))  # three full blocks
+    first = GenRequest("a", 12, 4, num_output_tokens=0, block_hashes=block_hashes(prompt, BS))
+    scheduler.add_request(first, 0.0)
+    plan = scheduler.step(0.0)
+    assert plan.admitted_cached_tokens == (0,) and len(first.blocks) == 4
+    scheduler.postprocess(plan, 0.1)
+    twin = GenRequest("b", 12, 4, num_output_tokens=0, block_hashes=block_hashes(prompt, BS))
+    scheduler.add_request(twin, 0.1)
+    before = scheduler.kv.num_used
+    plan = scheduler.step(0.1)
+    # two blocks shared (the third is the prompt's last: one token is always computed)
+    assert plan.admitted_cached_tokens == (8,) and twin.blocks[:2] == first.blocks[:2]
+    assert scheduler.kv.num_used == before + 2
+    scheduler.postprocess(plan, 0.2)
+    check_invariants(scheduler)
+
+
+def test_a_paused_request_keeps_the_blocks_it_shares_pinned() -> None:
+    scheduler = make_scheduler(1, {"target_output_tps": 5.0, "resident_headroom": 2,
+                                   "paused_cap": 2}, target_x=0.1,
+                               kv_budget=KVBudget(80, BS), enable_prefix_caching=True)  # fmt: skip
+    prompt = list(range(9))
+    old = GenRequest("old", 9, 200, arrival_time=0.0, first_token_time=0.0,
+                     num_output_tokens=0, block_hashes=block_hashes(prompt, BS))  # fmt: skip
+    scheduler.add_request(old, 0.0)
+    now = 0.0
+    for _ in range(5):
+        plan = scheduler.step(now)
+        scheduler.postprocess(plan, now + 0.01)
+        now += 0.01
+    new = GenRequest("new", 9, 3, arrival_time=now, first_token_time=now,
+                     num_output_tokens=0, block_hashes=block_hashes(prompt, BS))  # fmt: skip
+    scheduler.add_request(new, now)
+    shared: tuple[int, ...] = ()
+    num_paused_passes = 0
+    while new.status is not RequestStatus.FINISHED:
+        plan = scheduler.step(now)
+        if "new" in plan.admitted_ids:
+            shared = new.blocks[:2]
+        if "old" in plan.paused_in_place_ids:
+            num_paused_passes += 1
+            pool = scheduler.kv.pool
+            assert pool is not None and all(pool.num_holders(b) >= 1 for b in old.blocks)
+        scheduler.postprocess(plan, now + 0.2)
+        check_invariants(scheduler)
+        now += 0.2
+    assert num_paused_passes > 0  # old was paused for new, which shared its prefix
+    assert new.num_cached_tokens == 8 and shared == old.blocks[:2]
+
+
+def test_forgetting_a_failed_prefill_shares_none_of_it() -> None:
+    scheduler = make_scheduler(4, kv_budget=KVBudget(12, BS), enable_prefix_caching=True)
+    prompt = list(range(12))
+    bad = GenRequest("bad", 12, 4, num_output_tokens=0, block_hashes=block_hashes(prompt, BS))
+    scheduler.add_request(bad, 0.0)
+    plan = scheduler.step(0.0)
+    scheduler.forget_kv("bad")
+    scheduler.abort("bad")
+    scheduler.postprocess(plan, 0.1)
+    again = GenRequest("again", 12, 4, num_output_tokens=0,
+                       block_hashes=block_hashes(prompt, BS))  # fmt: skip
+    scheduler.add_request(again, 0.1)
+    plan = scheduler.step(0.1)
+    assert plan.admitted_cached_tokens == (0,)
+
+
+def test_without_caching_nothing_is_looked_up_or_shared() -> None:
+    scheduler = make_scheduler(4, kv_budget=KVBudget(12, BS))
+    prompt = list(range(12))
+    for name in ("a", "b"):
+        scheduler.add_request(GenRequest(name, 12, 2, num_output_tokens=0,
+                                         block_hashes=block_hashes(prompt, BS)), 0.0)  # fmt: skip
+    plan = scheduler.step(0.0)
+    assert plan.admitted_cached_tokens == (0, 0) and scheduler.kv.num_queried_tokens == 0
