@@ -251,7 +251,8 @@ def _print_decisions(tools: Tools, name: str, pinned: float | None) -> dict[str,
     return scaling
 
 
-def _report(tools: Tools, runs: dict[str, PoolRun], out: Path, specs: dict[str, Any]) -> int:
+def _report(tools: Tools, runs: dict[str, PoolRun], out: Path, specs: dict[str, Any],
+            provenance: dict[str, Any]) -> int:  # fmt: skip
     """Print the per-phase table, the cost and the decisions, write the plot; failed count."""
     bounds = phase_bounds(PHASES)
     slo_ttft_s = float(specs[GENPOOL]["slo"]["ttftP90Seconds"])
@@ -280,10 +281,20 @@ def _report(tools: Tools, runs: dict[str, PoolRun], out: Path, specs: dict[str, 
     samples = {name: seen for name, (_, seen) in runs.items()}
     busy = {p.name for p in PHASES if p.rate_per_s > PHASES[0].rate_per_s}
     plot = write_plot(series, samples, bounds, busy, slo_ttft_s, out / "genpool-demo.png")
-    summary = {"phases": rows, "cost": cost, "specs": specs, "scaling": scaling}
+    summary = {**provenance, "phases": rows, "cost": cost, "specs": specs, "scaling": scaling}
     (out / "genpool-demo.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"plot: {plot}\nsummary: {out / 'genpool-demo.json'}")
     return sum(row["failed"] for pool_rows in rows.values() for row in pool_rows.values())
+
+
+def _provenance(argv: list[str] | None, seed: int) -> dict[str, Any]:
+    """What produced a summary: the checkout's commit, the command, the seed."""
+    here = Path(__file__).resolve().parent
+    found = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                           cwd=here, check=False)  # fmt: skip
+    commit = found.stdout.strip()
+    args = sys.argv[1:] if argv is None else argv
+    return {"commit": commit, "command": " ".join(["make demo --", *args]), "seed": seed}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = run_phased_load(tools.kubeconfig, plan, POOLS, NAMESPACE)
     print("[5/5] summary\n")
     args.out.mkdir(parents=True, exist_ok=True)
-    failed = _report(tools, runs, args.out, specs)
+    failed = _report(tools, runs, args.out, specs, _provenance(argv, args.seed))
     if not args.keep:
         for name in specs:
             tools.run("kubectl", "delete", "gp", name, "-n", NAMESPACE, "--wait=true")
