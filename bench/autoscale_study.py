@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from typing import Any
 
 from bench import autoscale_cases as cases
 from bench import autoscale_report as report
+from bench.provenance import provenance
 from genpool_core.knobs import KnobBounds
 from genpool_sim.autoscale import AutoscaleConfig, run_policy
 from genpool_sim.cli import DEFAULT_TRACE, load_trace
@@ -234,10 +234,7 @@ def _sweep(part: str, seeds: int, workers: int) -> dict[str, object]:
 
 
 def _meta(ns: argparse.Namespace) -> dict[str, Any]:
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip()  # fmt: skip
-    return {"command": "python -m bench.autoscale_study " + " ".join(sys.argv[1:]),
-            "commit": commit, "seeds": ns.seeds, "startup_s": cases.STARTUP_S,
+    return {**provenance("bench.autoscale_study"), "seeds": ns.seeds, "startup_s": cases.STARTUP_S,
             "interval_s": cases.INTERVAL_S, "warmup_s": cases.WARMUP_S,
             "min_windows_met": report.MIN_WINDOWS_MET, "max_replicas": MAX_REPLICAS,
             "nan": math.nan}  # fmt: skip

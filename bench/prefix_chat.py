@@ -40,6 +40,7 @@ import httpx
 import openai
 
 from bench import prefix_report as report
+from bench.provenance import provenance
 from bench.serving_load import client, pinned, scrape, wait_ready
 from genpool_core.names import WORKER_PORT
 
@@ -274,12 +275,9 @@ def main(argv: list[str] | None = None) -> int:
         residents = {name: asyncio.run(run_residents(urls[name], requests)) for name in WORKERS}
     finally:
         _stop(procs)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            check=False).stdout.strip()  # fmt: skip
-    command = "python -m bench.prefix_chat " + " ".join(argv or sys.argv[1:])
     setup = {"conversations": conversations, "turns": turns, "reply_tokens": REPLY_TOKENS,
              "resident_blocks": RESIDENT_BLOCKS}  # fmt: skip
-    result = {"commit": commit, "command": command, "summary": _summary(runs),
+    result = {**provenance("bench.prefix_chat", argv), "summary": _summary(runs),
               "residents": residents, "runs": runs, "setup": setup}  # fmt: skip
     path = QUICK_RESULTS if ns.quick else RESULTS
     path.write_text(json.dumps(result, indent=1))

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.provenance import provenance
 from genpool_devcluster import demo_pools
 from genpool_devcluster.demo_load import CLASSES, LENGTH_MIX
 from genpool_devcluster.loadgen import PROMPTS
@@ -173,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     for days, saving in savings.items():
         print(f"learn-days {days}: genpool's saving against replicas-only, paired per seed: "
               f"{saving['mean']:.1%} ±{saving['ci95']:.1%}")  # fmt: skip
-    document = {"seeds": args.seeds, "slo_ttft_p90_s": slo, "min_replicas": args.min_replicas,
+    document = {**provenance("bench.sim_demo_load"), "seeds": args.seeds,
+                "slo_ttft_p90_s": slo, "min_replicas": args.min_replicas,
                 "startup_s": STARTUP_DELAY_S, "rows": rows, "saving": savings}  # fmt: skip
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(document, indent=1))

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bench.provenance import provenance
 from genpool_core.names import OFF_MODE, SLO_MODE
 from genpool_sim.cli import DEFAULT_TRACE, load_trace
 from genpool_sim.cluster import ClusterConfig
@@ -149,10 +148,8 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         seeds = per_seed[i * ns.seeds : (i + 1) * ns.seeds]
         results[f"{rate:g} conversations/s, {budget} KV ({BUDGETS[budget]} blocks)"] = {
             "summary": summarize(seeds), "per_seed": seeds}  # fmt: skip
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip()  # fmt: skip
     return {
-        "command": "python -m bench.sim_prefix " + " ".join(sys.argv[1:]), "commit": commit,
+        **provenance("bench.sim_prefix"),
         "seeds": ns.seeds, "duration_s": ns.duration, "warmup_s": ns.warmup,
         "workers": BASE.workers, "max_batch": BASE.max_batch, "block_size": BASE.kv_block_size,
         "conversations": {"system_prompt_tokens": SYSTEM_PROMPT_TOKENS, "turns": settings.turns,

@@ -1,5 +1,6 @@
 """P/D on real SmolLM2-135M weights (docs/pd.md): the decode worker's greedy text equals
-the colocated worker's, for completions, chat and a prompt list with n choices, and the
+the colocated worker's, for completions (its prefill leg sharing prefix-cached blocks),
+chat and a prompt list with n choices, and the
 decode worker ran no prefill of its own for a pulled request (its engine's plans show
 none). The synthetic model's output ignores its KV, so only a real model shows that the
 pulled KV landed in the right blocks, in the right order."""
@@ -17,8 +18,11 @@ from tests.worker.pd_support import endpoint, metric, sidecar_exchange, wait_no_
 
 Factory = Callable[..., RunningWorker]
 REAL = {"model": "smollm2-135m", "max_batch_size": 4, "max_seq_len": 256}
-COMPLETION = {"prompt": "The history of the Roman Empire begins with", "max_tokens": 16,
-              "temperature": 0}  # fmt: skip
+# Long enough for two full KV blocks of 16: the prefill leg for it finds them in the
+# prefill worker's prefix cache (its colocated reference computed them first).
+COMPLETION = {"prompt": "The history of the Roman Empire is long and eventful. It begins with"
+              " a small settlement on seven hills beside the river Tiber, and its story",
+              "max_tokens": 16, "temperature": 0}  # fmt: skip
 CHAT = {"messages": [{"role": "user", "content": "Name three primary colours."}],
         "max_tokens": 16, "temperature": 0}  # fmt: skip
 LISTS = {"prompt": ["Once upon a time, in a small village,", "List three prime numbers:"],
@@ -57,9 +61,11 @@ def test_p_d_on_smollm2_decodes_the_colocated_text_without_a_prefill(
         assert reply.status_code == 200, reply.text
         assert texts(reply.json()) == texts(expected), path
     assert seen.ids == set()  # every token came from the pulled KV: no prefill here
+    # the leg shared the reference's cached blocks: P/D's text held with prefix caching
+    assert metric(prefill.url, "vllm:prefix_cache_hits_total") >= 32
     assert metric(decode.url, "genpool_kv_transfers_total", side="import", outcome="ok") == 2
     # n choices of a prompt list: one export per prompt; choice 0 decodes from the pulled
-    # KV, the others copy its blocks (and compute the last position only).
+    # KV, the others prefill locally (sharing what the prefix cache holds).
     expected = prefill.client().post("/v1/completions", json=LISTS).json()
     reply = decode.client().post("/v1/completions", json=LISTS)
     assert reply.status_code == 200, reply.text

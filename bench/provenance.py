@@ -1,0 +1,24 @@
+"""What produced a result JSON: the checkout's commit and the command that ran
+(docs/results.md says every figure points to a JSON that records both)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def commit() -> str:
+    """The checked-out commit (empty outside a git checkout)."""
+    found = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                           cwd=ROOT, check=False)  # fmt: skip
+    return found.stdout.strip()
+
+
+def provenance(module: str, argv: Sequence[str] | None = None) -> dict[str, str]:
+    """``{"commit", "command"}`` for ``python -m <module> <argv>`` (argv: this process's)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    return {"commit": commit(), "command": " ".join(["python -m", module, *args])}

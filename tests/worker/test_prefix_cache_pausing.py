@@ -1,0 +1,66 @@
+"""Prefix caching on real SmolLM2-135M weights under pausing (issue 34): with a shared
+prompt prefix, requests hold its cached blocks, some are paused in place while an
+at-risk waiter runs, and every request's greedy text equals a worker without caching.
+A cached block read before its KV was written, or overwritten while a paused request
+still shares it, would change the text."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from tests.polling import wait_for, wait_for_async
+from tests.worker.conftest import RunningWorker
+from tests.worker.pd_support import metric
+
+Factory = Callable[..., RunningWorker]
+SHARED = (
+    "You are a patient maths tutor. Answer in digits only, one number after another, "
+    "separated by commas, and never explain. "
+)  # about 30 tokens: one full block of 16 shared, and the start of another
+PROMPTS = [f"{SHARED}Count from {i} upwards: {i}," for i in range(1, 5)]
+LENGTHS = [48, 48, 8, 8]
+WORKER = {"model": "smollm2-135m", "max_batch_size": 2, "max_seq_len": 512,
+          "preemption_mode": "target_output_tps", "target_output_tps": 1.0, "paused_cap": 2,
+          "resident_headroom": 2, "stat_interval_s": 1.0}  # fmt: skip
+
+
+def _overload(worker: RunningWorker) -> list[str]:
+    """Two long requests fill B = 2; two short ones become at risk and are let in by
+    pausing the long ones (after 32 keyed warm-ups initialise X)."""
+
+    async def run() -> list[str]:
+        async with worker.async_client() as client:
+
+            async def one(prompt: str, max_tokens: int) -> str:
+                body = {"prompt": prompt, "max_tokens": max_tokens}
+                reply = await client.post("/v1/completions", json=body)
+                assert reply.status_code == 200, reply.text
+                return str(reply.json()["choices"][0]["text"])
+
+            await asyncio.gather(*(one(SHARED + "Hi", 1) for _ in range(32)))
+            arrived = worker.engine.snapshot.stats.arrivals
+            long = [asyncio.create_task(one(p, n)) for p, n in zip(PROMPTS[:2], LENGTHS[:2],
+                                                                     strict=True)]  # fmt: skip
+
+            def both_resident() -> bool:
+                stats = worker.engine.snapshot.stats
+                return stats.arrivals == arrived + 2 and stats.residents == 2
+
+            await wait_for_async(both_resident, "the two long requests to fill B = 2", 120)
+            short = [one(p, n) for p, n in zip(PROMPTS[2:], LENGTHS[2:], strict=True)]
+            return list(await asyncio.gather(*long, *short))
+
+    return asyncio.run(run())
+
+
+def test_cached_prefixes_under_pausing_decode_the_uncached_text(worker_factory: Factory) -> None:
+    cached = worker_factory(**WORKER)
+    with_cache = _overload(cached)
+    with cached.client() as client:
+        wait_for(lambda: client.get("/stats").json()["pauses_total"] > 0, "a pause counted", 30)
+    assert metric(cached.url, "vllm:prefix_cache_hits_total") >= 16 * 35  # every later one
+    uncached = worker_factory(enable_prefix_caching=False, **WORKER)
+    without = _overload(uncached)
+    assert metric(uncached.url, "vllm:prefix_cache_hits_total") == 0
+    assert with_cache == without
