@@ -18,7 +18,16 @@ def commit() -> str:
     return found.stdout.strip()
 
 
-def provenance(module: str, argv: Sequence[str] | None = None) -> dict[str, str]:
-    """``{"commit", "command"}`` for ``python -m <module> <argv>`` (argv: this process's)."""
+def is_dirty() -> bool:
+    """Tracked files differ from the commit: the result is not the commit's alone."""
+    found = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, cwd=ROOT, check=False)  # fmt: skip
+    return bool(found.stdout.strip())
+
+
+def provenance(module: str, argv: Sequence[str] | None = None) -> dict[str, object]:
+    """``{"commit", "command", "dirty"}`` for ``python -m <module> <argv>`` (argv: this
+    process's); ``dirty``: tracked files had changes the commit does not hold."""
     args = sys.argv[1:] if argv is None else list(argv)
-    return {"commit": commit(), "command": " ".join(["python -m", module, *args])}
+    return {"commit": commit(), "command": " ".join(["python -m", module, *args]),
+            "dirty": is_dirty()}  # fmt: skip
