@@ -24,8 +24,9 @@ from genpool_core.request import GenRequest
 
 
 class KVAccount:
-    def __init__(self, budget: KVBudget | None, *, is_caching: bool = False) -> None:
-        self.pool = None if budget is None else BlockPool(budget)
+    def __init__(self, budget: KVBudget | None, *, is_caching: bool = False,
+                 is_checked: bool = True) -> None:  # fmt: skip
+        self.pool = None if budget is None else BlockPool(budget, is_checked=is_checked)
         self.is_caching = is_caching and self.pool is not None
         self._held: dict[str, list[int]] = {}  # finished, KV exported: held on
         self._registered: dict[str, int] = {}  # blocks each resident made findable

@@ -18,9 +18,11 @@ as :class:`KVEvent` values for the worker's KV event publisher.
 
 from __future__ import annotations
 
+import collections
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from genpool_core.block_hash import BlockHash
 
@@ -83,22 +85,27 @@ class BlockPool:
     """Reference-counted block ids ``0 .. num_blocks - 1``; ``num_blocks`` is the dummy
     (padding) block, never handed out. Check first (``can_allocate``), then mutate.
 
-    Two kinds of held block, so that a pool without sharing costs no Python loop per
-    block: a *plain* block has one holder and has never been cached since it was
-    allocated (a set, moved in bulk); a *shared* block was made findable (``cache``) and
-    carries a reference count, kept until its last holder lets go. Only shared blocks are
-    ever held more than once (a prefix hit finds only cached blocks).
+    Held blocks are of three kinds, each kept so that whole tables move by C-level set,
+    dict and list operations, not a Python loop per block (the scheduling pass moves a
+    table of ~100 blocks at every admission and release): a *plain* block has one holder
+    and has not been cached since it was allocated; a *single* block is cached (or was)
+    and has one holder; a *multi* block has two or more (only cached blocks are ever
+    shared: a prefix hit finds only those) and carries its count. ``is_checked`` keeps the
+    plain blocks in use too, so that a free of a block nobody holds is refused (tests,
+    debugging); unchecked, the scheduler's calls are trusted.
     """
 
-    def __init__(self, budget: KVBudget) -> None:
+    def __init__(self, budget: KVBudget, *, is_checked: bool = True) -> None:
         self.budget = budget
         n = budget.num_blocks
         self._plain = list(range(n - 1, -1, -1))  # free, not cached: popped from the end
-        self._held: set[int] = set()  # plain blocks in use (one holder each)
-        self._refs: dict[int, int] = {}  # shared blocks (cached, or once cached): holders
+        self._held: set[int] | None = set() if is_checked else None  # plain blocks in use
+        self._single: set[int] = set()  # cached (or once cached), one holder
+        self._multi: dict[int, int] = {}  # two or more holders: how many
         self._hashes: dict[int, BlockHash] = {}  # findable blocks: block -> hash
         self._cached: dict[BlockHash, int] = {}  # hash -> the block that holds it
         self._evictable: dict[int, None] = {}  # free but cached: oldest first (LRU)
+        self._num_holes = 0  # entries deleted from the LRU since it was last compacted
         self.events: list[KVEvent] = []  # since the last ``take_events``
 
     @property
@@ -143,102 +150,139 @@ class BlockPool:
         blocks.reverse()
         if take < num_blocks:
             blocks += self._evict(num_blocks - take)
-        self._held.update(blocks)
+        if self._held is not None:
+            self._held.update(blocks)
         return blocks
 
     def _evict(self, count: int) -> list[int]:
-        evictable, hashes, refs = self._evictable, self._hashes, self._refs
-        taken = list(itertools.islice(evictable, count))  # the least recently freed
-        removed = []
-        for block in taken:
-            del evictable[block], refs[block]
-            block_hash = hashes.pop(block)
-            del self._cached[block_hash]
-            removed.append(block_hash)
+        """The ``count`` least recently freed cached blocks, forgotten: plain from now."""
+        taken = list(itertools.islice(self._evictable, count))
+        removed = [self._hashes[block] for block in taken]
+        self._forget_lru(taken)
+        _each(self._hashes.__delitem__, taken)
+        _each(self._cached.__delitem__, removed)
         self.events.append(BlockRemoved(tuple(removed)))
         return taken
 
-    def touch(self, blocks: Iterable[int]) -> None:
+    def _forget_lru(self, blocks: Collection[int]) -> None:
+        """Take ``blocks`` out of the LRU. A dict used as a queue keeps the holes its
+        deleted entries leave until it is rebuilt, and iterating from the front walks them
+        (the next eviction would cost as many steps as blocks evicted so far): rebuilt
+        once the holes outnumber the entries, so an eviction stays proportional to it."""
+        _each(self._evictable.__delitem__, blocks)
+        self._num_holes += len(blocks)
+        if self._num_holes > len(self._evictable):
+            self._evictable = dict(self._evictable)
+            self._num_holes = 0
+
+    def touch(self, blocks: Sequence[int]) -> None:
         """Hold cached blocks once more (a prefix hit): a free one leaves the LRU."""
-        refs, evictable = self._refs, self._evictable
-        for block in blocks:
-            if refs[block] == 0:
-                del evictable[block]
-            refs[block] += 1
+        hits = set(blocks)
+        freed = hits & self._evictable.keys()
+        singles = hits & self._single
+        self._forget_lru(freed)
+        self._single -= singles
+        self._single |= freed
+        multi = self._multi
+        multi.update(dict.fromkeys(singles, 2))
+        for block in hits - freed - singles:  # already held twice or more
+            multi[block] += 1
 
     def free(self, blocks: Sequence[int]) -> None:
-        """Let go of ``blocks`` once each; any not held (or listed twice) refuses the whole
-        call. A block nobody holds any more is free; a cached one stays findable, and the
-        last blocks of a sequence are the first evicted (its prefix is the most shared)."""
-        given = set(blocks)
-        shared = given & self._refs.keys()
-        plain = given - shared
-        refs = self._refs
-        if (len(given) != len(blocks) or not plain <= self._held
-                or any(refs[block] == 0 for block in shared)):  # fmt: skip
-            raise ValueError(f"KV blocks {sorted(blocks)} are not all held: not allocated")
-        self._held -= plain
-        if not shared:  # nothing was ever shared: one bulk move
+        """Let go of ``blocks`` once each (checked: any not held, or listed twice, refuses
+        the whole call). A block nobody holds any more is free; a cached one stays
+        findable, and a sequence's last blocks are the first evicted (its prefix is the
+        most shared)."""
+        if not self._single and not self._multi:  # nothing shared: one bulk move
+            self._check_plain(blocks, set(blocks) if self._held is not None else set())
             self._plain.extend(reversed(blocks))
             return
-        for block in reversed(blocks):
-            count = refs.get(block)
-            if count is None:
-                self._plain.append(block)
-            elif count == 1:
-                self._release_shared(block)
+        given = set(blocks)
+        singles = given & self._single
+        multis = given & self._multi.keys()
+        plain = given - singles - multis
+        self._check_plain(blocks, plain, given)
+        if plain:
+            self._plain.extend(b for b in reversed(blocks) if b in plain)
+        if singles:
+            self._release_singles([b for b in reversed(blocks) if b in singles], singles)
+        multi = self._multi
+        for block in multis:
+            count = multi[block] - 1
+            if count == 1:
+                del multi[block]
+                self._single.add(block)
             else:
-                refs[block] = count - 1
+                multi[block] = count
 
-    def _release_shared(self, block: int) -> None:
-        """A shared block's last holder let go: findable, it waits in the LRU; no longer
-        findable (forgotten), it is plain and free again."""
-        if block in self._hashes:
-            self._refs[block] = 0
-            self._evictable[block] = None
-        else:
-            del self._refs[block]
-            self._plain.append(block)
+    def _check_plain(self, blocks: Sequence[int], plain: set[int],
+                     given: set[int] | None = None) -> None:  # fmt: skip
+        """Checked: the plain ones are held, and nothing is listed twice."""
+        held = self._held
+        if held is None:
+            return
+        unique = len(given if given is not None else plain) == len(blocks)
+        if not unique or not plain <= held:
+            raise ValueError(f"KV blocks {sorted(blocks)} are not all held: not allocated")
+        held -= plain
+
+    def _release_singles(self, ordered: list[int], singles: set[int]) -> None:
+        """Their last holder let go: findable, they wait in the LRU (in ``ordered``'s
+        order); forgotten (no hash), they are plain and free again."""
+        self._single -= singles
+        hashes = self._hashes
+        if not hashes.keys() >= singles:  # (a view against a set: iterates the set only)
+            self._plain.extend(b for b in ordered if b not in hashes)
+            ordered = [b for b in ordered if b in hashes]
+        self._evictable.update(dict.fromkeys(ordered))
 
     def lookup(self, hashes: Iterable[BlockHash]) -> list[int]:
         """The cached blocks of the longest run of ``hashes`` from the first."""
-        found = []
         cached = self._cached
-        for block_hash in hashes:
-            block = cached.get(block_hash)
-            if block is None:
-                break
-            found.append(block)
-        return found
+        return list(map(cached.__getitem__, itertools.takewhile(cached.__contains__, hashes)))
 
-    def num_evictable(self, blocks: Iterable[int]) -> int:
+    def num_evictable(self, blocks: Sequence[int]) -> int:
         """How many of ``blocks`` (cached ones) are free now: a hit on one takes a free
         block."""
-        refs = self._refs
-        return sum(1 for block in blocks if refs[block] == 0)
+        return len(self._evictable.keys() & blocks)
 
     def cache(self, request_id: str, first_block: int, blocks: Sequence[int],
               hashes: Sequence[BlockHash], parent: BlockHash | None) -> None:  # fmt: skip
         """Make held, fully written ``blocks`` findable by ``hashes`` (aligned). A hash
         another block already holds stays with that block (first come keeps it), and the
         chain stops there."""
-        stored: list[BlockHash] = []
-        block_hashes, cached, refs, held = self._hashes, self._cached, self._refs, self._held
+        if not blocks:
+            return
+        is_fresh = (
+            self._cached.keys().isdisjoint(hashes)
+            and self._hashes.keys().isdisjoint(blocks)
+            and self._single.isdisjoint(blocks)
+            and self._multi.keys().isdisjoint(blocks)
+        )
+        count = len(blocks) if is_fresh else self._fresh_run(blocks, hashes)
+        if count == 0:
+            return
+        stored, cached_blocks = tuple(hashes[:count]), blocks[:count]
+        self._hashes.update(zip(cached_blocks, stored, strict=True))
+        self._cached.update(zip(stored, cached_blocks, strict=True))
+        self._single.update(cached_blocks)  # plain until now: one holder
+        if self._held is not None:
+            self._held.difference_update(cached_blocks)
+        self.events.append(BlockStored(request_id, first_block, stored, parent))
+
+    def _fresh_run(self, blocks: Sequence[int], hashes: Sequence[BlockHash]) -> int:
+        """How many leading blocks can be cached: plain ones whose hash nobody holds."""
+        count = 0
         for block, block_hash in zip(blocks, hashes, strict=True):
-            if block in block_hashes or block_hash in cached:
+            tracked = block in self._single or block in self._multi or block in self._hashes
+            if tracked or block_hash in self._cached:
                 break  # the chain continues from a block that is not this one's
-            if block in held:  # plain until now: one holder
-                held.discard(block)
-                refs[block] = 1
-            block_hashes[block] = block_hash
-            cached[block_hash] = block
-            stored.append(block_hash)
-        if stored:
-            self.events.append(BlockStored(request_id, first_block, tuple(stored), parent))
+            count += 1
+        return count
 
     def uncache(self, blocks: Iterable[int]) -> None:
         """Forget what ``blocks`` hold (their KV is not what the hash says: a failed
-        prefill); they stay held, counted as shared until their holders let go."""
+        prefill); they stay held, and become plain and free when their holders let go."""
         removed = []
         for block in blocks:
             block_hash = self._hashes.get(block)
@@ -250,10 +294,9 @@ class BlockPool:
 
     def clear_cache(self) -> None:
         """Forget every cached prefix (held blocks stay held)."""
-        for block in self._evictable:
-            del self._refs[block]
-            self._plain.append(block)
-        self._evictable.clear()
+        self._plain.extend(self._evictable)
+        self._evictable = {}
+        self._num_holes = 0
         self._cached.clear()
         self._hashes.clear()
         self.events.append(AllBlocksCleared())
@@ -263,10 +306,22 @@ class BlockPool:
         return events
 
     def num_holders(self, block: int) -> int:
-        count = self._refs.get(block)
-        if count is not None:
-            return count
-        return 1 if block in self._held else 0
+        """How many hold ``block`` (unchecked pools look a plain one up in the free list:
+        slow, for tests)."""
+        if block in self._single:
+            return 1
+        if block in self._multi:
+            return self._multi[block]
+        if block in self._evictable:
+            return 0
+        if self._held is not None:
+            return 1 if block in self._held else 0
+        return 0 if block in self._plain else 1
 
     def cached_block(self, block_hash: BlockHash) -> int | None:
         return self._cached.get(block_hash)
+
+
+def _each(function: Callable[[Any], object], items: Iterable[Any]) -> None:
+    """``function`` on every item, looped in C (a deque that keeps nothing)."""
+    collections.deque(map(function, items), maxlen=0)

@@ -50,6 +50,9 @@ class SchedulerConfig:
     # Prefix caching (genpool_core.kv_account): admissions share the cached blocks their
     # prompt starts with. Needs a KV budget and requests that carry block hashes.
     enable_prefix_caching: bool = False
+    # Check every KV block release against what is held (tests, debugging): a pass costs
+    # more; off, the block pool trusts the scheduler's calls (genpool_core.kv_blocks).
+    check_kv: bool = False
 
 
 class GenScheduler(SchedulerViews):
@@ -67,7 +70,8 @@ class GenScheduler(SchedulerViews):
         settings = policy.settings
         self.max_batch_size = cap.max_batch_size
         self.slots = SlotPool(cap.max_batch_size, cap.resident_headroom, cap.max_resident_headroom)
-        self.kv = KVAccount(self.config.kv_budget, is_caching=self.config.enable_prefix_caching)
+        self.kv = KVAccount(self.config.kv_budget, is_caching=self.config.enable_prefix_caching,
+                            is_checked=self.config.check_kv)  # fmt: skip
         target = AdaptiveTarget(
             settings.admission_target_min_s,
             settings.admission_target_max_s,

@@ -20,6 +20,7 @@ def make_scheduler(
     max_num_active_requests: int | None = None,
     **config: object,
 ) -> GenScheduler:
+    config.setdefault("check_kv", True)  # every block release checked against the holders
     scheduler = GenScheduler.from_settings(
         settings or {},
         GenCapacity(max_batch_size, max_num_active_requests),

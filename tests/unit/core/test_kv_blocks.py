@@ -43,6 +43,36 @@ def test_the_pool_never_hands_out_a_held_block_and_every_rank_agrees(
         assert pool.num_free == len(free) and pool.num_used == 24 - len(free)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["alloc", "free", "cache", "hit"]), st.integers(0, 8)),
+                max_size=60))  # fmt: skip
+def test_an_unchecked_pool_decides_exactly_as_a_checked_one(ops: list[tuple[str, int]]) -> None:
+    checked, trusting = BlockPool(KVBudget(20, 16)), BlockPool(KVBudget(20, 16), is_checked=False)
+    held: list[list[int]] = []
+    for op, n in ops:
+        if op == "alloc" and checked.can_allocate(n):
+            held.append(checked.allocate(n))
+            assert trusting.allocate(n) == held[-1]
+        elif op == "free" and held:
+            blocks = held.pop(n % len(held))
+            checked.free(blocks)
+            trusting.free(blocks)
+        elif op == "cache" and held:
+            blocks = held[n % len(held)]
+            hashes = [(1 << 63) | (n << 8) | i for i in range(len(blocks))]
+            checked.cache("r", 0, blocks, hashes, None)
+            trusting.cache("r", 0, blocks, hashes, None)
+        elif op == "hit" and held:
+            hits = checked.lookup([(1 << 63) | (n << 8)])
+            assert trusting.lookup([(1 << 63) | (n << 8)]) == hits
+            checked.touch(hits)
+            trusting.touch(hits)
+            held.append(hits)
+        assert checked.take_events() == trusting.take_events()
+        assert (checked.num_free, checked.num_cached) == (trusting.num_free, trusting.num_cached)
+        assert all(checked.num_holders(b) == trusting.num_holders(b) for b in range(20))
+
+
 def test_a_fresh_pool_hands_out_consecutive_ids_from_zero() -> None:
     pool = BlockPool(KVBudget(8, 16))
     assert pool.allocate(3) == [0, 1, 2] and pool.allocate(2) == [3, 4]
