@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.provenance import provenance
+
 # name -> module; the name is also the results file name.
 BENCHMARKS: dict[str, str] = {
     "scheduler": "bench.scheduler",
@@ -78,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         module: Any = importlib.import_module(BENCHMARKS[name])
         print(f"== {name} ==", flush=True)
         result = module.run(quick=args.quick)
+        argv_of = [name, *(["--quick"] if args.quick else [])]
+        result = {**provenance("bench.run", argv_of), **result}
         path = results_dir / f"{name}.json"
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(module.format_table(result))
