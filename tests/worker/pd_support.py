@@ -165,7 +165,11 @@ class StallingProxy:
                 client, _ = self._server.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            except OSError:  # the upstream is gone (killed): the client sees a closed socket
+                client.close()
+                continue
             threading.Thread(target=self._pump, args=(client, upstream, None), daemon=True).start()
             threading.Thread(
                 target=self._pump, args=(upstream, client, self.limit), daemon=True

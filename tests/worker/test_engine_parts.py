@@ -133,8 +133,8 @@ def test_output_waits_for_complete_utf8_and_closes_with_the_plans_reason() -> No
         output.on_finished(request, FinishReason.STOP)
         loop.run_until_complete(asyncio.sleep(0))  # deliver the thread-safe callbacks
         assert drain(request) == [
-            TokenDelta("h"),
-            TokenDelta("é"),
+            TokenDelta("h", num_output_tokens=1),
+            TokenDelta("é", num_output_tokens=3),  # held until its second byte, the 3rd token
             Finished(FinishReason.STOP, Usage(prompt_tokens=1, completion_tokens=4)),
         ]
     finally:
