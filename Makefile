@@ -24,9 +24,11 @@ setup: $(STAMP)
 # kopf blocked (tests/unit/conftest.py), so it proves it needs none of them.
 UNIT_PURE := GENPOOL_UNIT_PURE=1
 
-# Everything (CI): lint, the unit tier on its own (blocked imports), then every other tier.
-test: lint
-	$(UNIT_PURE) $(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+# Everything (CI): lint beside the unit tier on its own (blocked imports; both pure and
+# single-threaded, so on 2 cores they share the machine without slowing each other), then
+# every other tier. --output-sync keeps each one's output together.
+test: setup
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint unit
 	$(PY) -m pytest -q --durations=10 -m 'not unit' tests $(PYTEST_ARGS)
 
 unit: setup

@@ -58,9 +58,28 @@ def tier_of(path: Path) -> str:
     return TIER_OF_DIR[parts[0]]
 
 
+# Seconds spent per tier (set-up, call and tear-down of its tests), printed at the end of
+# the run so that CI's log shows where the suite's budget goes (docs/architecture.md).
+_TIER_OF_TEST: dict[str, str] = {}
+_TIER_SECONDS: dict[str, float] = {}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(tier_of(item.path))
+        tier = tier_of(item.path)
+        item.add_marker(tier)
+        _TIER_OF_TEST[item.nodeid] = tier
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    tier = _TIER_OF_TEST.get(report.nodeid, "other")
+    _TIER_SECONDS[tier] = _TIER_SECONDS.get(tier, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _TIER_SECONDS:
+        spent = ", ".join(f"{t} {s / 60:.1f} min" for t, s in sorted(_TIER_SECONDS.items()))
+        terminalreporter.write_line(f"time by tier: {spent}")
 
 
 @dataclass(frozen=True)

@@ -218,6 +218,9 @@ def test_the_pd_example_starts_and_serves_through_both_tiers(
             and s.get("ready") == "1/1"
             and (s.get("prefill") or {}).get("ready") == "1/1"
             and (s.get("prefill") or {}).get("decodeInSync") == "1/1"
+            # A round can run before the prefill pod is ready (endpoints [], in sync) and the
+            # StatefulSet's mirror report it ready after: wait for the round that found it.
+            and len((s.get("prefill") or {}).get("endpoints") or ()) == 1
             and s
         ),
         timeout=240,

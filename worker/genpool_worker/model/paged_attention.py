@@ -27,7 +27,8 @@ short contexts at that measured geometry: without it a 200-key row would be cut 
 7 one-tile programs, each paying the Q load and a partial-output write for 32 keys.
 Up to ``NUM_SPLITS * MIN_SPLIT`` (2048) keys the pieces are the previous kernel's;
 beyond, the pieces grow instead of the grid. ``bench/gpu_check.py`` times these
-settings against others (``attention_sweep`` in bench/results/gpu_check.json).
+settings against others (its ``attention_sweep``); this kernel has not run on a GPU yet,
+so the stored bench/results/gpu_check.json (the previous kernel's) has no such entry.
 """
 
 from __future__ import annotations
