@@ -56,15 +56,16 @@ def run_worker(
     if wrap_model is not None:
         runner.model = wrap_model(runner.model)
     metrics = WorkerMetrics(runner.info.name, runner.info.is_synthetic)
-    pd = build_pd(runner, runner.info, metrics, PDSettings.from_config(config, kv_secret))
+    kv_transfer = build_pd(runner, runner.info, metrics, PDSettings.from_config(config, kv_secret))
     engine = GenEngine(runner, tokenizer, scheduler, on_step=metrics.observe_step,
-                       observer=observer, kv_connector=pd.connector)  # fmt: skip
+                       observer=observer, kv_connector=kv_transfer.connector)  # fmt: skip
     # As the CLI wires it (worker_cli._serve): a binding "*" is the server's 127.0.0.1.
     kv_events = start_kv_events(config.kv_events(), runner.info.kv_block_size, "127.0.0.1")
     engine.kv_events = metrics.kv_events = kv_events
     app = create_app(engine, tokenizer, metrics, admin_token=admin_token,
                      stamp_arrival=config.stamp_arrival,
-                     max_arrival_age_s=config.max_arrival_age_s, pd=pd)  # fmt: skip
+                     max_arrival_age_s=config.max_arrival_age_s,
+                     kv_transfer=kv_transfer)  # fmt: skip
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -2,18 +2,21 @@
 before a request queues, what each of its prompts' KV does (``kv_connector.KVTransfer``),
 so that a transfer that takes a while (a pull over the network) never stalls the
 engine's pass; what a whole reply adds from its finished requests; what a finished
-request reports. ``NoKVEdge`` is a colocated worker's; P/D's is ``pd.edge``."""
+request reports. ``NoKVEdge`` is a colocated worker's; P/D's is ``pd.edge``.
+``KVTransferParts`` is what the wiring hands the app of a worker whose KV moves."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fastapi import Request
+from fastapi import APIRouter, Request
 
 from genpool_worker.api import GenerationRequest
 from genpool_worker.engine_io import EngineRequest
-from genpool_worker.kv_connector import KVTransfer
+from genpool_worker.kv_connector import KVConnector, KVTransfer
+from genpool_worker.openapi import Bodies
 
 
 class KVEdge(Protocol):
@@ -53,3 +56,16 @@ class NoKVEdge:
 
     def on_finished(self, submitted: EngineRequest) -> None:
         pass
+
+
+@dataclass(frozen=True, slots=True)
+class KVTransferParts:
+    """A worker's KV transfer, built before its engine (P/D's: ``pd.setup.build_pd``):
+    ``connector``, the engine's (``GenEngine(kv_connector=...)``); ``edge``, what the
+    routes call, over the same connector; ``router`` and ``openapi_bodies``, the routes it
+    adds to the worker's app (``server.create_app(kv_transfer=...)``)."""
+
+    connector: KVConnector
+    edge: KVEdge
+    router: APIRouter
+    openapi_bodies: Bodies

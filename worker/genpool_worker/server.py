@@ -21,11 +21,9 @@ from genpool_worker.api import DEFAULT_MAX_ARRIVAL_AGE_S
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
 from genpool_worker.http_common import ApiError, ServerContext, context_of, error_response
-from genpool_worker.kv_edge import KVEdge, NoKVEdge
+from genpool_worker.kv_edge import KVEdge, KVTransferParts, NoKVEdge
 from genpool_worker.metrics import WorkerMetrics
 from genpool_worker.openapi import install_openapi
-from genpool_worker.pd import routes as pd_routes
-from genpool_worker.pd.setup import PDParts
 
 INVALID_STATUSES = (400, 413, 422)  # counted as ``genpool_requests_total{outcome="invalid"}``
 ERROR_KINDS = {404: "not_found_error", 405: "invalid_request_error"}
@@ -70,16 +68,17 @@ def create_app(
     admin_token: str | None = None,
     stamp_arrival: bool = True,
     max_arrival_age_s: float = DEFAULT_MAX_ARRIVAL_AGE_S,
-    pd: PDParts | None = None,
+    kv_transfer: KVTransferParts | None = None,
     aliases: tuple[str, ...] = (),
 ) -> FastAPI:
-    """``pd``: the worker's P/D parts (``pd.setup.build_pd``), whose connector ``engine``
-    was built with; None: no P/D (no KV moves in or out, no P/D routes)."""
+    """``kv_transfer``: the parts of a worker whose KV moves in or out (built by the
+    wiring, ``worker_cli``), whose connector ``engine`` was built with; None: a colocated
+    worker (no KV moves, no routes beyond the worker's own)."""
     app = FastAPI(title="GenPool GEN worker", docs_url=None, redoc_url=None)
     edge: KVEdge = NoKVEdge()
-    if pd is not None:
-        assert engine.kv_connector is pd.connector, "build the engine with the P/D connector"
-        edge = pd.edge
+    if kv_transfer is not None:
+        assert engine.kv_connector is kv_transfer.connector, "build the engine with its connector"
+        edge = kv_transfer.edge
     app.state.context = ServerContext(
         engine, tokenizer, metrics, edge, admin_token=admin_token,
         stamp_arrival=stamp_arrival, max_arrival_age_s=max_arrival_age_s, aliases=aliases,
@@ -91,7 +90,7 @@ def create_app(
     app.add_exception_handler(Exception, _internal_error)
     for module in (completions_route, chat_route, render_routes, status_routes, admin_routes):
         app.include_router(module.router)
-    if pd is not None:
-        app.include_router(pd_routes.router)
-    install_openapi(app, pd_routes.OPENAPI_BODIES if pd is not None else None)
+    if kv_transfer is not None:
+        app.include_router(kv_transfer.router)
+    install_openapi(app, kv_transfer.openapi_bodies if kv_transfer is not None else None)
     return app

@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
     from genpool_worker.engine_io import Coordinator
+    from genpool_worker.kv_edge import KVTransferParts
     from genpool_worker.model_runner import TorchModelRunner
-    from genpool_worker.pd.setup import PDParts
 
 log = logging.getLogger("genpool.worker")
 RANK_DEATH_GRACE_S = 1.0
@@ -207,15 +207,15 @@ def _run(config: WorkerConfig, scheduler: GenScheduler) -> int:
         log.info("model %s is SYNTHETIC: no weights, simulated step times", info.name)
     metrics = WorkerMetrics(info.name, info.is_synthetic)
     # P/D's parts over the runner's KV cache: its connector goes into the engine.
-    pd = build_pd(runner, info, metrics,
-                  PDSettings.from_config(config, read_kv_secret(config, os.environ)))  # fmt: skip
+    settings = PDSettings.from_config(config, read_kv_secret(config, os.environ))
+    kv_transfer = build_pd(runner, info, metrics, settings)
     engine = GenEngine(runner, tokenizer, scheduler, on_step=metrics.observe_step,
-                       coordinator=coordinator, kv_connector=pd.connector)  # fmt: skip
+                       coordinator=coordinator, kv_connector=kv_transfer.connector)  # fmt: skip
     if followers:
         from genpool_worker.multirank import watch_followers
 
         watch_followers(followers, lambda rank, code: _rank_died(engine, rank, code))
-    return _serve(engine, tokenizer, metrics, config, pd)
+    return _serve(engine, tokenizer, metrics, config, kv_transfer)
 
 
 def _start_followers(
@@ -240,7 +240,7 @@ def _start_followers(
 
 
 def _serve(engine: GenEngine, tokenizer: Tokenizer, metrics: WorkerMetrics,
-           config: WorkerConfig, pd: PDParts) -> int:  # fmt: skip
+           config: WorkerConfig, kv_transfer: KVTransferParts) -> int:  # fmt: skip
     """Rank 0: the engine thread and the HTTP server until the server stops (SIGTERM, or
     the engine died)."""
     import uvicorn
@@ -254,7 +254,7 @@ def _serve(engine: GenEngine, tokenizer: Tokenizer, metrics: WorkerMetrics,
         admin_token=os.environ.get("GENPOOL_ADMIN_TOKEN") or None,
         stamp_arrival=config.stamp_arrival,
         max_arrival_age_s=config.max_arrival_age_s,
-        pd=pd,
+        kv_transfer=kv_transfer,
         aliases=(config.model,),
     )
     http = uvicorn.Config(app, host=config.host, port=config.port, log_level="warning")

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from genpool_core.field_help import describe, help_for
 from genpool_core.kv_blocks import KVBudget
@@ -30,17 +30,13 @@ from genpool_core.preemption import GenCapacity, GenPreemptionSettings
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
 from genpool_core.stat_fields import MIN_STAT_INTERVAL_S
 from genpool_worker.api import DEFAULT_MAX_ARRIVAL_AGE_S
-from genpool_worker.host_port import parse_endpoints
 from genpool_worker.kv_events_config import FLAG as KV_EVENTS_FLAG
 from genpool_worker.kv_events_config import KVEventsConfig, parse_kv_events_config
+from genpool_worker.pd.flags import PDFlags
 
 DESCRIPTION = "One GEN worker process: model, engine and HTTP API."
 CONFIG_ENV = "GENPOOL_WORKER_CONFIG"
 Mode = Literal["off", "tpot_budget", "target_output_tps"]
-DEFAULT_KV_EXPORT_TIMEOUT_S = 30.0  # a prefill leg's KV waits this long for its pull
-# The KV import caps (docs/pd.md#the-pull): pulls in flight, and pulled bytes held.
-DEFAULT_MAX_KV_PULLS = 8
-DEFAULT_MAX_KV_IMPORT_BYTES = 1 << 30  # 1 GiB of host memory for pulled KV
 # --max-seq-len unset: the model's context, at most this (tokens). Off CUDA the default KV
 # cache is B + max headroom requests of it, so the CPU cap keeps that memory bounded.
 MAX_SEQ_LEN_CAP = 2048
@@ -98,9 +94,10 @@ def _preemption(name: str) -> str:
     return describe(GenPreemptionSettings, name)
 
 
-class WorkerConfig(BaseModel):
+class WorkerConfig(PDFlags):
     """Everything the CRD's engine and preemption sections can set, checked once. A field
-    that is also a ``GenCapacity`` or ``GenPreemptionSettings`` field has its description."""
+    that is also a ``GenCapacity`` or ``GenPreemptionSettings`` field has its description.
+    The KV transfer flags are inherited whole (their module says what they do)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -241,49 +238,6 @@ class WorkerConfig(BaseModel):
         " queue, makes it more at risk or adds more to its TTFT (docs/design.md"
         "#keyed-by-default); raise it for a router that queues requests longer",
     )
-    role: Literal["both", "prefill", "decode"] = Field(
-        default="both",
-        description="both (prefill and decode here), prefill (a P/D prefill tier: serves"
-        " prefill legs and holds their KV for a decode worker to pull) or decode (pulls a"
-        " prefill tier's KV; sends the prefill leg itself to --prefillers); docs/pd.md",
-    )
-    prefillers: str = Field(
-        default="",
-        description="prefill workers this worker sends prefill legs to, host:port,..."
-        " (round robin; PUT /prefillers replaces them); empty: only when a request carries"
-        " x-prefiller-host-port",
-    )
-    trust_prefiller_header: bool = Field(
-        default=False,
-        description="follow x-prefiller-host-port to any endpoint a router names; off: only"
-        " to known prefill workers (--prefillers, PUT /prefillers), so a client cannot make"
-        " this worker send requests elsewhere (docs/operations.md#threat-model)",
-    )
-    kv_secret_file: str | None = Field(
-        default=None,
-        description="file holding the pool's KV secret: pulls and cancels of this worker's"
-        " KV need it, and this worker's own pulls send it (unset: GENPOOL_KV_SECRET_FILE,"
-        " else pulls are open); the operator mounts it from <pool>-kv-secret",
-    )
-    max_kv_pulls: int = Field(
-        default=DEFAULT_MAX_KV_PULLS,
-        ge=1,
-        le=1024,
-        description="KV pulls in flight at once, requests; past it a request is a 503",
-    )
-    max_kv_import_bytes: int = Field(
-        default=DEFAULT_MAX_KV_IMPORT_BYTES,
-        ge=1,
-        description="pulled KV held in host memory (in flight, or waiting for admission),"
-        " bytes; past it a request is a 503",
-    )
-    kv_export_timeout_s: float = Field(
-        default=DEFAULT_KV_EXPORT_TIMEOUT_S,
-        gt=0,
-        le=3600,
-        description="how long a prefill leg's KV blocks stay held for the decode worker's"
-        " pull before they are freed, seconds",
-    )
     synthetic_time_scale: float = Field(
         default=1.0,
         ge=0,
@@ -324,20 +278,12 @@ class WorkerConfig(BaseModel):
             raise ValueError("--preemption-mode target_output_tps needs --target-output-tps")
         if self.mode is PreemptionMode.TPOT_BUDGET and self.tpot_budget is None:
             raise ValueError("--preemption-mode tpot_budget needs --tpot-budget")
-        self._check_pd()
+        self.check_roles(self.tensor_parallel_size)
         events = self.kv_events()
         if events is not None and events.is_publishing and not self.enable_prefix_caching:
             raise ValueError(f"{KV_EVENTS_FLAG} publishes the prefix cache's blocks: it needs"
                              " --enable-prefix-caching")  # fmt: skip
         return self
-
-    def _check_pd(self) -> None:
-        if self.role != "both" and self.tensor_parallel_size != 1:
-            raise ValueError(f"--role {self.role} needs --tensor-parallel-size 1 (P/D moves"
-                             " the KV of one rank; docs/pd.md)")  # fmt: skip
-        if self.role == "prefill" and self.prefillers:
-            raise ValueError("--prefillers is for a decode worker, not --role prefill")
-        parse_endpoints(self.prefillers.split(","))
 
     def prefill_budget(self) -> int | None:
         """The scheduler's per-pass prefill budget: None for whole prefills (``0``)."""
@@ -368,7 +314,10 @@ class WorkerConfig(BaseModel):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="genpool-worker", description=DESCRIPTION)
-    for name, field in WorkerConfig.model_fields.items():
+    # The inherited flags come first in model_fields; --help lists the engine's first.
+    inherited = PDFlags.model_fields
+    fields = WorkerConfig.model_fields.items()
+    for name, field in sorted(fields, key=lambda item: item[0] in inherited):
         flag = "--" + name.replace("_", "-")
         text = help_for(WorkerConfig, name)
         if field.annotation is bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from genpool_worker.worker_config import DEFAULT_MAX_KV_IMPORT_BYTES, DEFAULT_MAX_KV_PULLS
+from genpool_worker.pd.flags import DEFAULT_MAX_KV_IMPORT_BYTES, DEFAULT_MAX_KV_PULLS
 
 
 class ImportCapReached(Exception):

@@ -1,5 +1,6 @@
 """A worker's P/D parts (docs/pd.md#roles), built before its engine: the KV connector the
-engine is constructed with, and the edge its routes call (``server.create_app``)."""
+engine is constructed with, the edge its routes call and P/D's own routes, handed to
+``server.create_app`` as ``kv_edge.KVTransferParts``."""
 
 from __future__ import annotations
 
@@ -8,19 +9,21 @@ from dataclasses import dataclass
 from genpool_worker.engine_io import ModelInfo
 from genpool_worker.host_port import parse_endpoints
 from genpool_worker.kv_connector import KVCachePort
+from genpool_worker.kv_edge import KVTransferParts
 from genpool_worker.metrics import WorkerMetrics
+from genpool_worker.pd import routes
 from genpool_worker.pd.connector import PDConnector
 from genpool_worker.pd.context import PDContext, Role
 from genpool_worker.pd.edge import PDEdge
 from genpool_worker.pd.endpoints import Prefillers
-from genpool_worker.pd.import_budget import ImportBudget
-from genpool_worker.pd.metrics import PDMetrics
-from genpool_worker.worker_config import (
+from genpool_worker.pd.flags import (
     DEFAULT_KV_EXPORT_TIMEOUT_S,
     DEFAULT_MAX_KV_IMPORT_BYTES,
     DEFAULT_MAX_KV_PULLS,
-    WorkerConfig,
+    PDFlags,
 )
+from genpool_worker.pd.import_budget import ImportBudget
+from genpool_worker.pd.metrics import PDMetrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,25 +37,16 @@ class PDSettings:
     max_kv_import_bytes: int = DEFAULT_MAX_KV_IMPORT_BYTES
 
     @classmethod
-    def from_config(cls, config: WorkerConfig, kv_secret: str | None = None) -> PDSettings:
+    def from_config(cls, config: PDFlags, kv_secret: str | None = None) -> PDSettings:
         prefillers = parse_endpoints(config.prefillers.split(","))
         return cls(Role(config.role), prefillers, config.kv_export_timeout_s, kv_secret,
                    config.trust_prefiller_header, config.max_kv_pulls,
                    config.max_kv_import_bytes)  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
-class PDParts:
-    """``connector``: the engine's (``GenEngine(kv_connector=...)``); ``edge``: the
-    routes' (``create_app(pd=...)``), over the same connector."""
-
-    connector: PDConnector
-    edge: PDEdge
-
-
 def build_pd(
     cache: KVCachePort, info: ModelInfo, metrics: WorkerMetrics, settings: PDSettings
-) -> PDParts:
+) -> KVTransferParts:
     """The role's parts over the runner's KV ``cache``: a worker that exports gets the
     registry its connector feeds (and sweeps); a cache without a layout (tensor
     parallelism) moves no KV."""
@@ -76,4 +70,4 @@ def build_pd(
                         Prefillers(settings.prefillers), kv_secret=settings.kv_secret or None,
                         trusts_prefiller_header=settings.trusts_prefiller_header,
                         imports=budget, vocab_size=info.vocab_size)  # fmt: skip
-    return PDParts(connector, PDEdge(context))
+    return KVTransferParts(connector, PDEdge(context), routes.router, routes.OPENAPI_BODIES)
