@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -44,19 +45,22 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_worker(*extra: str) -> tuple[str, subprocess.Popen[bytes]]:
-    """A fuzz worker process on loopback, once it is ready (its URL and process)."""
+def start_worker(
+    *extra: str, base: Sequence[str] = WORKER_ARGS
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """A worker process on loopback (``base`` and ``extra`` its flags: the fuzz worker's
+    by default), once it is ready (its URL and process)."""
     port = _free_port()
     env = dict(os.environ) | {"GENPOOL_ADMIN_TOKEN": secrets.token_hex(16)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "genpool_worker.worker_cli", *WORKER_ARGS, "--port", str(port),
+        [sys.executable, "-m", "genpool_worker.worker_cli", *base, "--port", str(port),
          *extra], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"the fuzz worker exited with {process.returncode}")
+            raise RuntimeError(f"the worker exited with {process.returncode}")
         try:
             if httpx.get(url + "/ready", timeout=1).status_code == 200:
                 return url, process
@@ -64,7 +68,7 @@ def start_worker(*extra: str) -> tuple[str, subprocess.Popen[bytes]]:
             pass
         time.sleep(0.1)
     process.kill()
-    raise RuntimeError("the fuzz worker did not get ready")
+    raise RuntimeError("the worker did not get ready")
 
 
 def fuzz(url: str, openapi_cases: int, body_cases: int, seed_value: int) -> dict[str, Any]:

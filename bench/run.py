@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, str] = {
     "kv_residents": "bench.kv_residents",
     "fuzz": "bench.fuzz",
     "faults": "bench.faults",
+    "guidellm": "bench.guidellm_bench",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
