@@ -2,8 +2,8 @@
 
 The benchmark client most vLLM users reach for runs as they run it (``guidellm run`` with
 a scenario file): its openai_http backend streams ``/v1/chat/completions`` with
-``stream_options: {include_usage, continuous_usage_stats}``, Poisson arrivals, synthetic
-prompts. The two runs are paired: the same seeded arrivals and prompts against a fresh
+``stream_options: {include_usage, continuous_usage_stats}``, a constant request rate,
+synthetic prompts. The two runs are paired: the same seeded arrivals and prompts against a fresh
 worker each, once with pausing (``target_output_tps`` mode, T = ``TARGET_OUTPUT_TPS``) and
 once without (``off``). Reported: guidellm's own TTFT, ITL and TPOT percentiles, its SLO
 attainment and goodput for TTFT <= ``SLO_TTFT_MS`` and TPOT <= 1000 / T ms (each request's
@@ -36,15 +36,18 @@ GUIDELLM_VENV = Path(
 ).expanduser()
 TOKENIZER_DIR = GUIDELLM_VENV / "smollm2-tokenizer"
 WORKER_ARGS = ("--model", "synthetic:demo", "--max-batch-size", "16")
-TARGET_OUTPUT_TPS = 8.0  # below the synthetic model's ~17 tok/s a request at B = 16
+TARGET_OUTPUT_TPS = 5.0  # a quarter of the synthetic model's ~20 tok/s a request at B = 16
 POLICIES = {
     "pausing": ("--preemption-mode", "target_output_tps",
                 "--target-output-tps", str(TARGET_OUTPUT_TPS)),
     "off": ("--preemption-mode", "off"),
 }  # fmt: skip
 SLO_TTFT_MS = 2000.0
-RATE = 2.0  # requests/s: about the worker's capacity at these lengths, so queues come and go
-FULL_REQUESTS = 240
+# requests/s, just past the worker's capacity here (~2.5/s at B = 16), so a queue builds. A
+# constant rate: guidellm 0.8.1's poisson profile sent ~2.4x its rate here (each of its 10
+# processes draws the same seeded delays onto one shared clock), while constant keeps it.
+RATE = 2.6
+FULL_REQUESTS = 160
 QUICK_REQUESTS = 30
 DATA = {"kind": "synthetic_text", "prompt_tokens": 128, "output_tokens": 128,
         "output_tokens_stdev": 64, "output_tokens_min": 16, "output_tokens_max": 256}  # fmt: skip
@@ -85,10 +88,10 @@ def tokenizer_dir() -> Path:
 
 
 def scenario(url: str, num_requests: int, report: Path) -> dict[str, Any]:
-    """A guidellm scenario (``guidellm run -c``): seeded Poisson load of ``num_requests``."""
+    """A guidellm scenario (``guidellm run -c``): ``num_requests`` seeded prompts at RATE."""
     return {"spec": {
         "backend": {"kind": "openai_http", "target": url},
-        "profile": {"kind": "poisson", "rate": [RATE]},
+        "profile": {"kind": "constant", "rate": [RATE]},
         "constraints": [{"kind": "max_requests", "count": num_requests}],
         "tokenizer": {"kind": "huggingface_auto", "model": str(tokenizer_dir())},
         "data": [DATA],
@@ -110,6 +113,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         stats = metrics[key]["successful"]
         summary[name] = {"mean": stats["mean"]} | {p: stats["percentiles"][p] for p in PERCENTILES}
     summary["output_tokens_per_s"] = metrics["output_tokens_per_second"]["successful"]["mean"]
+    summary["requests_per_s"] = metrics["requests_per_second"]["total"]["mean"]  # as sent
     summary["slo_attainment"] = metrics["slo_attainment"]
     goodput = metrics.get("request_goodput") or {}
     summary["goodput_requests_per_s"] = (goodput.get("successful") or {}).get("mean")

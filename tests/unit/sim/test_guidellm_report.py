@@ -24,6 +24,7 @@ def test_the_summary_takes_guidellms_own_numbers() -> None:
     assert summary["tpot_ms"]["p99"] == 58.113
     assert summary["slo_attainment"] == 1.0
     assert summary["goodput_requests_per_s"] == 6.381
+    assert summary["requests_per_s"] == 6.381
     assert summary["guidellm_version"] == "0.8.1"
 
 
