@@ -156,9 +156,14 @@ def test_closing_sends_what_is_queued() -> None:
     publisher = KVEventPublisher(config(endpoint=f"tcp://*:{port}"), 16, host="127.0.0.1")
     stream = EventStream(f"tcp://127.0.0.1:{port}")
     try:
-        stream.join(lambda k: publisher.publish(removed(1000 + k), NO_TOKENS.__getitem__),
-                    "the subscriber to join")  # fmt: skip
-        joined = publisher.counts.sent
+        probes = []  # what the join published: some may still be queued once it returns
+
+        def probe(k: int) -> None:
+            probes.append(k)
+            publisher.publish(removed(1000 + k), NO_TOKENS.__getitem__)
+
+        stream.join(probe, "the subscriber to join")
+        joined = len(probes)
         for k in range(50):
             publisher.publish(removed(k), NO_TOKENS.__getitem__)
         publisher.close()
