@@ -37,6 +37,14 @@ class RunningWorker:
         return httpx.AsyncClient(base_url=self.url, timeout=60.0)
 
 
+async def complete(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """One ``/v1/completions`` that must succeed: its first choice."""
+    reply = await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens})
+    assert reply.status_code == 200, reply.text
+    choice: dict[str, Any] = reply.json()["choices"][0]
+    return choice
+
+
 @contextmanager
 def run_worker(
     admin_token: str | None = None,

@@ -14,7 +14,7 @@ from genpool_core.request import FinishReason
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import EngineRequest
 from tests.polling import wait_for
-from tests.worker.conftest import RunningWorker, run_worker
+from tests.worker.conftest import RunningWorker, complete, run_worker
 
 Factory = Callable[..., RunningWorker]
 # 30 layers x 3 KV heads x 64 dims x K and V x 4 bytes (float32) per token.
@@ -57,10 +57,7 @@ def _complete_all(worker: RunningWorker) -> list[str]:
         async with worker.async_client() as client:
 
             async def one(prompt: str, max_tokens: int) -> str:
-                body = {"prompt": prompt, "max_tokens": max_tokens}
-                reply = await client.post("/v1/completions", json=body)
-                assert reply.status_code == 200, reply.text
-                choice = reply.json()["choices"][0]
+                choice = await complete(client, prompt, max_tokens)
                 return f"{choice['finish_reason']}: {choice['text']}"
 
             return list(await asyncio.gather(*(one(p, n) for p, n in PROMPTS)))

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Callable
 
 from tests.polling import wait_for, wait_for_async
-from tests.worker.conftest import RunningWorker
+from tests.worker.conftest import RunningWorker, complete
 from tests.worker.pd_support import metric
 
 Factory = Callable[..., RunningWorker]
@@ -33,10 +33,7 @@ def _overload(worker: RunningWorker) -> list[str]:
         async with worker.async_client() as client:
 
             async def one(prompt: str, max_tokens: int) -> str:
-                body = {"prompt": prompt, "max_tokens": max_tokens}
-                reply = await client.post("/v1/completions", json=body)
-                assert reply.status_code == 200, reply.text
-                return str(reply.json()["choices"][0]["text"])
+                return str((await complete(client, prompt, max_tokens))["text"])
 
             await asyncio.gather(*(one(SHARED + "Hi", 1) for _ in range(32)))
             arrived = worker.engine.snapshot.stats.arrivals
