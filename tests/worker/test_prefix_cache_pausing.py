@@ -20,9 +20,13 @@ SHARED = (
 )  # about 30 tokens: one full block of 16 shared, and the start of another
 PROMPTS = [f"{SHARED}Count from {i} upwards: {i}," for i in range(1, 5)]
 LENGTHS = [48, 48, 8, 8]
+# X <= slack_s (0.5 s): a keyed waiter is at risk as soon as it waits, so the short
+# requests pause the long ones whatever the machine's speed (X learned from the warm-ups
+# could otherwise exceed the long requests' whole run, and nothing would pause).
 WORKER = {"model": "smollm2-135m", "max_batch_size": 2, "max_seq_len": 512,
           "preemption_mode": "target_output_tps", "target_output_tps": 1.0, "paused_cap": 2,
-          "resident_headroom": 2, "stat_interval_s": 1.0}  # fmt: skip
+          "resident_headroom": 2, "stat_interval_s": 1.0,
+          "admission_target_max_s": 0.5}  # fmt: skip
 
 
 def _overload(worker: RunningWorker) -> list[str]:
