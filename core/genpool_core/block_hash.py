@@ -18,6 +18,7 @@ BlockHash = int  # 64 bits, as KV events carry them
 # The top bit is always set: KV event consumers (llm-d's indexer) refuse a hash below
 # 2**32, which msgpack would pack short, and refuse the whole batch with it.
 _TOP_BIT = 1 << 63
+NO_HASH = 0  # never a block's hash (the top bit is set): "holds nothing findable"
 
 _ROOT = 0  # the parent of a sequence's first block
 

@@ -18,13 +18,11 @@ as :class:`KVEvent` values for the worker's KV event publisher.
 
 from __future__ import annotations
 
-import collections
-import itertools
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from genpool_core.block_hash import BlockHash
+from genpool_core.block_hash import NO_HASH, BlockHash
+from genpool_core.kv_lru import FreedOrder
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,27 +83,34 @@ class BlockPool:
     """Reference-counted block ids ``0 .. num_blocks - 1``; ``num_blocks`` is the dummy
     (padding) block, never handed out. Check first (``can_allocate``), then mutate.
 
-    Held blocks are of three kinds, each kept so that whole tables move by C-level set,
-    dict and list operations, not a Python loop per block (the scheduling pass moves a
-    table of ~100 blocks at every admission and release): a *plain* block has one holder
-    and has not been cached since it was allocated; a *single* block is cached (or was)
-    and has one holder; a *multi* block has two or more (only cached blocks are ever
-    shared: a prefix hit finds only those) and carries its count. ``is_checked`` keeps the
-    plain blocks in use too, so that a free of a block nobody holds is refused (tests,
-    debugging); unchecked, the scheduler's calls are trusted.
+    The scheduling pass moves a table of ~100 blocks at every admission and release, so
+    the common cases cost next to nothing per block. A *plain* block (not cached since it
+    was allocated) has exactly one holder, and nothing records it: allocation and release
+    are slices of the free stack. Only a cached block can be shared (a prefix hit finds
+    only those), so a block's holder count (``_refs``, a list indexed by block id: far
+    smaller in the CPU's caches than a dict) is kept from the moment it is cached; 0 there
+    means plain. A free cached block waits in the LRU (:mod:`genpool_core.kv_lru`).
+    ``is_checked`` also keeps the plain blocks in use, so that a free of a block nobody
+    holds, or listed twice, is refused (tests, debugging); unchecked, the scheduler's
+    calls are trusted.
     """
 
     def __init__(self, budget: KVBudget, *, is_checked: bool = True) -> None:
         self.budget = budget
         n = budget.num_blocks
+        self._refs = [0] * (n + 1)  # holders of each cached block; 0: plain or free
         self._plain = list(range(n - 1, -1, -1))  # free, not cached: popped from the end
+        self._freed = FreedOrder(n)  # free but cached: oldest first (the LRU)
         self._held: set[int] | None = set() if is_checked else None  # plain blocks in use
-        self._single: set[int] = set()  # cached (or once cached), one holder
-        self._multi: dict[int, int] = {}  # two or more holders: how many
-        self._hashes: dict[int, BlockHash] = {}  # findable blocks: block -> hash
-        self._cached: dict[BlockHash, int] = {}  # hash -> the block that holds it
-        self._evictable: dict[int, None] = {}  # free but cached: oldest first (LRU)
-        self._num_holes = 0  # entries deleted from the LRU since it was last compacted
+        self._has_cached = False  # nothing ever cached: every block is plain
+        # What each block holds (NO_HASH: nothing findable), and each hash's block. An
+        # entry of ``_cached`` is live only while its block still holds that hash: an
+        # evicted block's entry is left to go stale (one list write per block instead of
+        # two dict deletions; the pass evicts ~50 blocks an admission), and the dict is
+        # rebuilt from the list when stale entries could outnumber live ones.
+        self._hash_of = [NO_HASH] * (n + 1)
+        self._cached: dict[BlockHash, int] = {}
+        self._num_cached = 0
         self.events: list[KVEvent] = []  # since the last ``take_events``
 
     @property
@@ -124,7 +129,7 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks nobody holds, cached ones included (they go when memory is needed)."""
-        return len(self._plain) + len(self._evictable)
+        return len(self._plain) + len(self._freed)
 
     @property
     def num_used(self) -> int:
@@ -133,7 +138,7 @@ class BlockPool:
     @property
     def num_cached(self) -> int:
         """Blocks that hold a cached prefix, held or not."""
-        return len(self._cached)
+        return self._num_cached
 
     def can_allocate(self, num_blocks: int) -> bool:
         return 0 <= num_blocks <= self.num_free
@@ -156,149 +161,123 @@ class BlockPool:
 
     def _evict(self, count: int) -> list[int]:
         """The ``count`` least recently freed cached blocks, forgotten: plain from now."""
-        taken = list(itertools.islice(self._evictable, count))
-        removed = [self._hashes[block] for block in taken]
-        self._forget_lru(taken)
-        _each(self._hashes.__delitem__, taken)
-        _each(self._cached.__delitem__, removed)
+        taken = self._freed.pop_oldest(count)
+        hash_of = self._hash_of
+        removed = [hash_of[block] for block in taken]
+        for block in taken:
+            hash_of[block] = NO_HASH
+        self._num_cached -= count
         self.events.append(BlockRemoved(tuple(removed)))
         return taken
 
-    def _forget_lru(self, blocks: Collection[int]) -> None:
-        """Take ``blocks`` out of the LRU. A dict used as a queue keeps the holes its
-        deleted entries leave until it is rebuilt, and iterating from the front walks them
-        (the next eviction would cost as many steps as blocks evicted so far): rebuilt
-        once the holes outnumber the entries, so an eviction stays proportional to it."""
-        _each(self._evictable.__delitem__, blocks)
-        self._num_holes += len(blocks)
-        if self._num_holes > len(self._evictable):
-            self._evictable = dict(self._evictable)
-            self._num_holes = 0
-
     def touch(self, blocks: Sequence[int]) -> None:
         """Hold cached blocks once more (a prefix hit): a free one leaves the LRU."""
-        hits = set(blocks)
-        freed = hits & self._evictable.keys()
-        singles = hits & self._single
-        self._forget_lru(freed)
-        self._single -= singles
-        self._single |= freed
-        multi = self._multi
-        multi.update(dict.fromkeys(singles, 2))
-        for block in hits - freed - singles:  # already held twice or more
-            multi[block] += 1
+        refs, freed = self._refs, self._freed
+        for block in blocks:
+            count = refs[block]
+            if not count:
+                freed.remove(block)
+            refs[block] = count + 1
 
     def free(self, blocks: Sequence[int]) -> None:
         """Let go of ``blocks`` once each (checked: any not held, or listed twice, refuses
         the whole call). A block nobody holds any more is free; a cached one stays
         findable, and a sequence's last blocks are the first evicted (its prefix is the
         most shared)."""
-        if not self._single and not self._multi:  # nothing shared: one bulk move
-            self._check_plain(blocks, set(blocks) if self._held is not None else set())
+        held = self._held
+        if held is not None:
+            self._check_held(blocks, held)
+        if not self._has_cached:  # every block plain: one bulk move
             self._plain.extend(reversed(blocks))
             return
-        given = set(blocks)
-        singles = given & self._single
-        multis = given & self._multi.keys()
-        plain = given - singles - multis
-        self._check_plain(blocks, plain, given)
-        if plain:
-            self._plain.extend(b for b in reversed(blocks) if b in plain)
-        if singles:
-            self._release_singles([b for b in reversed(blocks) if b in singles], singles)
-        multi = self._multi
-        for block in multis:
-            count = multi[block] - 1
-            if count == 1:
-                del multi[block]
-                self._single.add(block)
+        refs, hash_of = self._refs, self._hash_of
+        plain: list[int] = []
+        queued: list[int] = []
+        for block in reversed(blocks):
+            count = refs[block]
+            if count > 1:
+                refs[block] = count - 1  # others hold it still
+            elif count == 0 or not hash_of[block]:  # plain, or cached once, forgotten since
+                refs[block] = 0
+                plain.append(block)
             else:
-                multi[block] = count
+                refs[block] = 0
+                queued.append(block)
+        self._plain.extend(plain)
+        if queued:
+            self._freed.push(queued)
 
-    def _check_plain(self, blocks: Sequence[int], plain: set[int],
-                     given: set[int] | None = None) -> None:  # fmt: skip
-        """Checked: the plain ones are held, and nothing is listed twice."""
-        held = self._held
-        if held is None:
-            return
-        unique = len(given if given is not None else plain) == len(blocks)
-        if not unique or not plain <= held:
+    def _check_held(self, blocks: Sequence[int], held: set[int]) -> None:
+        """Every block is held (plain ones in ``held``, cached ones counted) and listed
+        once; the plain ones leave ``held``."""
+        refs = self._refs
+        plain = {block for block in blocks if not refs[block]}
+        is_unique = len(set(blocks)) == len(blocks)
+        if not is_unique or not plain <= held:
             raise ValueError(f"KV blocks {sorted(blocks)} are not all held: not allocated")
         held -= plain
 
-    def _release_singles(self, ordered: list[int], singles: set[int]) -> None:
-        """Their last holder let go: findable, they wait in the LRU (in ``ordered``'s
-        order); forgotten (no hash), they are plain and free again."""
-        self._single -= singles
-        hashes = self._hashes
-        if not hashes.keys() >= singles:  # (a view against a set: iterates the set only)
-            self._plain.extend(b for b in ordered if b not in hashes)
-            ordered = [b for b in ordered if b in hashes]
-        self._evictable.update(dict.fromkeys(ordered))
-
     def lookup(self, hashes: Iterable[BlockHash]) -> list[int]:
         """The cached blocks of the longest run of ``hashes`` from the first."""
-        cached = self._cached
-        return list(map(cached.__getitem__, itertools.takewhile(cached.__contains__, hashes)))
+        cached, hash_of = self._cached, self._hash_of
+        found: list[int] = []
+        for block_hash in hashes:  # (cached_block, inlined: a call per block costs)
+            block = cached.get(block_hash)
+            if block is None or hash_of[block] != block_hash:
+                break
+            found.append(block)
+        return found
 
     def num_evictable(self, blocks: Sequence[int]) -> int:
         """How many of ``blocks`` (cached ones) are free now: a hit on one takes a free
         block."""
-        return len(self._evictable.keys() & blocks)
+        refs = self._refs
+        return [refs[block] for block in blocks].count(0)
 
     def cache(self, request_id: str, first_block: int, blocks: Sequence[int],
               hashes: Sequence[BlockHash], parent: BlockHash | None) -> None:  # fmt: skip
         """Make held, fully written ``blocks`` findable by ``hashes`` (aligned). A hash
         another block already holds stays with that block (first come keeps it), and the
-        chain stops there."""
-        if not blocks:
-            return
-        is_fresh = (
-            self._cached.keys().isdisjoint(hashes)
-            and self._hashes.keys().isdisjoint(blocks)
-            and self._single.isdisjoint(blocks)
-            and self._multi.keys().isdisjoint(blocks)
-        )
-        count = len(blocks) if is_fresh else self._fresh_run(blocks, hashes)
-        if count == 0:
-            return
-        stored, cached_blocks = tuple(hashes[:count]), blocks[:count]
-        self._hashes.update(zip(cached_blocks, stored, strict=True))
-        self._cached.update(zip(stored, cached_blocks, strict=True))
-        self._single.update(cached_blocks)  # plain until now: one holder
-        if self._held is not None:
-            self._held.difference_update(cached_blocks)
-        self.events.append(BlockStored(request_id, first_block, stored, parent))
-
-    def _fresh_run(self, blocks: Sequence[int], hashes: Sequence[BlockHash]) -> int:
-        """How many leading blocks can be cached: plain ones whose hash nobody holds."""
+        chain stops there (it continues from a block that is not this one's)."""
+        hash_of, cached, refs, held = self._hash_of, self._cached, self._refs, self._held
         count = 0
         for block, block_hash in zip(blocks, hashes, strict=True):
-            tracked = block in self._single or block in self._multi or block in self._hashes
-            if tracked or block_hash in self._cached:
-                break  # the chain continues from a block that is not this one's
+            other = cached.get(block_hash)
+            if hash_of[block] or (other is not None and hash_of[other] == block_hash):
+                break
+            hash_of[block] = block_hash
+            cached[block_hash] = block
+            refs[block] = 1  # held by its writer: counted from now on
             count += 1
-        return count
+        if held is not None:
+            held.difference_update(blocks[:count])
+        self._has_cached = self._has_cached or count > 0
+        self._num_cached += count
+        if len(cached) > 2 * len(hash_of):
+            self._cached = {h: block for block, h in enumerate(hash_of) if h}
+        if count:
+            self.events.append(BlockStored(request_id, first_block, tuple(hashes[:count]), parent))
 
     def uncache(self, blocks: Iterable[int]) -> None:
         """Forget what ``blocks`` hold (their KV is not what the hash says: a failed
         prefill); they stay held, and become plain and free when their holders let go."""
-        removed = []
+        hash_of, removed = self._hash_of, []
         for block in blocks:
-            block_hash = self._hashes.get(block)
-            if block_hash is not None and self._cached.get(block_hash) == block:
-                del self._cached[block_hash], self._hashes[block]
+            block_hash = hash_of[block]
+            if block_hash:
+                hash_of[block] = NO_HASH
+                del self._cached[block_hash]  # live: it pointed to this block
                 removed.append(block_hash)
+        self._num_cached -= len(removed)
         if removed:
             self.events.append(BlockRemoved(tuple(removed)))
 
     def clear_cache(self) -> None:
         """Forget every cached prefix (held blocks stay held)."""
-        self._plain.extend(self._evictable)
-        self._evictable = {}
-        self._num_holes = 0
+        self._plain.extend(self._freed.drain())
         self._cached.clear()
-        self._hashes.clear()
+        self._hash_of = [NO_HASH] * len(self._hash_of)
+        self._num_cached = 0
         self.events.append(AllBlocksCleared())
 
     def take_events(self) -> list[KVEvent]:
@@ -308,20 +287,13 @@ class BlockPool:
     def num_holders(self, block: int) -> int:
         """How many hold ``block`` (unchecked pools look a plain one up in the free list:
         slow, for tests)."""
-        if block in self._single:
-            return 1
-        if block in self._multi:
-            return self._multi[block]
-        if block in self._evictable:
-            return 0
+        if self._refs[block] or block in self._freed:
+            return self._refs[block]
         if self._held is not None:
             return 1 if block in self._held else 0
         return 0 if block in self._plain else 1
 
     def cached_block(self, block_hash: BlockHash) -> int | None:
-        return self._cached.get(block_hash)
-
-
-def _each(function: Callable[[Any], object], items: Iterable[Any]) -> None:
-    """``function`` on every item, looped in C (a deque that keeps nothing)."""
-    collections.deque(map(function, items), maxlen=0)
+        """The block that holds ``block_hash`` now (None: not cached)."""
+        block = self._cached.get(block_hash)
+        return block if block is not None and self._hash_of[block] == block_hash else None
