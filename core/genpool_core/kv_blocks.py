@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from genpool_core.block_hash import NO_HASH, BlockHash
+from genpool_core.kv_index import PrefixIndex
 from genpool_core.kv_lru import FreedOrder
 
 
@@ -98,19 +99,14 @@ class BlockPool:
     def __init__(self, budget: KVBudget, *, is_checked: bool = True) -> None:
         self.budget = budget
         n = budget.num_blocks
-        self._refs = [0] * (n + 1)  # holders of each cached block; 0: plain or free
+        # Per block id: > 0, the holders of a cached block; 0, a plain block (held once,
+        # or free); < 0, a free cached block in the LRU (kv_lru: its entry's tick).
+        self._refs = [0] * (n + 1)
         self._plain = list(range(n - 1, -1, -1))  # free, not cached: popped from the end
-        self._freed = FreedOrder(n)  # free but cached: oldest first (the LRU)
+        self._freed = FreedOrder(self._refs)  # free but cached: oldest first (the LRU)
         self._held: set[int] | None = set() if is_checked else None  # plain blocks in use
         self._has_cached = False  # nothing ever cached: every block is plain
-        # What each block holds (NO_HASH: nothing findable), and each hash's block. An
-        # entry of ``_cached`` is live only while its block still holds that hash: an
-        # evicted block's entry is left to go stale (one list write per block instead of
-        # two dict deletions; the pass evicts ~50 blocks an admission), and the dict is
-        # rebuilt from the list when stale entries could outnumber live ones.
-        self._hash_of = [NO_HASH] * (n + 1)
-        self._cached: dict[BlockHash, int] = {}
-        self._num_cached = 0
+        self._index = PrefixIndex(n)  # what is findable, by which hashes
         self.events: list[KVEvent] = []  # since the last ``take_events``
 
     @property
@@ -138,7 +134,7 @@ class BlockPool:
     @property
     def num_cached(self) -> int:
         """Blocks that hold a cached prefix, held or not."""
-        return self._num_cached
+        return self._index.num_cached
 
     def can_allocate(self, num_blocks: int) -> bool:
         return 0 <= num_blocks <= self.num_free
@@ -162,11 +158,7 @@ class BlockPool:
     def _evict(self, count: int) -> list[int]:
         """The ``count`` least recently freed cached blocks, forgotten: plain from now."""
         taken = self._freed.pop_oldest(count)
-        hash_of = self._hash_of
-        removed = [hash_of[block] for block in taken]
-        for block in taken:
-            hash_of[block] = NO_HASH
-        self._num_cached -= count
+        removed = self._index.forget(taken)
         self.events.append(BlockRemoved(tuple(removed)))
         return taken
 
@@ -175,9 +167,10 @@ class BlockPool:
         refs, freed = self._refs, self._freed
         for block in blocks:
             count = refs[block]
-            if not count:
-                freed.remove(block)
-            refs[block] = count + 1
+            if count < 0:
+                freed.remove(block)  # held once now
+            else:
+                refs[block] = count + 1
 
     def free(self, blocks: Sequence[int]) -> None:
         """Let go of ``blocks`` once each (checked: any not held, or listed twice, refuses
@@ -190,20 +183,22 @@ class BlockPool:
         if not self._has_cached:  # every block plain: one bulk move
             self._plain.extend(reversed(blocks))
             return
-        refs, hash_of = self._refs, self._hash_of
-        plain: list[int] = []
-        queued: list[int] = []
+        refs = self._refs
+        released: list[int] = []  # nobody holds them now: last blocks first
         for block in reversed(blocks):
             count = refs[block]
             if count > 1:
                 refs[block] = count - 1  # others hold it still
-            elif count == 0 or not hash_of[block]:  # plain, or cached once, forgotten since
+            else:  # the LRU sets a queued block's count
                 refs[block] = 0
-                plain.append(block)
-            else:
-                refs[block] = 0
+                released.append(block)
+        plain = self._plain
+        queued: list[int] = []  # cached ones (plain ones and forgotten ones go plain)
+        for block, block_hash in zip(released, self._index.hashes(released), strict=True):
+            if block_hash is not NO_HASH:  # (identity: no read of a hash object's memory)
                 queued.append(block)
-        self._plain.extend(plain)
+            else:
+                plain.append(block)
         if queued:
             self._freed.push(queued)
 
@@ -211,73 +206,51 @@ class BlockPool:
         """Every block is held (plain ones in ``held``, cached ones counted) and listed
         once; the plain ones leave ``held``."""
         refs = self._refs
-        plain = {block for block in blocks if not refs[block]}
+        plain = {block for block in blocks if refs[block] <= 0}  # (< 0: free, cached)
         is_unique = len(set(blocks)) == len(blocks)
         if not is_unique or not plain <= held:
             raise ValueError(f"KV blocks {sorted(blocks)} are not all held: not allocated")
         held -= plain
 
-    def lookup(self, hashes: Iterable[BlockHash]) -> list[int]:
-        """The cached blocks of the longest run of ``hashes`` from the first."""
-        cached, hash_of = self._cached, self._hash_of
-        found: list[int] = []
-        for block_hash in hashes:  # (cached_block, inlined: a call per block costs)
-            block = cached.get(block_hash)
-            if block is None or hash_of[block] != block_hash:
-                break
-            found.append(block)
-        return found
+    def lookup(self, hashes: Sequence[BlockHash]) -> list[int]:
+        """The cached blocks of the longest run of ``hashes`` (a chain) from the first."""
+        return self._index.lookup(hashes)
 
     def num_evictable(self, blocks: Sequence[int]) -> int:
         """How many of ``blocks`` (cached ones) are free now: a hit on one takes a free
         block."""
         refs = self._refs
-        return [refs[block] for block in blocks].count(0)
+        return [refs[block] < 0 for block in blocks].count(True)
 
     def cache(self, request_id: str, first_block: int, blocks: Sequence[int],
               hashes: Sequence[BlockHash], parent: BlockHash | None) -> None:  # fmt: skip
-        """Make held, fully written ``blocks`` findable by ``hashes`` (aligned). A hash
-        another block already holds stays with that block (first come keeps it), and the
-        chain stops there (it continues from a block that is not this one's)."""
-        hash_of, cached, refs, held = self._hash_of, self._cached, self._refs, self._held
-        count = 0
-        for block, block_hash in zip(blocks, hashes, strict=True):
-            other = cached.get(block_hash)
-            if hash_of[block] or (other is not None and hash_of[other] == block_hash):
-                break
-            hash_of[block] = block_hash
-            cached[block_hash] = block
+        """Make held, fully written, plain ``blocks`` findable by ``hashes`` (aligned,
+        consecutive links of one chain). When another block holds the first hash already,
+        none are (first come keeps it; :mod:`genpool_core.kv_index`)."""
+        held = self._held
+        if held is not None and not held.issuperset(blocks):
+            raise ValueError(f"KV blocks {sorted(blocks)} are not all plain and held")
+        if not self._index.add_run(blocks, hashes):
+            return
+        refs = self._refs
+        for block in blocks:
             refs[block] = 1  # held by its writer: counted from now on
-            count += 1
         if held is not None:
-            held.difference_update(blocks[:count])
-        self._has_cached = self._has_cached or count > 0
-        self._num_cached += count
-        if len(cached) > 2 * len(hash_of):
-            self._cached = {h: block for block, h in enumerate(hash_of) if h}
-        if count:
-            self.events.append(BlockStored(request_id, first_block, tuple(hashes[:count]), parent))
+            held.difference_update(blocks)
+        self._has_cached = True
+        self.events.append(BlockStored(request_id, first_block, tuple(hashes), parent))
 
     def uncache(self, blocks: Iterable[int]) -> None:
         """Forget what ``blocks`` hold (their KV is not what the hash says: a failed
         prefill); they stay held, and become plain and free when their holders let go."""
-        hash_of, removed = self._hash_of, []
-        for block in blocks:
-            block_hash = hash_of[block]
-            if block_hash:
-                hash_of[block] = NO_HASH
-                del self._cached[block_hash]  # live: it pointed to this block
-                removed.append(block_hash)
-        self._num_cached -= len(removed)
+        removed = self._index.forget(blocks)
         if removed:
             self.events.append(BlockRemoved(tuple(removed)))
 
     def clear_cache(self) -> None:
         """Forget every cached prefix (held blocks stay held)."""
         self._plain.extend(self._freed.drain())
-        self._cached.clear()
-        self._hash_of = [NO_HASH] * len(self._hash_of)
-        self._num_cached = 0
+        self._index.clear()
         self.events.append(AllBlocksCleared())
 
     def take_events(self) -> list[KVEvent]:
@@ -287,13 +260,8 @@ class BlockPool:
     def num_holders(self, block: int) -> int:
         """How many hold ``block`` (unchecked pools look a plain one up in the free list:
         slow, for tests)."""
-        if self._refs[block] or block in self._freed:
-            return self._refs[block]
+        if self._refs[block]:
+            return max(self._refs[block], 0)
         if self._held is not None:
             return 1 if block in self._held else 0
         return 0 if block in self._plain else 1
-
-    def cached_block(self, block_hash: BlockHash) -> int | None:
-        """The block that holds ``block_hash`` now (None: not cached)."""
-        block = self._cached.get(block_hash)
-        return block if block is not None and self._hash_of[block] == block_hash else None

@@ -1,53 +1,55 @@
 """Free cached KV blocks in the order they were freed: the prefix cache's LRU
 (docs/design.md#kv-blocks).
 
-A queue of ``tick * stride + block`` entries with a tick per block: a block's entry is
-live while its tick matches, so taking a block out of the middle (a prefix hit on a free
-cached block) only resets its tick and leaves a dead entry behind, which the front skips
-when it reaches it. Every operation is a plain loop over list and deque items (what
-CPython runs fastest); a dict used as a queue would instead walk the holes its deleted
-entries leave and rebuild itself as it grows, which cost the scheduling pass tens of
-microseconds per release.
+A queue of the tables freed together (the blocks one release let go of, last first),
+each push a new tick. The pool's holder counts (a list by block id, shared with the
+pool) say which entries are live: a queued block's count is ``-tick`` of its table, so
+taking a block out of the middle (a prefix hit on a free cached block: its count
+becomes 1) leaves a dead entry behind, which the front skips when it reaches it. A push
+and a pop are plain loops over the table (what CPython runs fastest, and no object per
+block); a dict used as a queue would instead walk the holes its deleted entries leave
+and rebuild itself as it grows, which cost the scheduling pass tens of microseconds per
+release.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
-
-NOT_QUEUED = -1
 
 
 class FreedOrder:
-    def __init__(self, num_blocks: int) -> None:
-        self._stride = num_blocks + 1  # block ids 0 .. num_blocks (the dummy included)
-        self._ticks = [NOT_QUEUED] * self._stride  # the tick of each block's live entry
-        self._queue: collections.deque[int] = collections.deque()
+    def __init__(self, counts: list[int]) -> None:
+        self._counts = counts  # the pool's: < 0 for a queued block (-tick of its table)
+        self._tables: collections.deque[tuple[int, list[int]]] = collections.deque()
+        self._cursor = 0  # entries of the front table already passed
         self._tick = 0
         self._num_queued = 0  # live entries
+        self._num_entries = 0  # entries not passed yet, live or dead
 
     def __len__(self) -> int:
         return self._num_queued
 
     def __contains__(self, block: int) -> bool:
-        return self._ticks[block] != NOT_QUEUED
+        return self._counts[block] < 0
 
-    def push(self, blocks: Iterable[int]) -> None:
-        """Queue ``blocks`` (just freed, none queued) behind all queued so far, in order."""
+    def push(self, blocks: list[int]) -> None:
+        """Queue ``blocks`` (just freed, none queued; the list is kept) behind all queued
+        so far, in order."""
         self._tick += 1
-        tick, ticks, queue = self._tick, self._ticks, self._queue
-        base = tick * self._stride
-        before = len(queue)
+        tick = -self._tick
+        counts = self._counts
         for block in blocks:
-            ticks[block] = tick
-            queue.append(base + block)
-        self._num_queued += len(queue) - before
-        if len(queue) > 2 * self._stride:  # dead entries outnumber what can be live
+            counts[block] = tick
+        self._tables.append((tick, blocks))
+        self._num_queued += len(blocks)
+        self._num_entries += len(blocks)
+        if self._num_entries > 2 * len(counts):  # dead entries outnumber what can be live
             self._compact()
 
     def remove(self, block: int) -> None:
-        """Take a queued block out (it is held again); its entry dies in place."""
-        self._ticks[block] = NOT_QUEUED
+        """Take a queued block out: it is held again (its count set to 1), and its entry
+        dies in place."""
+        self._counts[block] = 1
         self._num_queued -= 1
 
     def pop_oldest(self, count: int) -> list[int]:
@@ -55,13 +57,25 @@ class FreedOrder:
         if count > self._num_queued:
             raise RuntimeError(f"{count} freed blocks asked, {self._num_queued} queued")
         taken: list[int] = []
-        ticks, queue, stride = self._ticks, self._queue, self._stride
+        counts, tables, cursor = self._counts, self._tables, self._cursor
+        passed = 0
         while len(taken) < count:
-            tick, block = divmod(queue.popleft(), stride)
-            if ticks[block] == tick:
-                ticks[block] = NOT_QUEUED
-                taken.append(block)
+            tick, blocks = tables[0]
+            start = cursor
+            end = len(blocks)
+            while cursor < end and len(taken) < count:
+                block = blocks[cursor]
+                cursor += 1
+                if counts[block] == tick:
+                    counts[block] = 0
+                    taken.append(block)
+            passed += cursor - start
+            if cursor == end:
+                tables.popleft()
+                cursor = 0
+        self._cursor = cursor
         self._num_queued -= count
+        self._num_entries -= passed
         return taken
 
     def drain(self) -> list[int]:
@@ -69,7 +83,12 @@ class FreedOrder:
         return self.pop_oldest(self._num_queued)
 
     def _compact(self) -> None:
-        ticks, stride = self._ticks, self._stride
-        self._queue = collections.deque(
-            entry for entry in self._queue if ticks[entry % stride] == entry // stride
-        )
+        counts, cursor = self._counts, self._cursor
+        tables: collections.deque[tuple[int, list[int]]] = collections.deque()
+        for tick, blocks in self._tables:
+            live = [block for block in blocks[cursor:] if counts[block] == tick]
+            cursor = 0
+            if live:
+                tables.append((tick, live))
+        self._tables, self._cursor = tables, 0
+        self._num_entries = self._num_queued

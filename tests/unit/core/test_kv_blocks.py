@@ -49,16 +49,19 @@ def test_the_pool_never_hands_out_a_held_block_and_every_rank_agrees(
 def test_an_unchecked_pool_decides_exactly_as_a_checked_one(ops: list[tuple[str, int]]) -> None:
     checked, trusting = BlockPool(KVBudget(20, 16)), BlockPool(KVBudget(20, 16), is_checked=False)
     held: list[list[int]] = []
+    fresh: list[list[int]] = []  # allocated, not cached yet
     for op, n in ops:
         if op == "alloc" and checked.can_allocate(n):
             held.append(checked.allocate(n))
+            fresh.append(held[-1])
             assert trusting.allocate(n) == held[-1]
         elif op == "free" and held:
             blocks = held.pop(n % len(held))
+            fresh = [table for table in fresh if table is not blocks]
             checked.free(blocks)
             trusting.free(blocks)
-        elif op == "cache" and held:
-            blocks = held[n % len(held)]
+        elif op == "cache" and fresh:
+            blocks = fresh.pop(n % len(fresh))
             hashes = [(1 << 63) | (n << 8) | i for i in range(len(blocks))]
             checked.cache("r", 0, blocks, hashes, None)
             trusting.cache("r", 0, blocks, hashes, None)

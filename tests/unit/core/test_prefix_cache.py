@@ -56,6 +56,11 @@ OPS = st.lists(
 )  # fmt: skip
 
 
+def _chain(family: int, length: int) -> list[int]:
+    """A chain's first ``length`` hashes (family: which prompt)."""
+    return [(1 << 63) | (family << 8) | i for i in range(length)]
+
+
 @settings(max_examples=300, deadline=None)
 @given(OPS)
 def test_the_pool_matches_a_model_of_refcounts_and_lru_eviction(
@@ -65,7 +70,8 @@ def test_the_pool_matches_a_model_of_refcounts_and_lru_eviction(
     refs = [0] * 12
     content: dict[int, int] = {}  # block -> the hash its KV is (the model's truth)
     held: list[list[int]] = []  # one entry per holder
-    stored: set[int] = set()  # hashes the events say are cached
+    fresh: list[list[int]] = []  # allocated tables, not cached yet (what a prefill writes)
+    stored: list[int] = []  # hashes the events say are cached (a block each)
     for op, n, pick in ops:
         if op == "alloc" and pool.can_allocate(n):
             blocks = pool.allocate(n)
@@ -74,33 +80,37 @@ def test_the_pool_matches_a_model_of_refcounts_and_lru_eviction(
                 refs[block] = 1
                 content.pop(block, None)  # reused: what it held is gone
             held.append(blocks)
+            fresh.append(blocks)
         elif op == "free" and held:
             blocks = held.pop(pick % len(held))
+            fresh = [table for table in fresh if table is not blocks]
             pool.free(blocks)
             for block in blocks:
                 refs[block] -= 1
-        elif op == "cache" and held:
-            blocks = held[pick % len(held)]
-            hashes = [hash((pick, n, i)) & (2**64 - 1) for i in range(len(blocks))]
-            pool.cache("r", 0, blocks, hashes, None)
-            for block, block_hash in zip(blocks, hashes, strict=True):
-                if pool.cached_block(block_hash) == block:
-                    content[block] = block_hash
-        elif op == "hit" and content:
-            block_hash = sorted(content.values())[pick % len(content)]
-            found = pool.lookup([block_hash])
-            assert found and content[found[0]] == block_hash, "a hit's KV is what it says"
-            pool.touch(found)
-            refs[found[0]] += 1
-            held.append(found)
+        elif op == "cache" and fresh:
+            blocks = fresh.pop(pick % len(fresh))
+            chain = _chain(pick, len(blocks))
+            was_found = bool(blocks) and bool(pool.lookup(chain[:1]))
+            pool.cache("r", 0, blocks, chain, None)
+            if blocks and not was_found:  # first come keeps a chain's start
+                content.update(zip(blocks, chain, strict=True))
+                assert pool.lookup(chain) == blocks, "a chain just cached is found whole"
+        elif op == "hit":
+            chain = _chain(pick, 6)
+            found = pool.lookup(chain)
+            assert all(content.get(b) == h for b, h in zip(found, chain)), "KV as it says"
+            if found:
+                pool.touch(found)
+                for block in found:
+                    refs[block] += 1
+                held.append(found)
         for event in pool.take_events():
             if isinstance(event, BlockStored):
-                assert not stored & set(event.hashes)
-                stored |= set(event.hashes)
+                stored += event.hashes
             elif isinstance(event, BlockRemoved):
-                assert set(event.hashes) <= stored, "evicted twice, or never stored"
-                stored -= set(event.hashes)
-        assert stored == set(content.values()) and pool.num_cached == len(content)
+                for block_hash in event.hashes:
+                    stored.remove(block_hash)  # ValueError: evicted twice, or never stored
+        assert sorted(stored) == sorted(content.values()) and pool.num_cached == len(content)
         assert pool.num_free == sum(1 for r in refs if r == 0)
         assert all(pool.num_holders(b) == r for b, r in enumerate(refs))
 
