@@ -6,8 +6,9 @@ index keeps *runs*, not one entry per block: the blocks one ``add_run`` made fin
 (consecutive links of a chain), keyed by the hash of the first. A lookup reads a run's
 blocks in order against the chain (list reads) and consults the dict again only where a
 run ends or diverges. Each block's hash is in a list by block id, so evicting a block
-is a list write: a run whose block went stale ends there, and its dict entry is dropped
-when the dict is next rebuilt. Registering a table of ~60 blocks is one dict insert
+is a list write: a run whose block went stale ends there, and a run whose first block
+goes stale leaves the dict at once (a flag per block says which blocks start a run), so
+the dict holds live runs only. Registering a table of ~60 blocks is one dict insert
 instead of 60 (each a cache miss in a dict of every cached block: most of the pass's
 cost with prefix caching, bench/results/scheduler.json).
 
@@ -29,6 +30,7 @@ class PrefixIndex:
     def __init__(self, num_blocks: int) -> None:
         self._hash_of = [NO_HASH] * (num_blocks + 1)  # the dummy block's stays empty
         self._runs: dict[BlockHash, list[int]] = {}  # a run's first hash -> its blocks
+        self._is_start = [False] * (num_blocks + 1)  # the block starts a run
         self.num_cached = 0  # blocks that hold a hash
 
     def hashes(self, blocks: Iterable[int]) -> list[BlockHash]:
@@ -64,28 +66,27 @@ class PrefixIndex:
         for block, block_hash in zip(blocks, hashes, strict=True):
             hash_of[block] = block_hash
         self._runs[hashes[0]] = list(blocks)
+        self._is_start[blocks[0]] = True
         self.num_cached += len(blocks)
-        if len(self._runs) > len(hash_of):  # stale runs could outnumber live ones
-            self._drop_stale_runs()
         return len(blocks)
 
     def forget(self, blocks: Iterable[int]) -> list[BlockHash]:
         """Blocks that hold nothing findable from now; the hashes they held."""
-        hash_of = self._hash_of
+        hash_of, is_start = self._hash_of, self._is_start
         removed = []
         for block in blocks:
             block_hash = hash_of[block]
             if block_hash is not NO_HASH:  # (the small-int 0: no read of a hash object)
                 hash_of[block] = NO_HASH
                 removed.append(block_hash)
+                if is_start[block]:
+                    is_start[block] = False
+                    del self._runs[block_hash]
         self.num_cached -= len(removed)
         return removed
 
     def clear(self) -> None:
         self._hash_of = [NO_HASH] * len(self._hash_of)
         self._runs.clear()
+        self._is_start = [False] * len(self._is_start)
         self.num_cached = 0
-
-    def _drop_stale_runs(self) -> None:
-        hash_of = self._hash_of
-        self._runs = {h: run for h, run in self._runs.items() if hash_of[run[0]] == h}
