@@ -3,9 +3,19 @@
 Without a budget an admitted request is prefilled whole in the pass that admits it, and
 that pass's decode step waits for it: one 2k-token prompt stalls every running
 request's next token for its whole prefill. With ``max_prefill_tokens_per_pass`` the
-admitted requests that still need a prefill wait here, in admission order; each pass
-hands out chunks, oldest first, until the budget is spent, so a pass costs one decode
-step plus at most ``budget`` prefill tokens. A request joins the batch (and gets its
+admitted requests that still need a prefill wait here; each pass hands out chunks until
+the budget is spent, so a pass costs one decode step plus at most ``budget`` prefill
+tokens.
+
+Who gets the budget is decided by the admission queue's notion of risk (docs/design.md#
+chunked-prefill): a request's *laxity* is its slack (its admission target less the time
+it has waited) less the passes its remaining prompt needs at the recent prefill pass
+time. Requests that can still make their target go first, least laxity first; then
+those that cannot (or have no target yet), fewest remaining tokens first; ties in
+admission order. A short interactive prompt admitted behind long ones is then not held
+for all their chunks. The starvation bound: the oldest prompt gets at least a quarter
+of every pass's budget (``OLDEST_SHARE``), so a long prompt finishes within four times
+the passes it would take alone at the head. A request joins the batch (and gets its
 first token) in the pass its last chunk runs; until then it is a resident holding a
 batch position and its KV blocks, but not a batch member: it gets no token, is counted
 in no step, and no policy sees it (it can never be a pause victim).
@@ -13,10 +23,16 @@ in no step, and no policy sees it (it can never be a pause victim).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 from genpool_core.request import GenRequest
 
 # (request id, first prompt position, one past the last) of one pass's prefill work.
 PrefillChunk = tuple[str, int, int]
+OLDEST_SHARE = 4  # the oldest prompt's floor: 1 / OLDEST_SHARE of each pass's budget
+PASS_TIME_WEIGHT = 0.2  # weight of the latest prefill pass in the pass-time average
+SlackOf = Callable[[GenRequest], "float | None"]  # the admission queue's slack, at now
 
 
 class PrefillQueue:
@@ -28,6 +44,7 @@ class PrefillQueue:
         self.budget = budget
         self._waiting: dict[str, GenRequest] = {}  # insertion order = admission order
         self._done: dict[str, int] = {}  # prompt tokens already prefilled
+        self.pass_s = 0.0  # recent duration of a pass with prefill work (moving average)
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -51,30 +68,71 @@ class PrefillQueue:
     def num_prefilled(self, request_id: str) -> int:
         return self._done[request_id]
 
-    def hand_out(self, *, is_decoding: bool) -> tuple[list[PrefillChunk], list[GenRequest]]:
-        """This pass's chunks (within the budget, oldest first) and the requests whose
-        prefill they complete (removed from here: the caller puts them in the batch).
+    def observe_pass(self, seconds: float) -> None:
+        """A pass that ran prefill chunks took ``seconds``."""
+        seconds = max(0.0, seconds)
+        is_first = self.pass_s == 0.0
+        self.pass_s = (
+            seconds if is_first else self.pass_s + PASS_TIME_WEIGHT * (seconds - self.pass_s)
+        )
+
+    def hand_out(
+        self, *, is_decoding: bool, slack_of: SlackOf = lambda _: None
+    ) -> tuple[list[PrefillChunk], list[GenRequest]]:
+        """This pass's chunks (within the budget, by risk) and the requests whose prefill
+        they complete (removed from here: the caller puts them in the batch).
 
         With nobody decoding (``is_decoding`` False) the oldest prompt is prefilled whole:
         there is no decode step to stall, and the engine runs the model only for a pass
         with batch members, so every pass that has chunks must have one.
         """
+        if not self._waiting:
+            return [], []
+        grants = self._grants(is_decoding, slack_of)
         chunks: list[PrefillChunk] = []
         completed: list[GenRequest] = []
-        left = self.budget
-        if not is_decoding and self._waiting:
-            head_id, head = next(iter(self._waiting.items()))
-            left = max(left, head.prompt_len - self._done[head_id])
-        for request_id, request in list(self._waiting.items()):
-            if left == 0:
-                break
+        for request_id, num_tokens in grants.items():
+            request = self._waiting[request_id]
             start = self._done[request_id]
-            end = min(request.prompt_len, start + left)
+            end = start + num_tokens
             chunks.append((request_id, start, end))
-            left -= end - start
             if end == request.prompt_len:
                 completed.append(request)
                 self.remove(request_id)
             else:
                 self._done[request_id] = end
         return chunks, completed
+
+    def _grants(self, is_decoding: bool, slack_of: SlackOf) -> dict[str, int]:
+        """Tokens per request this pass, in the order their chunks run (by risk)."""
+        oldest = next(iter(self._waiting))
+        left = self.budget
+        if not is_decoding:  # the oldest whole first (see hand_out)
+            left = max(left, self._remaining(oldest))
+            reserved = self._remaining(oldest)
+        else:
+            reserved = min(self._remaining(oldest), max(1, self.budget // OLDEST_SHARE))
+        grants: dict[str, int] = {}
+        for request_id in sorted(self._waiting, key=lambda i: self._rank(i, slack_of)):
+            if request_id == oldest:
+                grant, reserved = min(self._remaining(oldest), left), 0
+            else:
+                grant = min(self._remaining(request_id), left - reserved)
+            if grant > 0:
+                grants[request_id] = grant
+                left -= grant
+        return grants
+
+    def _remaining(self, request_id: str) -> int:
+        return self._waiting[request_id].prompt_len - self._done[request_id]
+
+    def _rank(self, request_id: str, slack_of: SlackOf) -> tuple[int, float]:
+        """(0, laxity) for a request that can still make its target, else (1, remaining
+        tokens); ``sorted`` is stable, so ties stay in admission order."""
+        remaining = self._remaining(request_id)
+        slack = slack_of(self._waiting[request_id])
+        if slack is not None:
+            laxity = slack - math.ceil(remaining / self.budget) * self.pass_s
+            if laxity >= 0:
+                return 0, laxity
+        return 1, remaining

@@ -173,6 +173,8 @@ class GenScheduler(SchedulerPhases):
                 self._pending_finish.setdefault(request_id, FinishReason.STOP)
             elif request.num_output_tokens >= request.max_tokens:
                 self._pending_finish.setdefault(request_id, FinishReason.LENGTH)
+        if plan.prefill_chunks and self._prefill is not None:
+            self._prefill.observe_pass(now - plan.now)
         if plan.batch_ids:
             self._counts.count_step(len(plan.batch_ids), now - plan.now)
             self.policy.on_step_time(now - plan.now)
@@ -217,7 +219,7 @@ class GenScheduler(SchedulerPhases):
         resumed += swapped_in + self._resume(now, due_only=False)
         paused = swapped_out + paused
         admitted_ids = tuple(admitted + at_risk_admitted)
-        chunks, prefill_ids = self._hand_out_prefill(admitted_ids)
+        chunks, prefill_ids = self._hand_out_prefill(admitted_ids, now)
         active = self._active
         paused_now = list(self.pausing)
         released, self._released_held = self._released_held, []
@@ -248,7 +250,7 @@ class GenScheduler(SchedulerPhases):
         return plan
 
     def _hand_out_prefill(
-        self, admitted_ids: tuple[str, ...]
+        self, admitted_ids: tuple[str, ...], now: float
     ) -> tuple[list[PrefillChunk], tuple[str, ...]]:
         """This pass's prefill chunks and the requests whose prefill completes in it."""
         if self._prefill is None:
@@ -256,7 +258,9 @@ class GenScheduler(SchedulerPhases):
             # joined in this pass (admitted; admissions stay in the batch all pass).
             active = self._active
             return [], tuple(i for i in admitted_ids if active[i].num_output_tokens == 0)
-        chunks, completed = self._prefill.hand_out(is_decoding=bool(self._active))
+        chunks, completed = self._prefill.hand_out(
+            is_decoding=bool(self._active), slack_of=lambda r: self.queue.slack(r, now)
+        )
         for request_id, _, end in chunks:
             self.kv.register_computed(self._residents[request_id], end)
         for request in completed:  # after every pause: a new member is no victim this pass

@@ -10,13 +10,14 @@ from genpool_core.scheduler import GenScheduler
 from tests.unit.support import make_scheduler
 
 
-def fresh(request_id: str, prompt_len: int, max_tokens: int = 5) -> GenRequest:
+def fresh(request_id: str, prompt_len: int, max_tokens: int = 5,
+          arrival_time: float = 0.0) -> GenRequest:  # fmt: skip
     """A request this worker prefills (no output token yet)."""
     return GenRequest(
         request_id=request_id,
         prompt_len=prompt_len,
         max_tokens=max_tokens,
-        arrival_time=0.0,
+        arrival_time=arrival_time,
         num_output_tokens=0,
     )
 
@@ -30,28 +31,75 @@ def drive(scheduler: GenScheduler, passes: int, t0: float = 0.0) -> list:  # typ
     return plans
 
 
-def test_budget_respected_chunks_in_order_first_token_at_last_chunk() -> None:
+def test_a_short_prompt_goes_before_a_long_one_within_the_budget() -> None:
     s = make_scheduler(4, max_prefill_tokens_per_pass=10, kv_budget=KVBudget(64, 4))
     s.add_request(fresh("run", 3, max_tokens=20), 0.0)
     drive(s, 1)
     s.add_request(fresh("a", 25), 1.0)
     s.add_request(fresh("b", 4), 1.0)
     plans = drive(s, 4, t0=1.0)
+    # Neither has a target yet (no warm-up): fewest remaining tokens first; "a", the
+    # oldest, keeps its floor and takes what "b" leaves.
     assert [p.prefill_chunks for p in plans] == [
-        (("a", 0, 10),),
-        (("a", 10, 20),),
-        (("a", 20, 25), ("b", 0, 4)),
+        (("b", 0, 4), ("a", 0, 6)),
+        (("a", 6, 16),),
+        (("a", 16, 25),),
         (),
     ]
     for plan in plans:
         assert sum(end - start for _, start, end in plan.prefill_chunks) <= 10
     # Mid-prefill: residents holding a position and blocks, not batch members.
-    assert plans[0].admitted_ids == ("a", "b") and plans[0].batch_ids == ("run",)
-    assert plans[0].prefill_ids == () and plans[1].batch_ids == ("run",)
-    assert plans[2].prefill_ids == ("a", "b") and plans[2].batch_ids == ("run", "a", "b")
+    assert plans[0].admitted_ids == ("a", "b") and plans[0].batch_ids == ("run", "b")
+    assert plans[0].prefill_ids == ("b",) and plans[1].batch_ids == ("run", "b")
+    assert plans[2].prefill_ids == ("a",) and plans[2].batch_ids == ("run", "b", "a")
+    assert s.get_request("b").first_token_time == 1.5
     assert s.get_request("a").first_token_time == 3.5
     assert s.get_request("a").num_output_tokens == 2  # passes 2 and 3
-    assert plans[3].batch_ids == ("run", "a", "b") and plans[3].prefill_ids == ()
+    assert plans[3].batch_ids == ("run", "b", "a") and plans[3].prefill_ids == ()
+
+
+def test_equal_prompts_are_prefilled_in_admission_order() -> None:
+    s = make_scheduler(4, max_prefill_tokens_per_pass=10)
+    s.add_request(fresh("run", 3, max_tokens=20), 0.0)
+    drive(s, 1)
+    s.add_request(fresh("a", 20), 1.0)
+    s.add_request(fresh("b", 20), 1.0)
+    plans = drive(s, 4, t0=1.0)
+    assert [p.prefill_chunks for p in plans] == [
+        (("a", 0, 10),),
+        (("a", 10, 20),),
+        (("b", 0, 10),),
+        (("b", 10, 20),),
+    ]
+
+
+def test_the_oldest_prompt_keeps_a_quarter_of_the_budget_under_a_stream_of_short_ones() -> None:
+    s = make_scheduler(12, max_prefill_tokens_per_pass=8)
+    s.add_request(fresh("run", 3, max_tokens=100), 0.0)
+    drive(s, 1)
+    s.add_request(fresh("long", 20), 1.0)
+    long_chunks = []
+    for k in range(10):  # two short prompts a pass, enough to take the whole budget
+        for j in range(2):
+            s.add_request(fresh(f"s{k}.{j}", 3, max_tokens=1), 1.0 + k)
+        (plan,) = drive(s, 1, t0=1.0 + k)
+        long_chunks += [c for c in plan.prefill_chunks if c[0] == "long"]
+        assert sum(end - start for _, start, end in plan.prefill_chunks) <= 8
+    assert [end - start for _, start, end in long_chunks] == [2] * 10  # 8 // 4 each pass
+
+
+def test_a_prompt_that_can_still_make_its_target_goes_first() -> None:
+    """Laxity = slack - passes left x pass time: the one that can still make its target
+    goes first, least laxity first; one that cannot waits behind it."""
+    s = make_scheduler(4, max_prefill_tokens_per_pass=10, target_x=4.0)
+    s.add_request(fresh("run", 3, max_tokens=50), 0.0)
+    drive(s, 3)  # pass time 0.5 s (drive's postprocess)
+    s.add_request(fresh("late", 60, arrival_time=0.0), 3.0)  # slack 1 s: 6 passes (3 s)
+    s.add_request(fresh("soon", 30, arrival_time=2.5), 3.0)  # 3 passes in a slack of 3.5
+    s.add_request(fresh("later", 20, arrival_time=3.0), 3.0)  # 2 in 4: more laxity
+    (plan,) = drive(s, 1, t0=3.0)
+    assert [c[0] for c in plan.prefill_chunks] == ["soon", "late"]
+    assert plan.prefill_chunks[1] == ("late", 0, 2)  # the oldest's floor (10 // 4)
 
 
 def test_with_nobody_decoding_the_oldest_prompt_is_prefilled_whole() -> None:
