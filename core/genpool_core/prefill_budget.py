@@ -82,9 +82,9 @@ class PrefillQueue:
         """This pass's chunks (within the budget, by risk) and the requests whose prefill
         they complete (removed from here: the caller puts them in the batch).
 
-        With nobody decoding (``is_decoding`` False) the oldest prompt is prefilled whole:
-        there is no decode step to stall, and the engine runs the model only for a pass
-        with batch members, so every pass that has chunks must have one.
+        With nobody decoding (``is_decoding`` False) the first prompt by risk is prefilled
+        whole: there is no decode step to stall, and the engine runs the model only for a
+        pass with batch members, so every pass that has chunks must have one.
         """
         if not self._waiting:
             return [], []
@@ -106,14 +106,14 @@ class PrefillQueue:
     def _grants(self, is_decoding: bool, slack_of: SlackOf) -> dict[str, int]:
         """Tokens per request this pass, in the order their chunks run (by risk)."""
         oldest = next(iter(self._waiting))
+        ranked = sorted(self._waiting, key=lambda i: self._rank(i, slack_of))
+        reserved = min(self._remaining(oldest), max(1, self.budget // OLDEST_SHARE))
         left = self.budget
-        if not is_decoding:  # the oldest whole first (see hand_out)
-            left = max(left, self._remaining(oldest))
-            reserved = self._remaining(oldest)
-        else:
-            reserved = min(self._remaining(oldest), max(1, self.budget // OLDEST_SHARE))
+        if not is_decoding:  # the first by risk whole (see hand_out), the oldest its floor
+            top = ranked[0]
+            left = max(left, self._remaining(top) + (0 if top == oldest else reserved))
         grants: dict[str, int] = {}
-        for request_id in sorted(self._waiting, key=lambda i: self._rank(i, slack_of)):
+        for request_id in ranked:
             if request_id == oldest:
                 grant, reserved = min(self._remaining(oldest), left), 0
             else:

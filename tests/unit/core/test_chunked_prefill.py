@@ -102,7 +102,7 @@ def test_a_prompt_that_can_still_make_its_target_goes_first() -> None:
     assert plan.prefill_chunks[1] == ("late", 0, 2)  # the oldest's floor (10 // 4)
 
 
-def test_with_nobody_decoding_the_oldest_prompt_is_prefilled_whole() -> None:
+def test_with_nobody_decoding_the_first_prompt_by_risk_is_prefilled_whole() -> None:
     # No decode step to stall; and the engine runs the model only for batch members.
     s = make_scheduler(4, max_prefill_tokens_per_pass=10)
     s.add_request(fresh("a", 25), 0.0)
@@ -110,6 +110,16 @@ def test_with_nobody_decoding_the_oldest_prompt_is_prefilled_whole() -> None:
     plans = drive(s, 2)
     assert plans[0].prefill_chunks == (("a", 0, 25),) and plans[0].batch_ids == ("a",)
     assert plans[1].prefill_chunks == (("b", 0, 10),) and plans[1].batch_ids == ("a",)
+
+
+def test_with_nobody_decoding_a_short_prompt_is_not_held_behind_a_long_one() -> None:
+    s = make_scheduler(4, max_prefill_tokens_per_pass=8)
+    s.add_request(fresh("long", 40), 0.0)
+    s.add_request(fresh("short", 5), 0.0)
+    (plan,) = drive(s, 1)
+    # The short one whole (the pass needs a batch member), the oldest the rest.
+    assert plan.prefill_chunks == (("short", 0, 5), ("long", 0, 3))
+    assert plan.batch_ids == ("short",)
 
 
 def test_running_requests_decode_every_pass_while_a_long_prompt_prefills() -> None:
