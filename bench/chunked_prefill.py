@@ -2,10 +2,12 @@
 
     .venv/bin/python -m bench.chunked_prefill [--quick] [--reps 3]
 
-Three real ``genpool-worker --role both`` processes (SmolLM2-135M, CPU,
+Four real ``genpool-worker --role both`` processes (SmolLM2-135M, CPU,
 ``OMP_NUM_THREADS=1``), all pinned to core 0, differing only in the per-pass prefill
 budget (``--max-prefill-tokens-per-pass``): ``whole`` (0: each prompt prefilled in the
-pass that admits it), ``chunk512`` and ``chunk128`` (the default off CUDA). The bench's own
+pass that admits it), ``chunk512`` and ``chunk128`` (the default off CUDA), and in who
+gets it: ``chunk128-arrival`` serves the chunks oldest first (``--prefill-order
+arrival``), the others by risk (the default). The bench's own
 clients run on core 1. Runs alternate the setups (the idle workers wait). Each run:
 4 closed-loop streaming clients (short prompts, 64 tokens, greedy) and, after a warm-up
 and a quiet window, 4 prompts of 2000 tokens (8 tokens each) sent at once. Measured: the
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.pd_report import mean_between, medians, paired, summarize
+from bench.provenance import provenance
 from bench.serving_load import Load, burst_run, pinned, run_setups
 from genpool_core.names import WORKER_PORT
 
@@ -36,11 +39,12 @@ RESULTS = Path(__file__).resolve().parent / "results" / "chunked_prefill.json"
 QUICK_RESULTS = Path("/tmp/genpool-bench-chunked-prefill-quick.json")
 LOG = "/tmp/genpool-bench-chunked-{name}.log"
 WORKER_CORE, CLIENT_CORE = 0, 1
-# setup -> (host, per-pass prefill budget); outside the pod runner's 127.0/16.
-WORKERS: dict[str, tuple[str, int]] = {
-    "whole": ("127.1.0.31", 0),
-    "chunk512": ("127.1.0.32", 512),
-    "chunk128": ("127.1.0.33", 128),
+# setup -> (host, per-pass prefill budget, prefill order); outside the pod runner's 127.0/16.
+WORKERS: dict[str, tuple[str, int, str]] = {
+    "whole": ("127.1.0.31", 0, "risk"),
+    "chunk512": ("127.1.0.32", 512, "risk"),
+    "chunk128": ("127.1.0.33", 128, "risk"),
+    "chunk128-arrival": ("127.1.0.34", 128, "arrival"),
 }
 BASELINE = "whole"
 WORKER_ARGS = ("--max-batch-size", "12", "--max-seq-len", "2304", "--stat-interval-s", "30")
@@ -50,10 +54,13 @@ QUICK = Load(clients=2, steady_tokens=16, long_prompts=2, long_tokens=512, warmu
              quiet_s=2.0, after_s=1.0)  # fmt: skip
 KEYS = ("burst_window_s", "gap_ms_burst.p50", "gap_ms_burst.p99", "gap_ms_burst.max",
         "gap_ms_outside.p50", "gap_ms_outside.p99", "gap_ms_quiet.p50", "long_ttft_s.p50",
-        "long_ttft_s.max", "steady_ttft_s_burst.max", "tokens_per_s", "steady_tokens_per_s_burst",
+        "long_ttft_s.max", "steady_ttft_s_burst.p50", "steady_ttft_s_burst.p99",
+        "steady_ttft_s_burst.max", "tokens_per_s", "steady_tokens_per_s_burst",
         "steady_tokens_per_s_outside", "step_ms", "failed")  # fmt: skip
 PAIRED = ("gap_ms_burst.p99", "gap_ms_burst.max", "long_ttft_s.p50", "burst_window_s",
           "tokens_per_s")  # fmt: skip
+ORDER_PAIRED = ("steady_ttft_s_burst.p99", "steady_ttft_s_burst.max", "long_ttft_s.p50",
+                "long_ttft_s.max", "burst_window_s", "gap_ms_burst.p99")  # fmt: skip
 
 
 def _url(name: str) -> str:
@@ -61,10 +68,10 @@ def _url(name: str) -> str:
 
 
 def _start(name: str) -> subprocess.Popen[bytes]:
-    host, budget = WORKERS[name]
+    host, budget, order = WORKERS[name]
     cmd = [sys.executable, "-m", "genpool_worker.worker_cli", "--model", "smollm2-135m",
            "--host", host, "--port", str(WORKER_PORT), *WORKER_ARGS,
-           "--max-prefill-tokens-per-pass", str(budget)]  # fmt: skip
+           "--max-prefill-tokens-per-pass", str(budget), "--prefill-order", order]  # fmt: skip
     with Path(LOG.format(name=name)).open("wb") as log:  # the worker's own log
         return pinned(cmd, WORKER_CORE, stdout=log, stderr=subprocess.STDOUT)
 
@@ -100,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     table = medians(runs, WORKERS, KEYS)
     ratios = {f"{setup}/{BASELINE}": {key: paired(runs, key, setup, BASELINE) for key in PAIRED}
               for setup in WORKERS if setup != BASELINE}  # fmt: skip
-    result = {"config": config, "runs": runs, "medians": table, "paired": ratios}
+    ratios["chunk128/chunk128-arrival"] = {  # prefill by risk over oldest first
+        key: paired(runs, key, "chunk128", "chunk128-arrival") for key in ORDER_PAIRED
+    }
+    result = {**provenance("bench.chunked_prefill", argv), "config": config, "runs": runs,
+              "medians": table, "paired": ratios}  # fmt: skip
     path = QUICK_RESULTS if args.quick else RESULTS
     path.write_text(json.dumps(result, indent=2) + "\n")
     for setup, key in itertools.product(WORKERS, KEYS):

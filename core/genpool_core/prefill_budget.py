@@ -15,7 +15,8 @@ those that cannot (or have no target yet), fewest remaining tokens first; ties i
 admission order. A short interactive prompt admitted behind long ones is then not held
 for all their chunks. The starvation bound: the oldest prompt gets at least a quarter
 of every pass's budget (``OLDEST_SHARE``), so a long prompt finishes within four times
-the passes it would take alone at the head. A request joins the batch (and gets its
+the passes it would take alone at the head. ``order="arrival"`` serves oldest first
+instead (first come, first served, as before risk ordering). A request joins the batch (and gets its
 first token) in the pass its last chunk runs; until then it is a resident holding a
 batch position and its KV blocks, but not a batch member: it gets no token, is counted
 in no step, and no policy sees it (it can never be a pause victim).
@@ -30,6 +31,7 @@ from genpool_core.request import GenRequest
 
 # (request id, first prompt position, one past the last) of one pass's prefill work.
 PrefillChunk = tuple[str, int, int]
+PREFILL_ORDERS = ("risk", "arrival")  # who gets each pass's budget first
 OLDEST_SHARE = 4  # the oldest prompt's floor: 1 / OLDEST_SHARE of each pass's budget
 PASS_TIME_WEIGHT = 0.2  # weight of the latest prefill pass in the pass-time average
 SlackOf = Callable[[GenRequest], "float | None"]  # the admission queue's slack, at now
@@ -38,10 +40,13 @@ SlackOf = Callable[[GenRequest], "float | None"]  # the admission queue's slack,
 class PrefillQueue:
     """Admitted requests with prefill left, oldest first, and how far each has got."""
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, order: str = "risk") -> None:
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
             raise ValueError(f"max_prefill_tokens_per_pass must be an int >= 1, got {budget!r}")
+        if order not in PREFILL_ORDERS:
+            raise ValueError(f"prefill order must be one of {PREFILL_ORDERS}, got {order!r}")
         self.budget = budget
+        self.is_by_risk = order == "risk"
         self._waiting: dict[str, GenRequest] = {}  # insertion order = admission order
         self._done: dict[str, int] = {}  # prompt tokens already prefilled
         self.pass_s = 0.0  # recent duration of a pass with prefill work (moving average)
@@ -106,7 +111,9 @@ class PrefillQueue:
     def _grants(self, is_decoding: bool, slack_of: SlackOf) -> dict[str, int]:
         """Tokens per request this pass, in the order their chunks run (by risk)."""
         oldest = next(iter(self._waiting))
-        ranked = sorted(self._waiting, key=lambda i: self._rank(i, slack_of))
+        ranked = list(self._waiting)  # admission order
+        if self.is_by_risk:
+            ranked.sort(key=lambda i: self._rank(i, slack_of))
         reserved = min(self._remaining(oldest), max(1, self.budget // OLDEST_SHARE))
         left = self.budget
         if not is_decoding:  # the first by risk whole (see hand_out), the oldest its floor

@@ -47,6 +47,9 @@ class SchedulerConfig:
     # Prompt tokens prefilled per pass (chunked prefill, genpool_core.prefill_budget);
     # None: each prompt whole in the pass that admits it.
     max_prefill_tokens_per_pass: int | None = None
+    # Who gets that budget first: "risk" (least laxity; genpool_core.prefill_budget) or
+    # "arrival" (oldest first).
+    prefill_order: str = "risk"
     # Prefix caching (genpool_core.kv_account): admissions share the cached blocks their
     # prompt starts with. Needs a KV budget and requests that carry block hashes.
     enable_prefix_caching: bool = False
@@ -83,7 +86,7 @@ class GenScheduler(SchedulerPhases):
         self._active: dict[str, GenRequest] = {}
         self._residents: dict[str, GenRequest] = {}
         budget = self.config.max_prefill_tokens_per_pass
-        self._prefill = None if budget is None else PrefillQueue(budget)
+        self._prefill = None if budget is None else PrefillQueue(budget, self.config.prefill_order)
         self._pending_finish: dict[str, FinishReason] = {}
         self._released_held: list[str] = []  # since the last plan, which states them
         self._last_now: float | None = None

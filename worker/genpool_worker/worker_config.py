@@ -164,6 +164,12 @@ class WorkerConfig(PDFlags):
         f" on CUDA, {PREFILL_TOKENS_PER_PASS} elsewhere, 0 for a synthetic model (it"
         " stands in for the simulator's GEN worker, whose prompts come prefilled)",
     )
+    prefill_order: Literal["risk", "arrival"] = Field(
+        default="risk",
+        description="who gets each pass's prefill budget first: risk (the prompt that can"
+        " still make its admission target with the least laxity, then the fewest remaining"
+        " tokens; the oldest keeps a quarter of the budget) or arrival (oldest first)",
+    )
     kv_cache_memory: int | None = Field(
         default=None,
         ge=1,
@@ -369,6 +375,7 @@ def build_scheduler(config: WorkerConfig, kv_budget: KVBudget | None = None) -> 
             stat_interval_s=config.stat_interval_s,
             kv_budget=kv_budget,
             max_prefill_tokens_per_pass=config.prefill_budget(),
+            prefill_order=config.prefill_order,
             enable_prefix_caching=config.enable_prefix_caching,
         ),
     )

@@ -58,6 +58,22 @@ def test_a_short_prompt_goes_before_a_long_one_within_the_budget() -> None:
     assert plans[3].batch_ids == ("run", "b", "a") and plans[3].prefill_ids == ()
 
 
+def test_arrival_order_serves_the_oldest_prompt_first() -> None:
+    s = make_scheduler(4, max_prefill_tokens_per_pass=10, prefill_order="arrival")
+    s.add_request(fresh("run", 3, max_tokens=20), 0.0)
+    drive(s, 1)
+    s.add_request(fresh("a", 25), 1.0)
+    s.add_request(fresh("b", 4), 1.0)
+    plans = drive(s, 3, t0=1.0)
+    assert [p.prefill_chunks for p in plans] == [
+        (("a", 0, 10),),
+        (("a", 10, 20),),
+        (("a", 20, 25), ("b", 0, 4)),
+    ]
+    with pytest.raises(ValueError, match="prefill order must be one of"):
+        make_scheduler(4, max_prefill_tokens_per_pass=10, prefill_order="newest")
+
+
 def test_equal_prompts_are_prefilled_in_admission_order() -> None:
     s = make_scheduler(4, max_prefill_tokens_per_pass=10)
     s.add_request(fresh("run", 3, max_tokens=20), 0.0)
