@@ -2,17 +2,19 @@
 
     .venv/bin/python -m bench.pd [--quick] [--reps 3]
 
-Four real ``genpool-worker`` processes (SmolLM2-135M, CPU, ``OMP_NUM_THREADS=1``), each
+Six real ``genpool-worker`` processes (SmolLM2-135M, CPU, ``OMP_NUM_THREADS=1``), each
 pinned to one core: ``colocated`` = two ``--role both`` workers (cores 0, 1), requests
-round robin; ``pd`` = a ``--role prefill`` worker (core 0) and a ``--role decode
---prefillers <it>`` worker (core 1) that takes every request. Runs alternate the setups
-(the idle pair waits). Each run: 4 closed-loop streaming clients (short prompts, 64 tokens,
-greedy) and, after a warm-up and a quiet window, 6 prompts of 1024 tokens (8 tokens each)
-sent at once. Measured: the steady streams' inter-token gaps inside the burst window (burst
-start to the last long prompt's end) and outside it, TTFTs, tokens/s, failures; for P/D the
-decode worker's TTFT parts and KV pulls over the burst window. A matmul probe first measures
-what one core does alone and with the other busy. Writes ``bench/results/pd.json``
-(``--quick``: a smoke run, to /tmp); docs/results.md explains the numbers.
+round robin, whole prefills; ``colocated-chunked`` = the same with 128 prefill tokens a
+pass (the worker's default off CUDA); ``pd`` = a ``--role prefill`` worker (core 0) and
+a ``--role decode --prefillers <it>`` worker (core 1) that takes every request. Runs
+alternate the setups (the idle ones wait). Each run: 4 closed-loop streaming clients
+(short prompts, 64 tokens, greedy) and, after a warm-up and a quiet window, 6 prompts of
+1024 tokens (8 tokens each) sent at once. Measured: the steady streams' inter-token gaps
+inside the burst window (burst start to the last long prompt's end) and outside it,
+TTFTs, tokens/s, failures; for P/D the decode worker's TTFT parts and KV pulls over the
+burst window. A matmul probe first measures what one core does alone and with the other
+busy. Writes ``bench/results/pd.json`` (``--quick``: a smoke run, to /tmp);
+docs/results.md explains the numbers.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from bench.pd_report import (
     pd_window,
     summarize,
 )
+from bench.provenance import provenance
 from bench.serving_load import Load, burst_run, pinned, run_setups
 from genpool_core.names import WORKER_PORT
 
@@ -45,8 +48,10 @@ QUICK_RESULTS = Path("/tmp/genpool-bench-pd-quick.json")
 LOG = "/tmp/genpool-bench-pd-{name}.log"
 # name -> (host, core, role); outside the pod runner's 127.0/16 (a dev cluster may run).
 WORKERS = {"both0": ("127.1.0.21", 0, "both"), "both1": ("127.1.0.22", 1, "both"),
+           "chunk0": ("127.1.0.25", 0, "both"), "chunk1": ("127.1.0.26", 1, "both"),
            "prefill": ("127.1.0.23", 0, "prefill"),
            "decode": ("127.1.0.24", 1, "decode")}  # fmt: skip
+CHUNKED = ("chunk0", "chunk1")  # 128 prefill tokens a pass (the rest: whole prefills)
 # Whole prefills (0), as when docs/results.md's P/D table was measured (before chunked
 # prefill was the default; docs/results.md#chunked-prefill-on-cpu).
 WORKER_ARGS = ("--max-batch-size", "12", "--max-seq-len", "1600", "--stat-interval-s", "30",
@@ -65,6 +70,8 @@ def _start(name: str) -> subprocess.Popen[bytes]:
            "--host", host, "--port", str(WORKER_PORT), "--role", role, *WORKER_ARGS]  # fmt: skip
     if role == "decode":
         cmd += ["--prefillers", f"{WORKERS['prefill'][0]}:{WORKER_PORT}"]
+    if name in CHUNKED:
+        cmd += ["--max-prefill-tokens-per-pass", "128"]  # (the later flag wins)
     with Path(LOG.format(name=name)).open("wb") as log:  # the worker's own log
         return pinned(cmd, core, stdout=log, stderr=subprocess.STDOUT)
 
@@ -115,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--reps 1..10")
     started, probe = time.monotonic(), core_probe()
     procs = {name: _start(name) for name in WORKERS}
-    entries = ("both0", "both1", "decode")
+    entries = ("both0", "both1", "chunk0", "chunk1", "decode")
     runs = run_setups(procs, {n: _url(n) for n in procs}, entries, tuple(SETUPS), reps,
                       lambda setup, rep: _measure(setup, load, seed=rep), KEYS[:11],
                       LOG)  # fmt: skip
@@ -123,7 +130,11 @@ def main(argv: list[str] | None = None) -> int:
               "taskset": shutil.which("taskset") is not None, "cpus": os.cpu_count(),
               "core_probe": probe, "wall_s": round(time.monotonic() - started, 1)}  # fmt: skip
     table = medians(runs)
-    result = {"config": config, "runs": runs, "medians": table, "paired": paired(runs)}
+    ratios = {"pd/colocated": paired(runs),
+              "pd/colocated-chunked": paired(runs, baseline="colocated-chunked"),
+              "colocated-chunked/colocated": paired(runs, setup="colocated-chunked")}  # fmt: skip
+    result = {**provenance("bench.pd", argv), "config": config, "runs": runs, "medians": table,
+              "paired": ratios}  # fmt: skip
     path = QUICK_RESULTS if args.quick else RESULTS
     path.write_text(json.dumps(result, indent=2) + "\n")
     for setup, key in itertools.product(SETUPS, KEYS):

@@ -14,7 +14,9 @@ from genpool_core.quantiles import percentile
 
 BLOCK_BYTES = 16 * 30 * 2 * 3 * 64 * 4  # SmolLM2: block size x layers x K,V x heads x dim x fp32
 FAILED_PULLS = 'genpool_kv_transfers_total{outcome="failed",side="import"}'
-SETUPS = {"colocated": ("both0", "both1"), "pd": ("decode",)}  # where the clients send
+# Where the clients send: whole prefills colocated, chunked (128 a pass) colocated, P/D.
+SETUPS = {"colocated": ("both0", "both1"), "colocated-chunked": ("chunk0", "chunk1"),
+          "pd": ("decode",)}  # fmt: skip
 PARTS = ("prefill_queue", "prefill", "handoff", "transfer", "gen_wait")
 
 
