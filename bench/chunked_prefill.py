@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smoke run: small, 1 repetition")
     parser.add_argument("--reps", type=int, default=None, help="runs per setup (default 3)")
     args = parser.parse_args(argv)
+    source = provenance("bench.chunked_prefill", argv)  # what the workers run: the tree at start
     load, reps = (QUICK, args.reps or 1) if args.quick else (LOAD, args.reps or 3)
     if not 1 <= reps <= 10:
         parser.error("--reps 1..10")
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios["chunk128/chunk128-arrival"] = {  # prefill by risk over oldest first
         key: paired(runs, key, "chunk128", "chunk128-arrival") for key in ORDER_PAIRED
     }
-    result = {**provenance("bench.chunked_prefill", argv), "config": config, "runs": runs,
+    result = {**source, "config": config, "runs": runs,
               "medians": table, "paired": ratios}  # fmt: skip
     path = QUICK_RESULTS if args.quick else RESULTS
     path.write_text(json.dumps(result, indent=2) + "\n")

@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smoke run: small, 1 repetition")
     parser.add_argument("--reps", type=int, default=None, help="runs per setup (default 3)")
     args = parser.parse_args(argv)
+    source = provenance("bench.pd", argv)  # what the workers run: the tree at start
     load, reps = (QUICK, args.reps or 1) if args.quick else (Load(), args.reps or 3)
     if not 1 <= reps <= 10:
         parser.error("--reps 1..10")
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios = {"pd/colocated": paired(runs),
               "pd/colocated-chunked": paired(runs, baseline="colocated-chunked"),
               "colocated-chunked/colocated": paired(runs, setup="colocated-chunked")}  # fmt: skip
-    result = {**provenance("bench.pd", argv), "config": config, "runs": runs, "medians": table,
+    result = {**source, "config": config, "runs": runs, "medians": table,
               "paired": ratios}  # fmt: skip
     path = QUICK_RESULTS if args.quick else RESULTS
     path.write_text(json.dumps(result, indent=2) + "\n")

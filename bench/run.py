@@ -30,6 +30,7 @@ BENCHMARKS: dict[str, str] = {
     "fuzz": "bench.fuzz",
     "faults": "bench.faults",
     "guidellm": "bench.guidellm_bench",
+    "decode_check": "bench.decode_check",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

@@ -20,7 +20,7 @@ from functools import partial
 
 from genpool_worker.kv_layout import KVLayout
 
-from .checks import check_decode
+from .checks import DecodeCheck
 from .decode_graphs import GraphedDecode, Tables
 from .kv_cache import KVCache
 from .kv_sizing import KVSizing, bytes_per_block, cuda_free_for_kv, smallest_on_every_rank
@@ -128,6 +128,7 @@ def _graphed_decode(
     if not model.fused_kernels:
         return None
     geometry = (cache.num_blocks, cache.block_size, model.max_seq_len)
+    check_decode = DecodeCheck()  # walks only the block tables that changed
 
     def check(tables: Tables, tokens: list[int], positions: list[int]) -> None:
         check_decode(tables, tokens, positions, geometry, model.vocab_size)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import fused_ops, paged_attention
-from .checks import check_decode, check_prefill, check_sizes
+from .checks import DecodeCheck, check_prefill, check_sizes
 from .config import LlamaConfig
 from .gguf_weights import find_smollm2_gguf, load_gguf
 from .hf_weights import load_hf_checkpoint
@@ -88,6 +88,7 @@ class LlamaModel:
         # CUDA with Triton: decode_step's paged attention and fused RoPE + KV write, and
         # one-kernel RMSNorm and SiLU-gate in every pass.
         self.fused_kernels = paged_attention.is_usable(self.device, config.head_dim)
+        self._checks = DecodeCheck()  # walks only the block tables that changed
 
     @classmethod
     def from_gguf(cls, path: str | Path | None = None, **kwargs: Any) -> LlamaModel:
@@ -168,7 +169,7 @@ class LlamaModel:
         of its own blocks only. A row ``[dummy_block]`` at position 0 is batch padding
         (repeatable); its logits are meaningless. The torch path: on CUDA the runner
         replays ``decode_step`` instead (``cache_engine.CacheEngine.decode_graphs``)."""
-        check_decode(block_tables, token_ids, positions, self._geometry(cache), self.vocab_size)
+        self._checks(block_tables, token_ids, positions, self._geometry(cache), self.vocab_size)
         nh, nkv, d = self._heads, self.kv_heads, self.config.head_dim
         b, length = len(block_tables), max(positions) + 1
         at = cache.decode_rows(block_tables, positions)
