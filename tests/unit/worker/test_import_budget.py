@@ -3,6 +3,8 @@ held, each refused past its cap with the flag named, nothing reserved by a refus
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from genpool_worker.pd.import_budget import ImportBudget, ImportCapReached
@@ -24,3 +26,35 @@ def test_pulls_and_bytes_are_capped_and_freed() -> None:
     assert budget.num_bytes == 0
     with pytest.raises(ValueError):
         ImportBudget(max_pulls=0)
+
+
+def test_past_the_pull_cap_a_pull_waits_its_turn_then_gives_up() -> None:
+    async def scenario() -> list[str]:
+        budget = ImportBudget(max_pulls=2, max_bytes=100)
+        order: list[str] = []
+
+        async def one(name: str, hold: asyncio.Event) -> None:
+            await budget.start_pull_in_turn(10, timeout_s=5)
+            order.append(f"{name} started")
+            await hold.wait()
+            budget.end_pull_in_turn(0, 10)
+
+        holds = [asyncio.Event() for _ in range(3)]
+        tasks = [asyncio.create_task(one(n, h)) for n, h in zip("abc", holds, strict=True)]
+        while len(order) < 2:  # a and b hold both pulls; c waits
+            await asyncio.sleep(0)
+        assert budget.num_pulls == 2 and order == ["a started", "b started"]
+        holds[0].set()  # a's pull ends: c's turn
+        holds[2].set()
+        await tasks[0]
+        await tasks[2]
+        assert order == ["a started", "b started", "c started"]
+        await budget.start_pull_in_turn(10, timeout_s=0.05)  # with b's: both pulls taken
+        with pytest.raises(ImportCapReached, match=r"in flight for 0\.05 s"):
+            await budget.start_pull_in_turn(10, timeout_s=0.05)  # no turn comes: refused
+        assert budget.num_pulls == 2  # the refusal reserved nothing
+        holds[1].set()
+        await tasks[1]
+        return order
+
+    assert len(asyncio.run(scenario())) == 3

@@ -49,7 +49,8 @@ class PDFlags(BaseModel):
         default=DEFAULT_MAX_KV_PULLS,
         ge=1,
         le=1024,
-        description="KV pulls in flight at once, requests; past it a request is a 503",
+        description="KV pulls in flight at once, requests; past it a pull waits its turn"
+        " (up to 10 s, then the request is a 503)",
     )
     max_kv_import_bytes: int = Field(
         default=DEFAULT_MAX_KV_IMPORT_BYTES,

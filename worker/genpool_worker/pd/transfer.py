@@ -46,15 +46,16 @@ def secret_headers(pd: PDContext) -> dict[str, str]:
 
 
 async def pull(pd: PDContext, handle: Handle) -> KVImport:
-    """Read ``handle``'s blocks within the import caps; raises ``ImportCapReached`` (nothing
-    pulled) or ``PullFailed``. Counted in the import metrics."""
-    pd.imports.start_pull(handle.num_bytes)
+    """Read ``handle``'s blocks within the import caps (past the pull cap, in turn);
+    raises ``ImportCapReached`` (nothing pulled) or ``PullFailed``. Counted in the import
+    metrics."""
+    await pd.imports.start_pull_in_turn(handle.num_bytes)
     kept = 0
     try:
         data = await _read(pd, handle)
         kept = len(data)
     finally:
-        pd.imports.end_pull(kept, handle.num_bytes)
+        pd.imports.end_pull_in_turn(kept, handle.num_bytes)
     return KVImport(data, handle.num_blocks, on_release=lambda: pd.imports.release(kept))
 
 
