@@ -29,9 +29,6 @@ class FreedOrder:
     def __len__(self) -> int:
         return self._num_queued
 
-    def __contains__(self, block: int) -> bool:
-        return self._counts[block] < 0
-
     def push(self, blocks: list[int]) -> None:
         """Queue ``blocks`` (just freed, none queued; the list is kept) behind all queued
         so far, in order."""
