@@ -52,8 +52,8 @@ class PrefixIndex:
                 if k == num_hashes or hash_of[block] != hashes[k]:
                     break
                 found.append(block)
-            if len(found) == start:  # the run's first block holds something else now
-                break
+            if len(found) == start:  # (a listed run's first block holds its key: never
+                break  # taken, but a lookup must end whatever the index holds)
         return found
 
     def add_run(self, blocks: Sequence[int], hashes: Sequence[BlockHash]) -> int:

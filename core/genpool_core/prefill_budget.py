@@ -26,21 +26,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Literal, get_args
 
 from genpool_core.request import GenRequest
 
 # (request id, first prompt position, one past the last) of one pass's prefill work.
 PrefillChunk = tuple[str, int, int]
-PREFILL_ORDERS = ("risk", "arrival")  # who gets each pass's budget first
+PrefillOrder = Literal["risk", "arrival"]  # who gets each pass's budget first
+PREFILL_ORDERS: tuple[str, ...] = get_args(PrefillOrder)
 OLDEST_SHARE = 4  # the oldest prompt's floor: 1 / OLDEST_SHARE of each pass's budget
 PASS_TIME_WEIGHT = 0.2  # weight of the latest prefill pass in the pass-time average
 SlackOf = Callable[[GenRequest], "float | None"]  # the admission queue's slack, at now
 
 
 class PrefillQueue:
-    """Admitted requests with prefill left, oldest first, and how far each has got."""
+    """Admitted requests with prefill left, in admission order, and how far each has got."""
 
-    def __init__(self, budget: int, order: str = "risk") -> None:
+    def __init__(self, budget: int, order: PrefillOrder = "risk") -> None:
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
             raise ValueError(f"max_prefill_tokens_per_pass must be an int >= 1, got {budget!r}")
         if order not in PREFILL_ORDERS:

@@ -28,7 +28,7 @@ from genpool_core.preemption import (
     Victim,
     create_gen_preemption,
 )
-from genpool_core.prefill_budget import PrefillChunk, PrefillQueue
+from genpool_core.prefill_budget import PrefillChunk, PrefillOrder, PrefillQueue
 from genpool_core.request import FinishReason, GenRequest, RequestStatus, is_valid_time
 from genpool_core.scheduler_phases import SchedulerPhases
 from genpool_core.scheduler_views import UnknownRequestError as UnknownRequestError
@@ -49,7 +49,7 @@ class SchedulerConfig:
     max_prefill_tokens_per_pass: int | None = None
     # Who gets that budget first: "risk" (least laxity; genpool_core.prefill_budget) or
     # "arrival" (oldest first).
-    prefill_order: str = "risk"
+    prefill_order: PrefillOrder = "risk"
     # Prefix caching (genpool_core.kv_account): admissions share the cached blocks their
     # prompt starts with. Needs a KV budget and requests that carry block hashes.
     enable_prefix_caching: bool = False

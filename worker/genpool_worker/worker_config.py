@@ -27,6 +27,7 @@ from genpool_core.names import (
     PreemptionMode,
 )
 from genpool_core.preemption import GenCapacity, GenPreemptionSettings
+from genpool_core.prefill_budget import PrefillOrder
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
 from genpool_core.stat_fields import MIN_STAT_INTERVAL_S
 from genpool_worker.api import DEFAULT_MAX_ARRIVAL_AGE_S
@@ -164,7 +165,7 @@ class WorkerConfig(PDFlags):
         f" on CUDA, {PREFILL_TOKENS_PER_PASS} elsewhere, 0 for a synthetic model (it"
         " stands in for the simulator's GEN worker, whose prompts come prefilled)",
     )
-    prefill_order: Literal["risk", "arrival"] = Field(
+    prefill_order: PrefillOrder = Field(
         default="risk",
         description="who gets each pass's prefill budget first: risk (the prompt that can"
         " still make its admission target with the least laxity, then the fewest remaining"

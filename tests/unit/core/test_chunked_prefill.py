@@ -31,13 +31,19 @@ def drive(scheduler: GenScheduler, passes: int, t0: float = 0.0) -> list:  # typ
     return plans
 
 
-def test_a_short_prompt_goes_before_a_long_one_within_the_budget() -> None:
-    s = make_scheduler(4, max_prefill_tokens_per_pass=10, kv_budget=KVBudget(64, 4))
+def behind_a_running_request(s: GenScheduler, prompts: dict[str, int], passes: int) -> list:  # type: ignore[type-arg]
+    """A request decoding, then ``prompts`` (id -> length) admitted together at 1.0; the
+    plans of the next ``passes`` passes."""
     s.add_request(fresh("run", 3, max_tokens=20), 0.0)
     drive(s, 1)
-    s.add_request(fresh("a", 25), 1.0)
-    s.add_request(fresh("b", 4), 1.0)
-    plans = drive(s, 4, t0=1.0)
+    for request_id, prompt_len in prompts.items():
+        s.add_request(fresh(request_id, prompt_len), 1.0)
+    return drive(s, passes, t0=1.0)
+
+
+def test_a_short_prompt_goes_before_a_long_one_within_the_budget() -> None:
+    s = make_scheduler(4, max_prefill_tokens_per_pass=10, kv_budget=KVBudget(64, 4))
+    plans = behind_a_running_request(s, {"a": 25, "b": 4}, 4)
     # Neither has a target yet (no warm-up): fewest remaining tokens first; "a", the
     # oldest, keeps its floor and takes what "b" leaves.
     assert [p.prefill_chunks for p in plans] == [
@@ -60,11 +66,7 @@ def test_a_short_prompt_goes_before_a_long_one_within_the_budget() -> None:
 
 def test_arrival_order_serves_the_oldest_prompt_first() -> None:
     s = make_scheduler(4, max_prefill_tokens_per_pass=10, prefill_order="arrival")
-    s.add_request(fresh("run", 3, max_tokens=20), 0.0)
-    drive(s, 1)
-    s.add_request(fresh("a", 25), 1.0)
-    s.add_request(fresh("b", 4), 1.0)
-    plans = drive(s, 3, t0=1.0)
+    plans = behind_a_running_request(s, {"a": 25, "b": 4}, 3)
     assert [p.prefill_chunks for p in plans] == [
         (("a", 0, 10),),
         (("a", 10, 20),),
@@ -76,11 +78,7 @@ def test_arrival_order_serves_the_oldest_prompt_first() -> None:
 
 def test_equal_prompts_are_prefilled_in_admission_order() -> None:
     s = make_scheduler(4, max_prefill_tokens_per_pass=10)
-    s.add_request(fresh("run", 3, max_tokens=20), 0.0)
-    drive(s, 1)
-    s.add_request(fresh("a", 20), 1.0)
-    s.add_request(fresh("b", 20), 1.0)
-    plans = drive(s, 4, t0=1.0)
+    plans = behind_a_running_request(s, {"a": 20, "b": 20}, 4)
     assert [p.prefill_chunks for p in plans] == [
         (("a", 0, 10),),
         (("a", 10, 20),),

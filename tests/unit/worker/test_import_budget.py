@@ -32,29 +32,31 @@ def test_past_the_pull_cap_a_pull_waits_its_turn_then_gives_up() -> None:
     async def scenario() -> list[str]:
         budget = ImportBudget(max_pulls=2, max_bytes=100)
         order: list[str] = []
+        started = {name: asyncio.Event() for name in "abc"}
+        ends = {name: asyncio.Event() for name in "abc"}
 
-        async def one(name: str, hold: asyncio.Event) -> None:
+        async def one(name: str) -> None:
             await budget.start_pull_in_turn(10, timeout_s=5)
             order.append(f"{name} started")
-            await hold.wait()
+            started[name].set()
+            await ends[name].wait()
             budget.end_pull_in_turn(0, 10)
 
-        holds = [asyncio.Event() for _ in range(3)]
-        tasks = [asyncio.create_task(one(n, h)) for n, h in zip("abc", holds, strict=True)]
-        while len(order) < 2:  # a and b hold both pulls; c waits
-            await asyncio.sleep(0)
+        tasks = {name: asyncio.create_task(one(name)) for name in "abc"}
+        await started["a"].wait()
+        await started["b"].wait()  # a and b hold both pulls; c waits its turn
         assert budget.num_pulls == 2 and order == ["a started", "b started"]
-        holds[0].set()  # a's pull ends: c's turn
-        holds[2].set()
-        await tasks[0]
-        await tasks[2]
+        ends["a"].set()  # a's pull ends: c's turn
+        await started["c"].wait()
         assert order == ["a started", "b started", "c started"]
+        ends["c"].set()
+        await asyncio.gather(tasks["a"], tasks["c"])
         await budget.start_pull_in_turn(10, timeout_s=0.05)  # with b's: both pulls taken
         with pytest.raises(ImportCapReached, match=r"in flight for 0\.05 s"):
             await budget.start_pull_in_turn(10, timeout_s=0.05)  # no turn comes: refused
         assert budget.num_pulls == 2  # the refusal reserved nothing
-        holds[1].set()
-        await tasks[1]
+        ends["b"].set()
+        await tasks["b"]
         return order
 
     assert len(asyncio.run(scenario())) == 3

@@ -114,15 +114,17 @@ class DecodeCheck:
                positions: list[int], geometry: tuple[int, int, int],
                vocab_size: int) -> None:  # fmt: skip
         real = [t for t in block_tables if not _is_padding(t, geometry[0])]
-        if geometry != self._geometry or not all(isinstance(t, tuple) for t in real):
+        tables = [t for t in real if isinstance(t, tuple)]
+        if len(tables) != len(real):  # a mutable table could change unseen: walk all
             self._forget()
             check_decode(block_tables, token_ids, positions, geometry, vocab_size)
-            if all(isinstance(t, tuple) for t in real):
-                self._remember(real, geometry)  # (validated whole just now)
             return
+        if geometry != self._geometry:  # nothing remembered holds: every table is new
+            self._forget()
+            self._geometry = geometry
         _check_rows(block_tables, token_ids, positions, geometry)
-        current = {id(table): table for table in real}
-        if len(current) != len(real):
+        current = {id(table): table for table in tables}
+        if len(current) != len(tables):
             raise ValueError("a KV block is in two rows of one decode batch")
         for key in [k for k in self._tables if k not in current]:  # rows that left
             self._blocks.difference_update(self._tables.pop(key))
@@ -133,13 +135,8 @@ class DecodeCheck:
             if not self._blocks.isdisjoint(table):
                 raise ValueError("a KV block is in two rows of one decode batch")
             self._blocks.update(table)
-            self._tables[key] = table  # type: ignore[assignment]
+            self._tables[key] = table
         check_tokens(token_ids, vocab_size)
-
-    def _remember(self, tables: list[Sequence[int]], geometry: tuple[int, int, int]) -> None:
-        self._tables = {id(table): table for table in tables}  # type: ignore[misc]
-        self._blocks = {block for table in tables for block in table}
-        self._geometry = geometry
 
     def _forget(self) -> None:
         self._tables, self._blocks, self._geometry = {}, set(), None
