@@ -56,7 +56,7 @@ class KVAccount:
             return self._hits[1]
         assert self.pool is not None
         limit = (request.prompt_len - 1) // self.pool.block_size
-        hits = self.pool.lookup(request.block_hashes[:limit])
+        hits = self.pool.lookup(request.block_hashes, limit)
         self._hits = (request, hits)
         return hits
 
@@ -67,6 +67,8 @@ class KVAccount:
             return True
         hits = self._cached_prefix(request)
         new = self.num_needed(request) - len(hits)
+        if self.pool.can_allocate(new + len(hits)):  # fits even if every hit were free
+            return True
         return self.pool.can_allocate(new + self.pool.num_evictable(hits))
 
     def reserve(self, request: GenRequest) -> None:
@@ -75,10 +77,12 @@ class KVAccount:
             return
         hits = self._cached_prefix(request)
         self._hits = (None, [])
+        num_hits = len(hits)
         self.pool.touch(hits)
-        request.blocks = tuple(hits + self.pool.allocate(self.num_needed(request) - len(hits)))
-        request.num_cached_tokens = len(hits) * self.pool.block_size
-        self._registered[request.request_id] = len(hits)
+        hits += self.pool.allocate(self.num_needed(request) - num_hits)  # (a list of its own)
+        request.blocks = tuple(hits)
+        request.num_cached_tokens = num_hits * self.pool.block_size
+        self._registered[request.request_id] = num_hits
         if self.is_caching and not request.num_output_tokens:
             self.num_queried_tokens += request.prompt_len
             self.num_hit_tokens += request.num_cached_tokens

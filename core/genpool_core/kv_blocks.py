@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from genpool_core.block_hash import NO_HASH, BlockHash
-from genpool_core.kv_index import PrefixIndex
+from genpool_core.block_hash import BlockHash
+from genpool_core.kv_index import PrefixIndex, values
 from genpool_core.kv_lru import FreedOrder
 
 
@@ -183,19 +183,39 @@ class BlockPool:
         if not self._has_cached:  # every block plain: one bulk move
             self._plain.extend(reversed(blocks))
             return
+        if blocks and not self._free_in_layers(list(reversed(blocks))):
+            self._free_one_by_one(blocks)
+
+    def _free_in_layers(self, last_first: list[int]) -> bool:
+        """The common shape of a table, freed with C-level reads and slices: last first,
+        the plain blocks (count 0, its unregistered tail), then those it alone holds
+        (count 1), then those others hold too (its prefix, counts only grow toward the
+        first block). False, and nothing done, for any other shape."""
         refs = self._refs
-        released: list[int] = []  # nobody holds them now: last blocks first
+        counts = values(refs, last_first)
+        num_plain, num_last = counts.count(0), counts.count(1)
+        num_alone = num_plain + num_last
+        if (
+            counts[:num_plain].count(0) != num_plain
+            or counts[num_plain:num_alone].count(1) != num_last
+        ):
+            return False
+        self._plain += last_first[:num_plain]
+        for block in last_first[num_alone:]:
+            refs[block] -= 1  # others hold it still
+        if num_last:
+            self._freed.push(last_first[num_plain:num_alone])
+        return True
+
+    def _free_one_by_one(self, blocks: Sequence[int]) -> None:
+        """Any table: block by block."""
+        refs, plain = self._refs, self._plain
+        queued: list[int] = []  # cached ones nobody holds now: to the LRU, last first
         for block in reversed(blocks):
             count = refs[block]
             if count > 1:
                 refs[block] = count - 1  # others hold it still
-            else:  # the LRU sets a queued block's count
-                refs[block] = 0
-                released.append(block)
-        plain = self._plain
-        queued: list[int] = []  # cached ones (plain ones and forgotten ones go plain)
-        for block, block_hash in zip(released, self._index.hashes(released), strict=True):
-            if block_hash is not NO_HASH:  # (identity: no read of a hash object's memory)
+            elif count:  # its last holder (the LRU sets a queued block's count)
                 queued.append(block)
             else:
                 plain.append(block)
@@ -212,15 +232,20 @@ class BlockPool:
             raise ValueError(f"KV blocks {sorted(blocks)} are not all held: not allocated")
         held -= plain
 
-    def lookup(self, hashes: Sequence[BlockHash]) -> list[int]:
-        """The cached blocks of the longest run of ``hashes`` (a chain) from the first."""
-        return self._index.lookup(hashes)
+    def lookup(self, hashes: Sequence[BlockHash], limit: int | None = None) -> list[int]:
+        """The cached blocks of the longest run of ``hashes`` (a chain; at most ``limit``
+        of them) from the first."""
+        return self._index.lookup(hashes, limit)
 
     def num_evictable(self, blocks: Sequence[int]) -> int:
         """How many of ``blocks`` (cached ones) are free now: a hit on one takes a free
         block."""
-        refs = self._refs
-        return [refs[block] < 0 for block in blocks].count(True)
+        if not blocks:
+            return 0
+        counts = values(self._refs, blocks)
+        if min(counts) >= 0:  # the common case: all held (a shared prefix)
+            return 0
+        return [count < 0 for count in counts].count(True)
 
     def cache(self, request_id: str, first_block: int, blocks: Sequence[int],
               hashes: Sequence[BlockHash], parent: BlockHash | None) -> None:  # fmt: skip
@@ -242,7 +267,9 @@ class BlockPool:
 
     def uncache(self, blocks: Iterable[int]) -> None:
         """Forget what ``blocks`` hold (their KV is not what the hash says: a failed
-        prefill); they stay held, and become plain and free when their holders let go."""
+        prefill); they stay held and counted, and when their holders let go they join
+        the LRU like cached ones, holding nothing findable (a failed prefill is rare: the
+        release path reads holder counts only, never hashes)."""
         removed = self._index.forget(blocks)
         if removed:
             self.events.append(BlockRemoved(tuple(removed)))

@@ -84,6 +84,7 @@ class GenScheduler(SchedulerPhases):
             self.config.max_queue_length, target, settings.slack_s, self.config.guard_factor
         )
         self._active: dict[str, GenRequest] = {}
+        self._batch_slots: dict[str, int] = {}
         self._residents: dict[str, GenRequest] = {}
         budget = self.config.max_prefill_tokens_per_pass
         self._prefill = None if budget is None else PrefillQueue(budget, self.config.prefill_order)
@@ -229,7 +230,7 @@ class GenScheduler(SchedulerPhases):
         plan = GenPlan(
             now=now,
             batch_ids=tuple(active),  # keys are the request ids, in batch order
-            batch_slots=tuple([r.slot for r in active.values() if r.slot is not None]),
+            batch_slots=tuple(self._batch_slots.values()),
             prefill_ids=prefill_ids,
             paused_in_place_ids=tuple([r.request_id for r in paused_now]),
             paused_in_place_slots=tuple([r.slot for r in paused_now if r.slot is not None]),

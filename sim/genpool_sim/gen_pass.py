@@ -87,5 +87,5 @@ def _cached_blocks(worker: GenWorker, request: SimRequest) -> int:
     if kv.pool is None or not kv.is_caching:
         return 0
     return len(
-        kv.pool.lookup(request.block_hashes[: (request.prompt_tokens - 1) // kv.pool.block_size])
+        kv.pool.lookup(request.block_hashes, (request.prompt_tokens - 1) // kv.pool.block_size)
     )

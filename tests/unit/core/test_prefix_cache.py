@@ -19,6 +19,7 @@ from genpool_core.kv_blocks import (
     BlockStored,
     KVBudget,
 )
+from genpool_core.kv_index import MIN_SWEEP_RUNS, PrefixIndex
 from genpool_core.plan import GenPlan
 from genpool_core.request import FinishReason, GenRequest, RequestStatus
 from genpool_core.scheduler import GenScheduler
@@ -138,6 +139,38 @@ def test_clearing_forgets_every_prefix_but_keeps_what_is_held() -> None:
     pool.clear_cache()
     assert pool.lookup([7]) == [] and pool.num_free == 3 and pool.num_holders(blocks[0]) == 1
     assert pool.take_events()[-1] == AllBlocksCleared()
+
+
+def test_stale_runs_are_swept_so_the_index_stays_the_size_of_what_is_cached() -> None:
+    index = PrefixIndex(4)
+    for family in range(3 * MIN_SWEEP_RUNS):
+        chain = _chain(family, 4)
+        assert index.add_run([0, 1, 2, 3], chain) == 4
+        assert index.lookup(chain) == [0, 1, 2, 3]
+        assert index.forget([0, 1, 2, 3]) == chain  # evicted: its run is stale from now
+        assert index.num_runs <= MIN_SWEEP_RUNS, "stale runs piled up"
+    assert all(index.lookup(_chain(family, 4)) == [] for family in range(3 * MIN_SWEEP_RUNS))
+    assert index.num_cached == 0
+
+
+def test_a_run_whose_first_block_went_stale_is_not_found_even_if_its_tail_is_live() -> None:
+    index = PrefixIndex(4)
+    index.add_run([0, 1], _chain(1, 2))
+    index.forget([0])
+    assert index.lookup(_chain(1, 2)) == []
+    assert index.add_run([2, 3], _chain(1, 2)) == 2  # the key is free again: a new run
+    assert index.lookup(_chain(1, 2)) == [2, 3]
+
+
+def test_a_table_of_any_shape_is_freed_as_one_block_at_a_time_would_be() -> None:
+    pool = BlockPool(KVBudget(6, BS))
+    plain, cached = pool.allocate(1), pool.allocate(1)
+    pool.cache("a", 0, cached, [5], None)
+    pool.free(plain + cached)  # cached after plain: not a table's layers (the slow path)
+    assert pool.num_free == 6 and pool.num_holders(cached[0]) == 0
+    assert pool.lookup([5]) == cached, "a free cached block stays findable"
+    assert sorted(pool.allocate(5)) == [0, 2, 3, 4, 5]  # the plain ones first
+    assert pool.allocate(1) == cached and pool.lookup([5]) == []
 
 
 # -- the scheduler sharing prompts -------------------------------------------------------
