@@ -125,7 +125,7 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks nobody holds, cached ones included (they go when memory is needed)."""
-        return len(self._plain) + len(self._freed)
+        return len(self._plain) + self._freed.num_queued
 
     @property
     def num_used(self) -> int:

@@ -24,12 +24,9 @@ class FreedOrder:
         self._tables: collections.deque[tuple[int, list[int]]] = collections.deque()
         self._cursor = 0  # entries of the front table already passed
         self._tick = 0
-        self._num_queued = 0  # live entries
+        self.num_queued = 0  # live entries (an attribute: read every admission)
         self._num_entries = 0  # entries not passed yet, live or dead
         self._dead: set[int] = set()  # the ticks of tables with an entry taken out
-
-    def __len__(self) -> int:
-        return self._num_queued
 
     def push(self, blocks: list[int]) -> None:
         """Queue ``blocks`` (just freed, none queued; the list is kept) behind all queued
@@ -40,7 +37,7 @@ class FreedOrder:
         for block in blocks:
             counts[block] = tick
         self._tables.append((tick, blocks))
-        self._num_queued += len(blocks)
+        self.num_queued += len(blocks)
         self._num_entries += len(blocks)
         if self._num_entries > 2 * len(counts):  # dead entries outnumber what can be live
             self._compact()
@@ -52,12 +49,12 @@ class FreedOrder:
         tick = counts[block]
         self._dead.add(tick)
         counts[block] = 1
-        self._num_queued -= 1
+        self.num_queued -= 1
 
     def pop_oldest(self, count: int) -> list[int]:
         """The ``count`` least recently queued blocks, taken out (``count <= len``)."""
-        if count > self._num_queued:
-            raise RuntimeError(f"{count} freed blocks asked, {self._num_queued} queued")
+        if count > self.num_queued:
+            raise RuntimeError(f"{count} freed blocks asked, {self.num_queued} queued")
         taken: list[int] = []
         counts, tables, cursor, dead = self._counts, self._tables, self._cursor, self._dead
         passed = 0
@@ -77,13 +74,13 @@ class FreedOrder:
                 tables.popleft()
                 cursor = 0
         self._cursor = cursor
-        self._num_queued -= count
+        self.num_queued -= count
         self._num_entries -= passed
         return taken
 
     def drain(self) -> list[int]:
         """Every queued block, oldest first, taken out."""
-        return self.pop_oldest(self._num_queued)
+        return self.pop_oldest(self.num_queued)
 
     def _compact(self) -> None:
         counts, cursor = self._counts, self._cursor
@@ -95,4 +92,4 @@ class FreedOrder:
                 tables.append((tick, live))
         self._tables, self._cursor = tables, 0
         self._dead.clear()
-        self._num_entries = self._num_queued
+        self._num_entries = self.num_queued
