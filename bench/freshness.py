@@ -1,0 +1,280 @@
+"""Is the results page true to the code? (docs/results.md, "How the figures stay true")
+
+The rule, checked by ``make test`` (tests/unit/test_results_freshness.py) and by
+``python -m bench.freshness``:
+
+1. Every figure cites the JSON it comes from: each section of docs/results.md and the
+   README with a measured number in it (a number with a unit: ``FIGURE``) names a
+   ``bench/results/...json``, or sits under a section that does; and every JSON a
+   page names exists.
+2. Every JSON says what produced it: its ``commit`` (in this branch's history) and its
+   ``command``, from a clean tree (``dirty`` false). Results measured before JSONs
+   recorded that are listed in ``UNVERSIONED`` with when and how, and every section
+   citing one says "unversioned".
+3. A JSON is stale when a file it measures (``MEASURED``: the bench's own code and the
+   product modules whose behaviour its figures report) changed after its commit. A
+   stale JSON stays on the page only listed in ``STALE`` with the reason, and every
+   section citing it says "stale"; a listed one that is fresh again (rerun) fails
+   until its mark goes, so no mark outlives its reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = "bench/results"
+PAGES = ("docs/results.md", "README.md")  # where every table must cite its JSON
+CITATION = re.compile(r"bench/results/[\w./-]+\.json")
+HEADING = re.compile(r"^(#{1,6}) ")
+# A figure: a measured number, with a unit or a decimal point (not "R1", not a step "7.1"
+# of a list: those have no unit and are not in a table's measured columns).
+FIGURE = re.compile(r"\b\d+(?:\.\d+)?\s?(?:%|x\b|µs|us\b|ms\b|s\b|tok|GiB|GB|MiB|TB/s)")
+
+KV_POOL = ("core/genpool_core/kv_account.py", "core/genpool_core/kv_blocks.py",
+           "core/genpool_core/kv_index.py", "core/genpool_core/kv_lru.py",
+           "core/genpool_core/block_hash.py")  # fmt: skip
+SERVING = ("bench/serving_load.py", "bench/pd_report.py")
+SIM = ("sim/genpool_sim", "core/genpool_core")  # the simulator runs the shipped policies
+INTEROP = ("worker/genpool_worker/kv_events.py", "worker/genpool_worker/kv_events_wire.py",
+           "worker/genpool_worker/kv_events_config.py", "bench/kv_events_interop.py",
+           "bench/kv_events_epp.py", "devcluster/genpool_devcluster/interop")  # fmt: skip
+DEMO = ("devcluster/genpool_devcluster/demo.py", "devcluster/genpool_devcluster/demo_load.py",
+        "devcluster/genpool_devcluster/demo_pools.py", "core/genpool_core/scaler.py",
+        "core/genpool_core/scaler_estimates.py", "core/genpool_core/scaler_signals.py")  # fmt: skip
+
+# JSON (under bench/results) -> what its figures measure.
+MEASURED: dict[str, tuple[str, ...]] = {
+    "scheduler.json": (
+        "core/genpool_core",
+        "bench/scheduler.py",
+        "bench/scheduler_runner.py",
+        "bench/scheduler_report.py",
+    ),  # fmt: skip
+    "decode_check.json": ("worker/genpool_worker/model/checks.py", "bench/decode_check.py"),
+    "chunked_prefill.json": (
+        "core/genpool_core/prefill_budget.py",
+        "bench/chunked_prefill.py",
+        "worker/genpool_worker/model_runner.py",
+        *SERVING,
+    ),  # fmt: skip
+    "pd.json": (
+        "worker/genpool_worker/pd",
+        "worker/genpool_worker/kv_connector.py",
+        "bench/pd.py",
+        *SERVING,
+    ),  # fmt: skip
+    "prefix_chat.json": (*KV_POOL, "bench/prefix_chat.py", "bench/prefix_report.py", *SERVING),
+    "guidellm.json": (
+        "bench/guidellm_bench.py",
+        "worker/genpool_worker/chat_route.py",
+        "worker/genpool_worker/completions_route.py",
+        "core/genpool_core/preemption",
+    ),  # fmt: skip
+    "kv_events_interop.json": INTEROP,
+    "kv_events_interop_smollm2.json": INTEROP,
+    "kv_events_interop_cluster.json": INTEROP,
+    "kv_events_interop_cluster_smollm2.json": INTEROP,
+    "demo_live_seed0.json": DEMO,
+    "demo_live_seed1.json": DEMO,
+    "demo_live_seed2.json": DEMO,
+    "sim/prefix.json": (*SIM, "bench/sim_prefix.py"),
+    "sim/demo_load.json": (*SIM, *DEMO, "bench/sim_demo_load.py"),
+    "sim/autoscale_law.json": (*SIM, "bench/autoscale_study.py", "bench/autoscale_cases.py"),
+    "sim.json": (*SIM, "bench/sim.py"),
+    "worker.json": ("worker/genpool_worker/model", "bench/worker.py", "bench/decode_support.py"),
+    "operator.json": (
+        "operator/genpool_operator/scrape.py",
+        "operator/genpool_operator/statsloop.py",
+        "bench/operator.py",
+    ),  # fmt: skip
+    "kv_residents.json": (*KV_POOL, "core/genpool_core/scheduler.py", "bench/kv_residents.py"),
+    "fuzz.json": ("worker/genpool_worker", "bench/fuzz.py", "bench/fuzz_cases.py"),
+    "faults.json": (
+        "worker/genpool_worker",
+        "bench/faults.py",
+        "bench/fault_load.py",
+        "bench/fault_pool.py",
+    ),  # fmt: skip
+}
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Why a result stays on the page although it is stale or unversioned."""
+
+    reason: str
+
+
+# Measured before JSONs recorded their commit (what they ran, and when).
+UNVERSIONED: dict[str, Mark] = {
+    "sim/r1.json": Mark("genpool-sim R1 sweep, 2026-11 (docs/results.md gives the command)"),
+    "sim/cap_curve.json": Mark("genpool-sim paused-cap curve, 2026-11"),
+    "sim/open_loop_rate15.json": Mark("genpool-sim open-loop seeds, 2026-11"),
+    "sim/classes.json": Mark("genpool-sim two SLO classes, 2026-11"),
+    "sim/classes_floors_only.json": Mark("genpool-sim SLO classes, floors only, 2026-11"),
+    "sim/demo_load_slo0.3.json": Mark("bench.sim_demo_load at a 0.3 s SLO, 2026-12"),
+    "sim/tune.json": Mark("bench.sim_tune, 8 seeds, 2026-11"),
+    "sim/kv_headroom.json": Mark("bench.sim_kv, 4 seeds x 2 loads, 2026-11"),
+    "gpu_check.json": Mark(
+        "bench/gpu_check.py on one H200, 2026-11-30: the static-slot kernel, which no longer ships"
+    ),  # fmt: skip
+    "cpu_decode.json": Mark("bench.cpu_decode, static-slot layout, 2026-11"),
+    "preemption_cost.json": Mark("bench.preemption_cost, SmolLM2, 2026-11"),
+    "preemption_cost_40s.json": Mark("bench.preemption_cost --duration 40, 2026-11"),
+    "preemption_cost_synthetic.json": Mark("bench.preemption_cost, synthetic model, 2026-11"),
+}
+
+# Versioned, but the code they measure has changed since (why they stay).
+STALE: dict[str, Mark] = {}
+
+
+def provenance_of(document: Any) -> dict[str, Any]:
+    """The commit/command/dirty a result records (top level, or under ``meta``)."""
+    if not isinstance(document, dict):
+        return {}
+    meta = document.get("meta")
+    return meta if isinstance(meta, dict) and "commit" in meta else document
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+
+
+def changed_since(root: Path, commit: str, paths: tuple[str, ...]) -> list[str] | None:
+    """Files under ``paths`` that differ between ``commit`` and HEAD; None when
+    ``commit`` is not in HEAD's history."""
+    if _git(root, "merge-base", "--is-ancestor", commit, "HEAD").returncode != 0:
+        return None
+    found = _git(root, "diff", "--name-only", commit, "HEAD", "--", *paths)
+    return [line for line in found.stdout.splitlines() if line]
+
+
+def result_problems(root: Path) -> tuple[list[str], set[str], set[str]]:
+    """Problems with the JSONs themselves, and which are stale and which unversioned."""
+    problems: list[str] = []
+    stale: set[str] = set()
+    on_disk = {p.relative_to(root / RESULTS).as_posix() for p in (root / RESULTS).rglob("*.json")}
+    for name in sorted(set(MEASURED) | set(UNVERSIONED) | set(STALE)):
+        if name not in on_disk:
+            problems.append(f"{RESULTS}/{name} is listed in bench/freshness.py but missing")
+    for name in sorted(on_disk):
+        if name in UNVERSIONED:
+            continue
+        if name not in MEASURED:
+            problems.append(f"{RESULTS}/{name}: say what it measures (bench/freshness.py)")
+            continue
+        try:
+            document = json.loads((root / RESULTS / name).read_text())
+        except (OSError, ValueError) as error:
+            problems.append(f"{RESULTS}/{name}: not readable JSON ({error})")
+            continue
+        problems += _versioned_problems(root, name, provenance_of(document), stale)
+    return problems, stale, set(UNVERSIONED)
+
+
+def _versioned_problems(root: Path, name: str, source: dict[str, Any],
+                        stale: set[str]) -> list[str]:  # fmt: skip
+    commit, command = source.get("commit"), source.get("command")
+    where = f"{RESULTS}/{name}"
+    if not isinstance(commit, str) or not re.fullmatch(r"[0-9a-f]{40}", commit):
+        return [f"{where}: records no commit (rerun it, or list it in UNVERSIONED)"]
+    if not isinstance(command, str) or not command:
+        return [f"{where}: records no command"]
+    if source.get("dirty") is True:
+        return [f"{where}: measured on a dirty tree (commit first, then rerun `{command}`)"]
+    changed = changed_since(root, commit, MEASURED[name])
+    if changed is None:
+        return [f"{where}: its commit {commit[:8]} is not in this branch's history"]
+    if changed:
+        stale.add(name)
+        if name not in STALE:
+            shown = ", ".join(changed[:4]) + (" ..." if len(changed) > 4 else "")
+            return [f"{where} is stale: {shown} changed since {commit[:8]}; rerun `{command}`, "
+                    f"or list it in STALE with the reason and mark its sections"]  # fmt: skip
+    elif name in STALE:
+        return [f"{where} is fresh again: drop its STALE mark (and the docs' 'stale')"]
+    return []
+
+
+@dataclass
+class Section:
+    heading: str
+    depth: int
+    text: list[str]
+    cited: set[str]
+    num_figures: int = 0
+
+
+def sections(page: str) -> list[tuple[Section, set[str]]]:
+    """Each section of a markdown page with the citations it inherits from the sections
+    above it (a table under a cited heading is covered)."""
+    found: list[tuple[Section, set[str]]] = []
+    stack: list[Section] = []
+    current = Section("(top)", 0, [], set())
+    found_sections = [current]
+    for line in page.splitlines():
+        heading = HEADING.match(line)
+        if heading:
+            current = Section(line.strip(), len(heading.group(1)), [], set())
+            found_sections.append(current)
+            continue
+        current.text.append(line)
+        current.cited.update(CITATION.findall(line))
+        if not line.startswith(("    ", "```", "python ", "make ")):  # not a command
+            current.num_figures += len(FIGURE.findall(line))
+    for section in found_sections:
+        while stack and stack[-1].depth >= section.depth > 0:
+            stack.pop()
+        inherited = set().union(*(above.cited for above in stack)) if stack else set()
+        found.append((section, inherited))
+        if section.depth > 0:
+            stack.append(section)
+    return found
+
+
+def page_problems(root: Path, page_path: str, stale: set[str], unversioned: set[str]) -> list[str]:
+    problems: list[str] = []
+    page = (root / page_path).read_text()
+    for section, inherited in sections(page):
+        text = "\n".join(section.text).lower()
+        if section.num_figures and not (section.cited | inherited):
+            problems.append(f"{page_path} {section.heading!r}: {section.num_figures} figure(s) "
+                            f"but no JSON cited")  # fmt: skip
+        for cited in sorted(section.cited):
+            name = cited.removeprefix(RESULTS + "/")
+            if not (root / cited).is_file():
+                problems.append(f"{page_path} {section.heading!r}: {cited} does not exist")
+            elif name in stale and "stale" not in text:
+                problems.append(f"{page_path} {section.heading!r}: cites stale {cited} "
+                                f"without saying so")  # fmt: skip
+            elif name in unversioned and "unversioned" not in text:
+                problems.append(f"{page_path} {section.heading!r}: cites unversioned {cited} "
+                                f"without saying so")  # fmt: skip
+    return problems
+
+
+def problems(root: Path = ROOT) -> list[str]:
+    """Everything that keeps the results page from being true to the code."""
+    found, stale, unversioned = result_problems(root)
+    for page in PAGES:
+        found += page_problems(root, page, stale, unversioned)
+    return found
+
+
+def main() -> int:
+    found = problems()
+    for problem in found:
+        print(problem)
+    print(f"{len(found)} problem(s)" if found else "results: every figure cites a fresh JSON")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
