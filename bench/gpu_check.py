@@ -71,6 +71,7 @@ from bench.gpu_check_models import (  # noqa: E402
 from bench.gpu_check_paged import attention_sweep, swapped_to_static  # noqa: E402
 from bench.gpu_check_report import format_summary, summarize  # noqa: E402
 from bench.gpu_check_residents import azure_residents  # noqa: E402
+from bench.provenance import provenance  # noqa: E402
 
 
 class Budget:
@@ -273,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serving", action="store_true", help="then bench/gpu_serving.py")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    result = run(args)
+    source = provenance("bench.gpu_check", argv)  # the tree at start (bench/freshness.py)
+    result = source | run(args)
     result["total_s"] = time.perf_counter() - start
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

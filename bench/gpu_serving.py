@@ -62,6 +62,7 @@ from bench.gpu_check_clients import (
 from bench.gpu_check_models import LLAMA31_8B, SEED, TINY
 from bench.gpu_check_worker import LOG as WORKER_LOG
 from bench.gpu_check_worker import engine_model_time, worker_process
+from bench.provenance import provenance
 from genpool_core.model_catalogue import kv_bytes_per_token
 from genpool_core.names import DEFAULT_KV_BLOCK_SIZE
 
@@ -274,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-top-p", action="store_true", help="sample without top_p")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    result = run(settings(args))
+    source = provenance("bench.gpu_serving", argv)  # the tree at start (bench/freshness.py)
+    result = source | run(settings(args))
     result["total_s"] = time.perf_counter() - start
     out = Path(args.out or (SMOKE_RESULTS if args.smoke else RESULTS))
     out.parent.mkdir(parents=True, exist_ok=True)

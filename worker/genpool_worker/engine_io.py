@@ -16,6 +16,7 @@ from genpool_core.plan import GenPlan
 from genpool_core.request import FinishReason, GenRequest
 from genpool_core.statline import StatLine, format_statline
 from genpool_core.stats import SchedulerStats
+from genpool_worker.detokenizer import IncrementalDetokenizer
 from genpool_worker.events import EngineEvent
 from genpool_worker.kv_connector import KVExecutionSide, KVTransfer
 from genpool_worker.sampling_params import SamplingParams, TokenLogprobs
@@ -120,7 +121,7 @@ class EngineRequest:
     loop: asyncio.AbstractEventLoop | None = None  # None on followers: no client
     events: asyncio.Queue[EngineEvent] = field(default_factory=asyncio.Queue)
     output_ids: list[int] = field(default_factory=list)
-    text_sent: int = 0  # characters of the decoded output already through the matcher
+    detokenizer: IncrementalDetokenizer = field(default_factory=IncrementalDetokenizer)
     stop_matcher: StopMatcher | None = field(init=False, default=None)
     # Sampled tokens (and logprobs) whose text has not gone out yet (logprobs asked for).
     unsent_logprobs: list[tuple[int, TokenLogprobs | None]] = field(default_factory=list)

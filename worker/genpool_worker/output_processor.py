@@ -1,7 +1,9 @@
 """Detokenize and stream: each sampled token becomes a text delta for its client, and
-a finished request gets its last text and a ``Finished`` event. Stop strings are
-matched here, on every rank, so the engine finishes a matched request as a stop in the
-next pass (counted as completed, never aborted). No torch here."""
+a finished request gets its last text and a ``Finished`` event. Decoding is incremental
+(:mod:`genpool_worker.detokenizer`): a token costs a decode of a few tokens, not of the
+whole output. Stop strings are matched here, on every rank, so the engine finishes a
+matched request as a stop in the next pass (counted as completed, never aborted). No
+torch here."""
 
 from __future__ import annotations
 
@@ -9,8 +11,6 @@ from genpool_core.request import FinishReason
 from genpool_worker.engine_io import EngineRequest, Tokenizer
 from genpool_worker.events import Finished, TokenDelta, Usage
 from genpool_worker.sampling_params import TokenLogprobs
-
-INCOMPLETE_UTF8 = "\ufffd"  # what a decoder shows for a partial UTF-8 sequence
 
 
 class OutputProcessor:
@@ -25,18 +25,18 @@ class OutputProcessor:
         """Append ``token`` and send the text that is new and complete (with the tokens'
         logprobs when the request asked for them)."""
         request.output_ids.append(token)
-        if request.arrival.sampling.num_logprobs is not None and token not in self.eos_token_ids:
+        is_eos = token in self.eos_token_ids
+        if request.arrival.sampling.num_logprobs is not None and not is_eos:
             request.unsent_logprobs.append((token, logprobs))
-        # No EOS id is text (one before min_tokens included), nor a final stop token.
-        ids = [t for t in request.output_ids if t not in self.eos_token_ids]
-        if token in request.arrival.stop_token_ids and token not in self.eos_token_ids:
-            ids = ids[:-1]
-        text = self.tokenizer.decode(ids)
-        if text.endswith(INCOMPLETE_UTF8):  # wait for the rest of the sequence
-            return
-        if len(text) > request.text_sent:
-            self._send(request, text[request.text_sent :])
-            request.text_sent = len(text)
+        detokenizer = request.detokenizer
+        if not is_eos:  # no EOS id is text (one before min_tokens included)
+            detokenizer.ids.append(token)
+        end = len(detokenizer.ids)
+        if token in request.arrival.stop_token_ids and not is_eos:
+            end -= 1  # nor is a stop token that ends the output
+        text = detokenizer.new_text(self.tokenizer, end)
+        if text:
+            self._send(request, text)
 
     def _send(self, request: EngineRequest, text: str) -> None:
         """Through the stop matcher: what may still begin a stop string is held back."""
@@ -49,13 +49,13 @@ class OutputProcessor:
 
     def on_finished(self, request: EngineRequest, reason: FinishReason) -> None:
         """Flush any held-back text, then close the stream with the plan's reason."""
-        ids = [t for t in request.output_ids if t not in self.eos_token_ids]
+        detokenizer = request.detokenizer
+        ids, end = detokenizer.ids, len(detokenizer.ids)
         if ids and reason is FinishReason.STOP and ids[-1] in request.arrival.stop_token_ids:
-            ids = ids[:-1]  # a stop token ends the text, as EOS does
-        text = self.tokenizer.decode(ids)
-        if len(text) > request.text_sent:
-            self._send(request, text[request.text_sent :])
-            request.text_sent = len(text)
+            end -= 1  # a stop token ends the text, as EOS does
+        text = detokenizer.new_text(self.tokenizer, end, is_final=True)
+        if text:
+            self._send(request, text)
         if request.stop_matcher is not None and (tail := request.stop_matcher.flush()):
             request.emit(TokenDelta(tail, tuple(request.unsent_logprobs), len(request.output_ids)))
             request.unsent_logprobs.clear()
