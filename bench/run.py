@@ -31,6 +31,7 @@ BENCHMARKS: dict[str, str] = {
     "faults": "bench.faults",
     "guidellm": "bench.guidellm_bench",
     "decode_check": "bench.decode_check",
+    "penalties": "bench.penalties",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
