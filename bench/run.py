@@ -32,6 +32,7 @@ BENCHMARKS: dict[str, str] = {
     "guidellm": "bench.guidellm_bench",
     "decode_check": "bench.decode_check",
     "detokenize": "bench.detokenize",
+    "penalties": "bench.penalties",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

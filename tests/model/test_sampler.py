@@ -94,7 +94,7 @@ def test_penalties_equal_the_reference_computation() -> None:
 
 
 def test_a_penalty_changes_the_greedy_token() -> None:
-    logits = torch.tensor([[3.0, 2.9, 0.0]])
+    logits = torch.tensor([[3.0, 2.9, 0.0]] * 2)
     plain = SampleRow(SamplingParams(), None, [], [0])
     penalised = SampleRow(SamplingParams(frequency_penalty=0.5), None, [], [0])
     assert sample(logits, [plain, penalised])[0] == [0, 1]
@@ -143,3 +143,29 @@ def test_masked_tokens_are_never_drawn() -> None:
     drawn = SampleRow(SamplingParams(temperature=2.0), torch.Generator().manual_seed(1), [], [],
                       masked_ids=(0,))  # fmt: skip
     assert 0 not in {sample(logits, [drawn])[0][0] for _ in range(200)}
+
+
+def test_penalty_counts_kept_across_passes_equal_a_recount_from_the_token_lists() -> None:
+    generator = torch.Generator().manual_seed(5)
+    params = SamplingParams(repetition_penalty=1.2, frequency_penalty=0.3, presence_penalty=0.2)
+    prompt = [1, 4, 4, 9]
+    kept = SampleRow(params, None, prompt, [])
+    output: list[int] = []
+    for _ in range(40):
+        logits = torch.randn(1, 12, generator=generator)
+        recount = _penalised(logits, [SampleRow(params, None, prompt, list(output))])
+        assert torch.equal(_penalised(logits, [kept]), recount)
+        (token,), _ = sample(logits, [kept])
+        kept.took(token)
+        output.append(token)
+    assert kept.output_ids == [] and kept.counts is not None  # counted once, then kept
+
+
+def test_only_penalised_rows_change_and_the_logits_stay_as_they_were() -> None:
+    logits = torch.tensor([[2.0, -1.0, 0.5], [1.0, 1.0, 1.0], [0.5, 3.0, -2.0]])
+    before = logits.clone()
+    rows = [row(), SampleRow(SamplingParams(presence_penalty=0.5), None, [], [1]), row()]
+    got = _penalised(logits, rows)
+    assert torch.equal(logits, before)
+    assert torch.equal(got[0], before[0]) and torch.equal(got[2], before[2])
+    assert got[1].tolist() == [1.0, 0.5, 1.0]

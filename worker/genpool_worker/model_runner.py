@@ -109,8 +109,7 @@ class _RunState:
     def took(self, token: int) -> None:
         self.last_token = token
         self.num_output_tokens += 1
-        if self.sample.params.has_penalties:  # only penalties read the output so far
-            self.sample.output_ids.append(token)
+        self.sample.took(token)
 
 
 def _sample_row(arrival: Arrival) -> SampleRow:

@@ -20,16 +20,54 @@ from genpool_worker.sampling_params import SamplingParams, TokenLogprobs
 
 
 @dataclass
+class PenaltyCounts:
+    """A penalised request's tokens as counts on the logits' device, kept across passes
+    and updated by each sampled token: a pass reads them, never rebuilds them from the
+    token lists (which cost every row's whole output, each pass)."""
+
+    seen: torch.Tensor  # [vocab] bool: in the prompt or the output (repetition)
+    output: torch.Tensor  # [vocab] float: occurrences in the output (presence, frequency)
+
+    @classmethod
+    def of(cls, prompt_ids: Sequence[int], output_ids: Sequence[int], vocab: int,
+           device: torch.device) -> PenaltyCounts:  # fmt: skip
+        output = _counts([output_ids], vocab, device)[0]
+        seen = (output > 0) | (_counts([prompt_ids], vocab, device)[0] > 0)
+        return cls(seen, output)
+
+    def add(self, token: int) -> None:
+        if 0 <= token < self.output.shape[0]:
+            self.output[token] += 1
+            self.seen[token] = True
+
+
+@dataclass
 class SampleRow:
     """What sampling one row needs: its params, generator and the tokens so far (penalties)."""
 
     params: SamplingParams
     generator: torch.Generator | None
     prompt_ids: Sequence[int]
-    output_ids: list[int]
+    output_ids: list[int]  # until its first penalised draw makes ``counts`` from them
     # Never drawn this pass: EOS and the stop tokens until ``min_tokens`` are out (vLLM's
     # rule), set by the runner before each pass.
     masked_ids: tuple[int, ...] = ()
+    counts: PenaltyCounts | None = None  # penalties only, from the first draw on
+
+    def took(self, token: int) -> None:
+        """``token`` is its output's next (only penalties read the output so far)."""
+        if not self.params.has_penalties:
+            return
+        if self.counts is None:
+            self.output_ids.append(token)
+        else:
+            self.counts.add(token)
+
+    def penalty_counts(self, vocab: int, device: torch.device) -> PenaltyCounts:
+        if self.counts is None:
+            self.counts = PenaltyCounts.of(self.prompt_ids, self.output_ids, vocab, device)
+            self.output_ids = []  # counted: the counts carry on from here
+        return self.counts
 
 
 def sample(
@@ -95,23 +133,28 @@ def _filtered(ordered: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
 
 
 def _penalised(scores: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
-    """vLLM's penalties: repetition divides a positive logit (multiplies a negative one)
-    of every token in the prompt or output; presence and frequency subtract per output
-    token (OpenAI's definition)."""
-    vocab = scores.shape[-1]
-    out_counts = _counts([r.output_ids for r in rows], vocab, scores.device)
-    seen = (out_counts > 0) | (_counts([r.prompt_ids for r in rows], vocab, scores.device) > 0)
+    """vLLM's penalties on the rows that have them: repetition divides a positive logit
+    (multiplies a negative one) of every token in the prompt or output; presence and
+    frequency subtract per output token (OpenAI's definition)."""
+    vocab, device = scores.shape[-1], scores.device
+    index = [i for i, row in enumerate(rows) if row.params.has_penalties]
+    counts = [rows[i].penalty_counts(vocab, device) for i in index]
+    out_counts = torch.stack([c.output for c in counts])
+    seen = torch.stack([c.seen for c in counts])
 
     def column(values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, device=scores.device, dtype=scores.dtype)[:, None]
+        return torch.tensor(values, device=device, dtype=scores.dtype)[:, None]
 
-    repetition = column([r.params.repetition_penalty for r in rows])
-    frequency = column([r.params.frequency_penalty for r in rows])
-    presence = column([r.params.presence_penalty for r in rows])
-    factor = torch.where(scores > 0, 1.0 / repetition, repetition)
-    scores = torch.where(seen, scores * factor, scores)
-    scores = scores - frequency * out_counts
-    return scores - presence * (out_counts > 0).to(scores.dtype)
+    params = [rows[i].params for i in index]
+    repetition = column([p.repetition_penalty for p in params])
+    frequency = column([p.frequency_penalty for p in params])
+    presence = column([p.presence_penalty for p in params])
+    rows_index = torch.tensor(index, device=device)
+    some = scores.index_select(0, rows_index)
+    factor = torch.where(some > 0, 1.0 / repetition, repetition)
+    some = torch.where(seen, some * factor, some)
+    some = some - frequency * out_counts - presence * (out_counts > 0).to(some.dtype)
+    return scores.index_copy(0, rows_index, some)  # a copy: the logits stay for logprobs
 
 
 def _counts(ids: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
