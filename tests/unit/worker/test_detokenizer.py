@@ -93,7 +93,7 @@ def test_the_output_processor_streams_the_text_without_eos_and_a_final_stop_toke
     request = EngineRequest(Arrival("r", [1], max_tokens=16, stop_token_ids=(ord("!"),)))
     events: list[EngineEvent] = []
     request.emit = events.append  # type: ignore[method-assign]
-    for token in [*"ça va".encode(), 0, *"!".encode()]:
+    for token in [*"ça va".encode(), 0, *b"!"]:
         output.on_token(request, token)
     output.on_finished(request, FinishReason.STOP)
     assert "".join(e.text for e in events if isinstance(e, TokenDelta)) == "ça va"
