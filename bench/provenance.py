@@ -29,9 +29,10 @@ def is_dirty() -> bool:
     tree named by ``$GENPOOL_COMMIT`` is taken as that commit's)."""
     if os.environ.get(COMMIT_ENV):
         return False
-    # Results are outputs, not what is measured: a run of several benches writes them.
+    # Results and prose are not what is measured (a run of several benches writes results;
+    # the docs are written while they run).
     found = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                            ":(exclude)bench/results"],
+                            ":(exclude)bench/results", ":(exclude)docs", ":(exclude)*.md"],
                            capture_output=True, text=True, cwd=ROOT, check=False)  # fmt: skip
     return bool(found.stdout.strip())
 
