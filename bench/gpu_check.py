@@ -41,7 +41,7 @@ from pathlib import Path
 # standard library's operator module: put the checkout's packages there instead.
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
-for _package in ("worker", "core"):  # run from a checkout without installing
+for _package in ("worker", "core", "devcluster"):  # run from a checkout without installing
     if str(ROOT / _package) not in sys.path:
         sys.path.insert(0, str(ROOT / _package))
 if str(ROOT) not in sys.path:  # for bench.*; last, after the standard library

@@ -12,7 +12,6 @@ import asyncio
 import hashlib
 import json
 import re
-import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -21,7 +20,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from genpool_devcluster.interop.common import ROOT, log
+from genpool_devcluster import checkout
+from genpool_devcluster.interop.common import log
 from genpool_devcluster.interop.conversations import Conversation, Turn, turn_record
 from genpool_devcluster.interop.epp_client import EppClient
 
@@ -219,12 +219,9 @@ def provenance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     """What a result file records of its run: this checkout's commit (and whether it had
     changes), the command, the epp binary (``args.epp``) and the load's shape."""
 
-    def git(*cmd: str) -> str:
-        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True).stdout
-
     return {
-        "commit": git("rev-parse", "HEAD").strip(),
-        "dirty": bool(git("status", "--porcelain").strip()),
+        "commit": checkout.commit(),
+        "dirty": checkout.is_dirty(),
         "command": command,
         "epp": {"sha256": hashlib.sha256(args.epp.read_bytes()).hexdigest(),
                 "source_commit": args.epp_source_commit},
