@@ -86,6 +86,7 @@ MEASURED: dict[str, tuple[str, ...]] = {
     "demo_live_seed2.json": DEMO,
     "sim/prefix.json": (*SIM, "bench/sim_prefix.py"),
     "sim/demo_load.json": (*SIM, *DEMO, "bench/sim_demo_load.py"),
+    "sim/demo_load_slo0.3.json": (*SIM, *DEMO, "bench/sim_demo_load.py"),
     "sim/autoscale_law.json": (*SIM, "bench/autoscale_study.py", "bench/autoscale_cases.py"),
     "sim.json": (*SIM, "bench/sim.py"),
     # The decode path (greedy by argmax: the sampler is not in it).
@@ -136,7 +137,6 @@ UNVERSIONED: dict[str, Mark] = {
     "sim/open_loop_rate15.json": Mark("genpool-sim open-loop seeds, 2026-11"),
     "sim/classes.json": Mark("genpool-sim two SLO classes, 2026-11"),
     "sim/classes_floors_only.json": Mark("genpool-sim SLO classes, floors only, 2026-11"),
-    "sim/demo_load_slo0.3.json": Mark("bench.sim_demo_load at a 0.3 s SLO, 2026-12"),
     "sim/tune.json": Mark("bench.sim_tune, 8 seeds, 2026-11"),
     "sim/kv_headroom.json": Mark("bench.sim_kv, 4 seeds x 2 loads, 2026-11"),
     "gpu_check.json": Mark(
