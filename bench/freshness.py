@@ -150,13 +150,6 @@ UNVERSIONED: dict[str, Mark] = {
 
 # Versioned, but the code they measure has changed since (why they stay).
 STALE: dict[str, Mark] = {
-    "kv_events_interop.json": Mark(
-        "the local run moved into the interop package (bfd1830, "
-        "which reran it 2x2 unrecorded) and the publisher's "
-        "failure handling changed (fb62d09); the llm-d epp it "
-        "used (ebab6879) is not built here now"
-    ),
-    "kv_events_interop_smollm2.json": Mark("as kv_events_interop.json"),
     "sim/autoscale_law.json": Mark(
         "recorded at 0acac59; the prefix cache, the KV pool's rework "
         "and the prefill order came after, and the 2.5-hour study "
