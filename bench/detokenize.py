@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.versus import versus_row, versus_table
 from genpool_core.request import FinishReason
 from genpool_worker.detokenizer import INCOMPLETE_UTF8
 from genpool_worker.engine_io import Arrival, EngineRequest, Tokenizer
@@ -90,12 +91,14 @@ def run(*, quick: bool = False) -> dict[str, Any]:
                 if text != whole_text:
                     raise AssertionError(f"{name} streamed other text at {length} tokens")
                 best[name] = min(best[name], per_token)
-        rows.append({
-            "output_tokens": length,
-            "incremental_us_per_token": round(best["incremental"] * 1e6, 2),
-            "whole_output_us_per_token": round(best["whole_output"] * 1e6, 2),
-            "ratio": round(best["whole_output"] / best["incremental"], 1),
-        })  # fmt: skip
+        rows.append(
+            versus_row(
+                ("output_tokens", length),
+                ("incremental_us_per_token", best["incremental"]),
+                ("whole_output_us_per_token", best["whole_output"]),
+                2,
+            )
+        )
     return {
         "benchmark": "detokenize",
         "description": "host time per streamed token, incremental vs whole-output decoding",
@@ -108,8 +111,4 @@ def run(*, quick: bool = False) -> dict[str, Any]:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    lines = [f"{'tokens':>7} {'incremental us':>15} {'whole output us':>16} {'ratio':>6}"]
-    for row in result["rows"]:
-        lines.append(f"{row['output_tokens']:>7} {row['incremental_us_per_token']:>15} "
-                     f"{row['whole_output_us_per_token']:>16} {row['ratio']:>5}x")  # fmt: skip
-    return "\n".join(lines)
+    return versus_table(result["rows"], ("tokens", "incremental us", "whole output us", "ratio"))

@@ -109,7 +109,11 @@ MEASURED: dict[str, tuple[str, ...]] = {
         "worker/genpool_worker/output_processor.py",
         "bench/detokenize.py",
     ),
-    "penalties.json": ("worker/genpool_worker/model/sampler.py", "bench/penalties.py"),
+    "penalties.json": (
+        "worker/genpool_worker/model/sampler.py",
+        "bench/penalties.py",
+        "bench/versus.py",
+    ),
     "fuzz.json": ("worker/genpool_worker", "bench/fuzz.py", "bench/fuzz_cases.py"),
     "faults.json": (
         "worker/genpool_worker",
@@ -120,37 +124,30 @@ MEASURED: dict[str, tuple[str, ...]] = {
 }
 
 
-@dataclass(frozen=True)
-class Mark:
-    """Why a result stays on the page although it is stale or unversioned."""
-
-    reason: str
-
-
-# Measured before JSONs recorded their commit (what they ran, and when). When one is rerun
+# Measured before JSONs recorded their commit: what they ran, and when. When one is rerun
 # it moves to MEASURED; gpu_check.json will measure ("worker/genpool_worker/model",
 # "bench/gpu_check.py", "bench/gpu_check_models.py", "bench/gpu_check_paged.py",
 # "bench/gpu_check_residents.py", "bench/decode_support.py").
-UNVERSIONED: dict[str, Mark] = {
-    "sim/r1.json": Mark("genpool-sim R1 sweep, 2026-11 (docs/results.md gives the command)"),
-    "sim/cap_curve.json": Mark("genpool-sim paused-cap curve, 2026-11"),
-    "sim/open_loop_rate15.json": Mark("genpool-sim open-loop seeds, 2026-11"),
-    "sim/classes.json": Mark("genpool-sim two SLO classes, 2026-11"),
-    "sim/classes_floors_only.json": Mark("genpool-sim SLO classes, floors only, 2026-11"),
-    "sim/tune.json": Mark("bench.sim_tune, 8 seeds, 2026-11"),
-    "sim/kv_headroom.json": Mark("bench.sim_kv, 4 seeds x 2 loads, 2026-11"),
-    "gpu_check.json": Mark(
+UNVERSIONED: dict[str, str] = {
+    "sim/r1.json": "genpool-sim R1 sweep, 2026-11 (docs/results.md gives the command)",
+    "sim/cap_curve.json": "genpool-sim paused-cap curve, 2026-11",
+    "sim/open_loop_rate15.json": "genpool-sim open-loop seeds, 2026-11",
+    "sim/classes.json": "genpool-sim two SLO classes, 2026-11",
+    "sim/classes_floors_only.json": "genpool-sim SLO classes, floors only, 2026-11",
+    "sim/tune.json": "bench.sim_tune, 8 seeds, 2026-11",
+    "sim/kv_headroom.json": "bench.sim_kv, 4 seeds x 2 loads, 2026-11",
+    "gpu_check.json": (
         "bench/gpu_check.py on one H200, 2026-11-30: the static-slot kernel, which no longer ships"
     ),
-    "cpu_decode.json": Mark("bench.cpu_decode, static-slot layout, 2026-11"),
-    "preemption_cost.json": Mark("bench.preemption_cost, SmolLM2, 2026-11"),
-    "preemption_cost_40s.json": Mark("bench.preemption_cost --duration 40, 2026-11"),
-    "preemption_cost_synthetic.json": Mark("bench.preemption_cost, synthetic model, 2026-11"),
+    "cpu_decode.json": "bench.cpu_decode, static-slot layout, 2026-11",
+    "preemption_cost.json": "bench.preemption_cost, SmolLM2, 2026-11",
+    "preemption_cost_40s.json": "bench.preemption_cost --duration 40, 2026-11",
+    "preemption_cost_synthetic.json": "bench.preemption_cost, synthetic model, 2026-11",
 }
 
-# Versioned, but the code they measure has changed since (why they stay).
-STALE: dict[str, Mark] = {
-    "sim/autoscale_law.json": Mark(
+# Versioned, but the code they measure has changed since: why they stay.
+STALE: dict[str, str] = {
+    "sim/autoscale_law.json": (
         "recorded at 0acac59; the prefix cache, the KV pool's rework "
         "and the prefill order came after, and the 2.5-hour study "
         "has not been rerun"
@@ -179,8 +176,8 @@ def changed_since(root: Path, commit: str, paths: tuple[str, ...]) -> list[str] 
     return [line for line in found.stdout.splitlines() if line]
 
 
-def result_problems(root: Path) -> tuple[list[str], set[str], set[str]]:
-    """Problems with the JSONs themselves, and which are stale and which unversioned."""
+def result_problems(root: Path) -> tuple[list[str], set[str]]:
+    """Problems with the JSONs themselves, and which are stale."""
     problems: list[str] = []
     stale: set[str] = set()
     on_disk = {p.relative_to(root / RESULTS).as_posix() for p in (root / RESULTS).rglob("*.json")}
@@ -203,7 +200,7 @@ def result_problems(root: Path) -> tuple[list[str], set[str], set[str]]:
                                 f"UNVERSIONED to MEASURED")  # fmt: skip
             continue
         problems += _versioned_problems(root, name, source, stale)
-    return problems, stale, set(UNVERSIONED)
+    return problems, stale
 
 
 def _versioned_problems(root: Path, name: str, source: dict[str, Any],
@@ -289,9 +286,9 @@ def page_problems(root: Path, page_path: str, stale: set[str], unversioned: set[
 
 def problems(root: Path = ROOT) -> list[str]:
     """Everything that keeps the results page from being true to the code."""
-    found, stale, unversioned = result_problems(root)
+    found, stale = result_problems(root)
     for page in PAGES:
-        found += page_problems(root, page, stale, unversioned)
+        found += page_problems(root, page, stale, set(UNVERSIONED))
     return found
 
 

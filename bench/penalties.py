@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from bench.versus import versus_row, versus_table
 from genpool_worker.model.sampler import SampleRow, _counts, _penalised
 from genpool_worker.sampling_params import SamplingParams
 
@@ -92,12 +93,14 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         for seed in range(1 if quick else 3):
             for name, seconds in _one(length, seed).items():
                 best[name] = min(best[name], seconds)
-        rows.append({
-            "output_tokens": length,
-            "kept_us_per_pass": round(best["kept"] * 1e6, 1),
-            "rebuilt_us_per_pass": round(best["rebuilt"] * 1e6, 1),
-            "ratio": round(best["rebuilt"] / best["kept"], 1),
-        })  # fmt: skip
+        rows.append(
+            versus_row(
+                ("output_tokens", length),
+                ("kept_us_per_pass", best["kept"]),
+                ("rebuilt_us_per_pass", best["rebuilt"]),
+                1,
+            )
+        )
     return {
         "benchmark": "penalties",
         "description": "a pass's penalties, one penalised row of 64: counts kept vs rebuilt",
@@ -107,8 +110,4 @@ def run(*, quick: bool = False) -> dict[str, Any]:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    lines = [f"{'output':>7} {'kept us':>9} {'rebuilt us':>11} {'ratio':>6}"]
-    for row in result["rows"]:
-        lines.append(f"{row['output_tokens']:>7} {row['kept_us_per_pass']:>9} "
-                     f"{row['rebuilt_us_per_pass']:>11} {row['ratio']:>5}x")  # fmt: skip
-    return "\n".join(lines)
+    return versus_table(result["rows"], ("output", "kept us", "rebuilt us", "ratio"))

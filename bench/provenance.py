@@ -8,8 +8,6 @@ from collections.abc import Sequence
 
 from genpool_devcluster.checkout import commit, is_dirty
 
-__all__ = ["commit", "is_dirty", "provenance"]
-
 
 def provenance(module: str, argv: Sequence[str] | None = None) -> dict[str, object]:
     """``{"commit", "command", "dirty"}`` for ``python -m <module> <argv>`` (argv: this

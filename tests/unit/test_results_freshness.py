@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from bench import freshness
-from bench.freshness import Mark
 
 
 def test_every_figure_on_the_results_page_cites_a_fresh_or_marked_json() -> None:
@@ -79,7 +78,7 @@ def test_a_change_to_measured_code_stales_the_result_until_rerun_or_marked(
     problem, unmarked = freshness.problems(scratch.root)
     assert "x.json is stale: core.py changed" in problem and "rerun `bench x`" in problem
     assert "cites stale bench/results/x.json without saying so" in unmarked
-    monkeypatch.setattr(freshness, "STALE", {"x.json": Mark("rerun pending")})
+    monkeypatch.setattr(freshness, "STALE", {"x.json": "rerun pending"})
     (problem,) = freshness.problems(scratch.root)
     assert "cites stale bench/results/x.json without saying so" in problem
     scratch.page("Runs at 12.5 us (bench/results/x.json; stale: before core.py changed).")
@@ -118,7 +117,7 @@ def test_a_result_must_say_what_produced_it(
     scratch.record(dirty=True)
     assert any("dirty tree" in p for p in freshness.problems(scratch.root))
     scratch.write("bench/results/x.json", json.dumps({"speed": 1}))
-    monkeypatch.setattr(freshness, "UNVERSIONED", {"x.json": Mark("measured in 2026-11")})
+    monkeypatch.setattr(freshness, "UNVERSIONED", {"x.json": "measured in 2026-11"})
     assert any("unversioned" in p for p in freshness.problems(scratch.root))
     scratch.page("Runs at 12.5 us (bench/results/x.json, unversioned: from 2026-11).")
     assert freshness.problems(scratch.root) == []
