@@ -108,6 +108,7 @@ MEASURED: dict[str, tuple[str, ...]] = {
         "worker/genpool_worker/detokenizer.py",
         "worker/genpool_worker/output_processor.py",
         "bench/detokenize.py",
+        "bench/versus.py",
     ),
     "penalties.json": (
         "worker/genpool_worker/model/sampler.py",
