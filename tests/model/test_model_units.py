@@ -140,6 +140,16 @@ def test_kv_cache_layout(tiny: Any) -> None:
     assert not tiny.model.is_synthetic and tiny.model.eos_token_id == 2
 
 
+def test_kv_cache_gather_reads_every_heads_rows(tiny: Any) -> None:
+    """The first-dimension gather the CPU passes read K and V with is the same as
+    selecting the rows of each KV head (the middle dimension)."""
+    cache = tiny.kv.cache
+    layer = torch.randn_like(cache.k[0])
+    rows = torch.tensor(cache.token_rows([7, 2, 4], 12))
+    expected = layer.view(CFG.num_kv_heads, -1, CFG.head_dim).index_select(1, rows)
+    assert torch.equal(cache.gather(layer, cache.gather_index(rows)), expected)
+
+
 def test_decode_continues_prefill(tiny: Any) -> None:
     seq = [5, 9, 3, 17, 22, 8, 30, 11, 4, 27, 6, 19]
     full_table, table = interleaved_tables(BLOCKS, BLOCK, [len(seq), len(seq)])

@@ -2,7 +2,7 @@
 
 Per layer, K and V are ``[kv_heads, num_blocks + 1, block_size, head_dim]``: head-major,
 so a token's flat row is ``block * block_size + offset`` in ``cache.view(kv_heads, -1,
-head_dim)`` and one ``index_select`` of a batch's rows gives ``[kv_heads, rows, d]``
+head_dim)`` and one gather of a batch's rows (``gather``) gives ``[kv_heads, rows, d]``
 ready for the CPU path's matmuls (no second copy). Block ``num_blocks`` is the dummy
 (padding) block, never a request's. Which blocks a request holds is the scheduler's
 decision (``genpool_core.kv_blocks``), carried by the plan; this module only stores.
@@ -28,7 +28,7 @@ class DecodeRows:
 
     positions: torch.Tensor  # [B]: each row's new token's position
     written: torch.Tensor  # [B]: the flat row it goes to
-    context: torch.Tensor  # [B * length]: each row's positions 0..length-1
+    context: torch.Tensor  # ``gather``'s index of each row's positions 0..length-1
     run: int | None  # ``consecutive_run``: the first block when K and V are read in place
     mask: torch.Tensor  # additive [1, B, 1, length]: -inf past each row's own position
 
@@ -49,6 +49,10 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (kv_heads, num_blocks + 1, block_size, config.head_dim)
+        # Where each KV head's rows start in a layer's tensor seen as [heads * rows, d].
+        self._head_starts = torch.arange(kv_heads, device=device)[:, None] * (
+            (num_blocks + 1) * block_size
+        )
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
 
@@ -89,6 +93,21 @@ class KVCache:
         bs = self.block_size
         return [blocks[p // bs] * bs + p % bs for p in range(num_tokens)]
 
+    def gather_index(self, rows: torch.Tensor) -> torch.Tensor:
+        """``gather``'s index for the flat token ``rows`` (every KV head's)."""
+        return (self._head_starts + rows[None, :]).view(-1)
+
+    @staticmethod
+    def gather(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """A layer's K or V at ``gather_index(rows)``: ``[kv_heads, len(rows), d]``.
+
+        One ``index_select`` over the first dimension of ``[heads * rows, d]``: on the CPU
+        torch spreads that one over its threads, while selecting along the middle
+        dimension of ``[heads, rows, d]`` runs on one (measured 2.7x faster at 2 threads,
+        the same at 1; docs/results.md, per-token host work)."""
+        heads, d = tensor.shape[0], tensor.shape[-1]
+        return tensor.view(-1, d).index_select(0, index).view(heads, -1, d)
+
     def context_rows(self, block_tables: Sequence[Sequence[int]], length: int) -> torch.Tensor:
         """``[B * length]`` flat rows of positions ``0..length-1`` of each row's table (past
         a row's table: the dummy block, which the caller masks out)."""
@@ -118,6 +137,7 @@ class KVCache:
         pos = torch.tensor(positions, device=device)
         context = self.context_rows(block_tables, length)
         written = context.view(b, length)[torch.arange(b), pos]
+        context = self.gather_index(context)
         # Rows past a request's own position hold stale KV (a previous holder's, or the
         # padding block's): masked out, per row (additive).
         visible = torch.arange(length, device=device) <= pos[:, None]

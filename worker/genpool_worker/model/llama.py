@@ -135,7 +135,7 @@ class LlamaModel:
         cos, sin = self._cos[start:end, None], self._sin[start:end, None]
         # Chunk row i (position start + i) sees keys 0..start + i; start 0 keeps the plain
         # causal path (a whole prefill computes exactly what it did before chunking).
-        mask = None
+        mask, context = None, cache.gather_index(rows)
         if start:
             keys_at = torch.arange(end, device=self.device)
             mask = keys_at[None, :] <= torch.arange(start, end, device=self.device)[:, None]
@@ -147,7 +147,7 @@ class LlamaModel:
             k_rows.index_copy_(1, rows[start:], keys)
             v_rows.index_copy_(1, rows[start:], values)
             if start:  # the earlier chunks' KV, read back from this request's blocks
-                keys, values = k_rows.index_select(1, rows), v_rows.index_select(1, rows)
+                keys, values = KVCache.gather(k_cache, context), KVCache.gather(v_cache, context)
             attn = F.scaled_dot_product_attention(
                 qk[:, :nh].transpose(0, 1).unsqueeze(0),
                 keys.unsqueeze(0),
@@ -189,8 +189,8 @@ class LlamaModel:
                 keys = k_cache[:, at.run : at.run + b, :length]
                 values = v_cache[:, at.run : at.run + b, :length]
             else:
-                keys = k_rows.index_select(1, at.context).view(nkv, b, length, d)
-                values = v_rows.index_select(1, at.context).view(nkv, b, length, d)
+                keys = KVCache.gather(k_cache, at.context).view(nkv, b, length, d)
+                values = KVCache.gather(v_cache, at.context).view(nkv, b, length, d)
             q = qk[:, :nh].reshape(b, nkv, nh // nkv, d).transpose(0, 1)
             attn = decode_attention(q, keys, values, at.mask, self._scale)  # [nkv, B, group, d]
             x = self._residual(layer.o, attn.transpose(0, 1).reshape(b, nh * d), x)
