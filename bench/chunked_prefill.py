@@ -13,13 +13,18 @@ clients run on core 1. Runs alternate the setups (the idle workers wait). Each r
 and a quiet window, 4 prompts of 2000 tokens (8 tokens each) sent at once. Measured: the
 steady streams' inter-token gaps (decode TPOT as a client sees it) inside the burst
 window (burst start to the last long prompt's end) and outside it, the long prompts'
-TTFT, tokens/s, failures, the mean pass time. Writes ``bench/results/chunked_prefill.json``
-(``--quick``: a smoke run, to /tmp); docs/results.md explains the numbers.
+TTFT, tokens/s, failures, the mean pass time; and probes: short prompts (``PROBE_TOKENS``
+each, on a client of their own) sent at set moments after the burst is due
+(``PROBE_OFFSETS_S``), while the long prompts' chunks are queued, so their TTFT is what
+the prefill order decides (a closed-loop client's next request may or may not land
+there). Writes ``bench/results/chunked_prefill.json`` (``--quick``: a smoke run, to
+/tmp); docs/results.md explains the numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 import os
@@ -30,10 +35,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.pd_report import mean_between, medians, paired, summarize
+from bench.pd_report import Stream, mean_between, medians, paired, summarize
 from bench.provenance import provenance
-from bench.serving_load import Load, burst_run, pinned, run_setups
+from bench.serving_load import (
+    STEADY_PROMPTS,
+    Load,
+    burst_run,
+    client,
+    one_stream,
+    pinned,
+    run_setups,
+)
 from genpool_core.names import WORKER_PORT
+from genpool_core.quantiles import percentile
 
 RESULTS = Path(__file__).resolve().parent / "results" / "chunked_prefill.json"
 QUICK_RESULTS = Path("/tmp/genpool-bench-chunked-prefill-quick.json")
@@ -52,14 +66,19 @@ LOAD = Load(clients=4, steady_tokens=64, long_prompts=4, long_tokens=2000, long_
             warmup_s=3.0, quiet_s=5.0, after_s=3.0)  # fmt: skip
 QUICK = Load(clients=2, steady_tokens=16, long_prompts=2, long_tokens=512, warmup_s=2.0,
              quiet_s=2.0, after_s=1.0)  # fmt: skip
-KEYS = ("burst_window_s", "gap_ms_burst.p50", "gap_ms_burst.p99", "gap_ms_burst.max",
+PROBE_OFFSETS_S = (0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0)  # after the burst is due
+QUICK_PROBE_OFFSETS_S = (0.3, 0.6)
+PROBE_TOKENS = 4
+KEYS = ("probe_ttft_s.p50", "probe_ttft_s.p90", "probe_ttft_s.max", "burst_window_s",
+        "gap_ms_burst.p50", "gap_ms_burst.p99", "gap_ms_burst.max",
         "gap_ms_outside.p50", "gap_ms_outside.p99", "gap_ms_quiet.p50", "long_ttft_s.p50",
         "long_ttft_s.max", "steady_ttft_s_burst.p50", "steady_ttft_s_burst.p99",
         "steady_ttft_s_burst.max", "tokens_per_s", "steady_tokens_per_s_burst",
         "steady_tokens_per_s_outside", "step_ms", "failed")  # fmt: skip
 PAIRED = ("gap_ms_burst.p99", "gap_ms_burst.max", "long_ttft_s.p50", "burst_window_s",
           "tokens_per_s")  # fmt: skip
-ORDER_PAIRED = ("steady_ttft_s_burst.p99", "steady_ttft_s_burst.max", "long_ttft_s.p50",
+ORDER_PAIRED = ("probe_ttft_s.p90", "probe_ttft_s.max", "steady_ttft_s_burst.p99",
+                "steady_ttft_s_burst.max", "long_ttft_s.p50",
                 "long_ttft_s.max", "burst_window_s", "gap_ms_burst.p99")  # fmt: skip
 
 
@@ -76,11 +95,40 @@ def _start(name: str) -> subprocess.Popen[bytes]:
         return pinned(cmd, WORKER_CORE, stdout=log, stderr=subprocess.STDOUT)
 
 
-async def _measure(setup: str, load: Load, seed: int) -> dict[str, Any]:
+async def _probes(url: str, due: float, offsets: tuple[float, ...]) -> list[Stream]:
+    """A short prompt at each of ``offsets`` seconds after ``due`` (monotonic)."""
+    probe_client = client(url)
+
+    async def one(index: int, offset: float) -> Stream:
+        await asyncio.sleep(max(0.0, due + offset - time.monotonic()))
+        prompt = STEADY_PROMPTS[index % len(STEADY_PROMPTS)]
+        return await one_stream(probe_client, "probe", prompt, PROBE_TOKENS)
+
+    streams = await asyncio.gather(*(one(i, o) for i, o in enumerate(offsets)))
+    await probe_client.close()
+    return list(streams)
+
+
+def _probe_stats(probes: list[Stream], times: dict[str, float]) -> dict[str, Any]:
+    """The probes sent inside the burst window: their TTFT (s) and when they went."""
+    inside = [p for p in probes if p.chunks and times["tb"] <= p.sent < times["te"]]
+    ttfts = [p.chunks[0] - p.sent for p in inside]
+    stats = {f"p{q}": round(percentile(ttfts, q), 2) for q in (50, 90)} if ttfts else {}
+    return {"probe_ttft_s": {"n": len(ttfts), **stats, "max": round(max(ttfts, default=0), 2),
+                             "sent_after_burst_s": [round(p.sent - times["tb"], 2)
+                                                    for p in inside]},
+            "probe_failed": sum(p.error is not None for p in probes)}  # fmt: skip
+
+
+async def _measure(setup: str, load: Load, seed: int, offsets: tuple[float, ...]) -> dict[str, Any]:
     loadavg = os.getloadavg()[0]
-    run = await burst_run([_url(setup)], {setup: _url(setup)}, load, seed)
+    due = time.monotonic() + load.warmup_s + load.quiet_s  # when burst_run sends the burst
+    run, probes = await asyncio.gather(
+        burst_run([_url(setup)], {setup: _url(setup)}, load, seed),
+        _probes(_url(setup), due, offsets),
+    )
     result: dict[str, Any] = {"setup": setup, "loadavg_1m": [loadavg, os.getloadavg()[0]]}
-    result |= summarize(run.streams, run.times)
+    result |= summarize(run.streams, run.times) | _probe_stats(probes, run.times)
     before, after = run.scrapes["t0"][setup], run.scrapes["t1"][setup]
     result["step_ms"] = mean_between(before, after, "genpool_step_seconds", 1e3)
     return result
@@ -93,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     source = provenance("bench.chunked_prefill", argv)  # what the workers run: the tree at start
     load, reps = (QUICK, args.reps or 1) if args.quick else (LOAD, args.reps or 3)
+    offsets = QUICK_PROBE_OFFSETS_S if args.quick else PROBE_OFFSETS_S
     if not 1 <= reps <= 10:
         parser.error("--reps 1..10")
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > CLIENT_CORE:
@@ -100,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     procs = {name: _start(name) for name in WORKERS}
     runs = run_setups(procs, {n: _url(n) for n in procs}, tuple(WORKERS), tuple(WORKERS), reps,
-                      lambda setup, rep: _measure(setup, load, seed=rep), KEYS, LOG)  # fmt: skip
-    config = {"load": vars(load), "reps": reps, "worker_args": WORKER_ARGS, "workers": WORKERS,
+                      lambda name, rep: _measure(name, load, rep, offsets), KEYS, LOG)  # fmt: skip
+    config = {"load": vars(load), "probe_offsets_s": offsets, "probe_tokens": PROBE_TOKENS,
+              "reps": reps, "worker_args": WORKER_ARGS, "workers": WORKERS,
               "worker_core": WORKER_CORE, "client_core": CLIENT_CORE,
               "taskset": shutil.which("taskset") is not None, "cpus": os.cpu_count(),
               "wall_s": round(time.monotonic() - started, 1)}  # fmt: skip

@@ -115,6 +115,13 @@ MEASURED: dict[str, tuple[str, ...]] = {
         "bench/penalties.py",
         "bench/versus.py",
     ),
+    "batched_prefill.json": (
+        "worker/genpool_worker/model",
+        ":(exclude)worker/genpool_worker/model/sampler.py",
+        ":(exclude)worker/genpool_worker/model/tokenizer.py",
+        "bench/batched_prefill.py",
+        "bench/decode_support.py",
+    ),
     "fuzz.json": ("worker/genpool_worker", "bench/fuzz.py", "bench/fuzz_cases.py"),
     "faults.json": (
         "worker/genpool_worker",

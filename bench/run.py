@@ -33,6 +33,7 @@ BENCHMARKS: dict[str, str] = {
     "decode_check": "bench.decode_check",
     "detokenize": "bench.detokenize",
     "penalties": "bench.penalties",
+    "batched_prefill": "bench.batched_prefill",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

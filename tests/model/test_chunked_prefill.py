@@ -13,12 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from genpool_core.block_hash import block_hashes
 from genpool_core.kv_blocks import KVBudget
 from genpool_core.preemption import GenCapacity
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
 from genpool_worker.engine_io import Arrival
+from genpool_worker.model import PrefillSpan
 from genpool_worker.model_runner import TorchModelRunner
 from tests.model.paged import BlockPool
 
@@ -139,3 +141,22 @@ def test_identical_prompts_admitted_together_share_the_first_ones_blocks(
     assert hits == 3 * full  # the two copies, and the other prompt (it starts the same)
     assert together["r0"] == together["r2"] == together["r3"] == alone["r0"]
     assert together["r1"] == alone["r1"]
+
+
+def test_prompts_prefilled_in_one_forward_equal_each_alone(runner: Any, tokenizer: Any) -> None:
+    """``prefill_many``: one forward over a whole prompt, another's later chunk (reading
+    its earlier chunk's KV back) and a third prompt gives each one's logits and KV as
+    its own forward does."""
+    pool = BlockPool.of(runner, seed=11)
+    prompts = _prompts(tokenizer)[:3]
+    tables = [pool.table(len(p) + NEW_TOKENS) for p in prompts]
+    spans = [PrefillSpan(tables[0], prompts[0]), PrefillSpan(tables[1], prompts[1][CHUNK:], CHUNK),
+             PrefillSpan(tables[2], prompts[2])]  # fmt: skip
+    runner.prefill(tables[1], prompts[1][:CHUNK])
+    together = runner.model.prefill_many(runner.kv.cache, spans)
+    kv_together = [t.clone() for t in (runner.kv.cache.k[-1], runner.kv.cache.v[-1])]
+    for span, logits in zip(spans, together, strict=True):
+        alone = runner.prefill(span.blocks, list(span.token_ids), span.start)
+        torch.testing.assert_close(logits, alone, rtol=1e-4, atol=1e-4)
+    for kv, before in zip((runner.kv.cache.k[-1], runner.kv.cache.v[-1]), kv_together, strict=True):
+        torch.testing.assert_close(kv, before, rtol=1e-4, atol=1e-4)

@@ -35,13 +35,11 @@ class FaultyModel:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
-    def prefill(self, cache: Any, blocks: Sequence[int], token_ids: list[int],
-                start: int = 0) -> Any:  # fmt: skip
-        if FAILS_IN_PREFILL in token_ids:
+    def prefill_many(self, cache: Any, spans: Sequence[Any]) -> Any:
+        if any(FAILS_IN_PREFILL in span.token_ids for span in spans):
             raise ValueError("the model refuses this prompt")
-        if FAILS_IN_DECODE in token_ids:
-            self._poisoned.add(tuple(blocks))
-        return self._model.prefill(cache, blocks, token_ids, start)
+        self._poisoned.update(tuple(s.blocks) for s in spans if FAILS_IN_DECODE in s.token_ids)
+        return self._model.prefill_many(cache, spans)
 
     def decode(self, cache: Any, tables: Sequence[Sequence[int]], token_ids: list[int],
                positions: list[int]) -> Any:  # fmt: skip

@@ -19,6 +19,7 @@ from genpool_core.statline import format_statline, make_statline
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Arrival, EngineRequest
 from genpool_worker.events import EngineEvent, Finished, Rejected, TokenDelta, Usage
+from genpool_worker.model.kv_cache import PrefillSpan
 from genpool_worker.model_runner import TorchModelRunner
 from genpool_worker.output_processor import OutputProcessor
 from genpool_worker.sampling_params import SamplingParams
@@ -43,12 +44,11 @@ class RecordingModel:
     def runner(self) -> TorchModelRunner[torch.Tensor]:
         return TorchModelRunner(self, self.kv)
 
-    def prefill(
-        self, cache: torch.Tensor, blocks: Sequence[int], token_ids: list[int], start: int = 0
-    ) -> torch.Tensor:
-        assert cache is self.kv.cache and start == 0
-        self.calls.append(("prefill", (tuple(blocks), list(token_ids))))
-        return torch.nn.functional.one_hot(torch.tensor((token_ids[-1] + 1) % VOCAB), VOCAB)
+    def prefill_many(self, cache: torch.Tensor, spans: Sequence[PrefillSpan]) -> torch.Tensor:
+        assert cache is self.kv.cache and all(span.start == 0 for span in spans)
+        self.calls.append(("prefill", [(tuple(s.blocks), list(s.token_ids)) for s in spans]))
+        nxt = torch.tensor([(span.token_ids[-1] + 1) % VOCAB for span in spans])
+        return torch.nn.functional.one_hot(nxt, VOCAB).float()
 
     def decode(
         self,
@@ -85,13 +85,28 @@ def test_runner_prefills_the_plans_prefill_ids_and_decodes_the_rest() -> None:
     mixed = plan(("a", "b"), (0, 1), ("b",), {"b": (1, 3)})
     assert runner.execute(mixed).tokens == {"b": 6, "a": 6}
     assert model.calls == [
-        ("prefill", ((2, 0), [3, 4])),
-        ("prefill", ((1, 3), [5])),
+        ("prefill", [((2, 0), [3, 4])]),
+        ("prefill", [((1, 3), [5])]),
         ("decode", ([(2, 0)], [5], [2])),  # a's first output token sits at position 2
     ]
     runner.remove_request("a")
     assert runner.execute(plan(("b",), (1,), ())).tokens == {"b": 7}
     assert model.calls[-1] == ("decode", ([(1, 3)], [6], [1]))
+
+
+def test_runner_prefills_a_passes_prompts_in_forwards_of_up_to_max_seq_len_tokens() -> None:
+    model = RecordingModel()
+    runner = model.runner()
+    for rid, prompt in (("a", [1, 2]), ("b", [3]), ("c", [4] * 62)):
+        runner.add_request(Arrival(rid, prompt, 1))
+    tables = {"a": (0,), "b": (1,), "c": tuple(range(2, 16))}
+    step = runner.execute(plan(("a", "b", "c"), (0, 1, 2), ("a", "b", "c"), tables))
+    assert step.tokens == {"a": 3, "b": 4, "c": 5}
+    # a and b in one forward; c's 62 tokens would take it past max_seq_len (64): its own
+    assert model.calls == [
+        ("prefill", [((0,), [1, 2]), ((1,), [3])]),
+        ("prefill", [(tables["c"], [4] * 62)]),
+    ]
 
 
 def test_seeded_sampling_is_reproducible_per_request() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 import torch
 
@@ -22,70 +22,14 @@ from genpool_core.plan import GenPlan
 from genpool_worker.engine_io import Arrival, ModelInfo, StepResult
 from genpool_worker.kv_connector import NO_KV_CONNECTOR, KVExecutionSide
 from genpool_worker.kv_layout import KVLayout
+from genpool_worker.model.kv_cache import PrefillSpan
+from genpool_worker.model.runner_protocols import DecodeModel, KVCacheOwner, Tables
 from genpool_worker.model.sampler import SampleRow, sample
 from genpool_worker.request_faults import RequestFaults
 from genpool_worker.sampling_params import TokenLogprobs
 
-Tables = Sequence[Sequence[int]]
-# The KV cache's type, as the runner's cache owner holds it and its network takes it.
-CacheT = TypeVar("CacheT")
-_CacheIn = TypeVar("_CacheIn", contravariant=True)
-_CacheOut = TypeVar("_CacheOut", covariant=True)
-
-
-class DecodeModel(Protocol[_CacheIn]):
-    """A network: forward passes over the KV cache the runner hands it."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def is_synthetic(self) -> bool: ...
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]: ...
-
-    @property
-    def max_seq_len(self) -> int: ...
-
-    def prefill(
-        self, cache: _CacheIn, blocks: Sequence[int], token_ids: list[int], start: int = 0
-    ) -> torch.Tensor: ...
-
-    def decode(
-        self, cache: _CacheIn, block_tables: Tables, token_ids: list[int], positions: list[int]
-    ) -> torch.Tensor: ...
-
-
-class DecodeGraphs(Protocol):
-    """The network's decode step over the cache, replayed from CUDA graphs."""
-
-    def run(
-        self, block_tables: Tables, token_ids: list[int], positions: list[int]
-    ) -> torch.Tensor: ...
-
-
-class KVCacheOwner(Protocol[_CacheOut]):
-    """What the runner owns of the KV cache: the cache (sized and allocated), the decode
-    graphs captured over it (None: the network's own decode), and the P/D port."""
-
-    @property
-    def cache(self) -> _CacheOut: ...
-
-    @property
-    def num_blocks(self) -> int: ...
-
-    @property
-    def block_size(self) -> int: ...
-
-    @property
-    def decode_graphs(self) -> DecodeGraphs | None: ...
-
-    def kv_layout(self) -> KVLayout | None: ...
-
-    def read_kv(self, blocks: Sequence[int]) -> Iterator[bytes]: ...
-
-    def write_kv(self, blocks: Sequence[int], data: bytearray) -> None: ...
+SHARED_PREFIX_FAILED = "a prefix it shares was being computed by a request that failed"
+CacheT = TypeVar("CacheT")  # the KV cache's type (the owner's, which the network takes)
 
 
 @dataclass
@@ -174,18 +118,15 @@ class TorchModelRunner(Generic[CacheT]):
                     self._load(request_id, kv)
         prefill = set(plan.prefill_ids)
         ends = {rid: end for rid, _, end in plan.prefill_chunks}
-        for request_id, _, _ in plan.prefill_chunks:
-            if request_id not in prefill:  # a chunk short of the prompt: no row
-                self._prefill_alone(request_id, ends[request_id], faults)
+        # Chunks short of their prompts (no row), then the batch's prefills (their last chunk).
+        work = [(rid, end) for rid, end in ends.items() if rid not in prefill]
+        work += [(rid, ends.get(rid, len(self._states[rid].prompt_ids)))
+                 for rid in plan.batch_ids if rid in prefill]  # fmt: skip
+        prefilled = self._prefill_all(work, faults)
         rows: list[torch.Tensor] = []
-        order: list[str] = []
-        for request_id in plan.batch_ids:
-            if request_id in prefill:
-                end = ends.get(request_id, len(self._states[request_id].prompt_ids))
-                row = self._prefill_alone(request_id, end, faults)
-                if row is not None:
-                    rows.append(row[None, :])
-                    order.append(request_id)
+        order = [rid for rid in plan.batch_ids if rid in prefilled and rid in prefill]
+        if order:
+            rows.append(torch.stack([prefilled[rid] for rid in order]))
         decoding = [r for r in plan.batch_ids if r not in prefill and r not in faults.failed]
         if decoding:
             kept, decoded = faults.retry_alone(
@@ -200,19 +141,50 @@ class TorchModelRunner(Generic[CacheT]):
         return StepResult({rid: t for rid, (t, _) in tokens.items()}, logprobs,
                           failed=faults.failed)  # fmt: skip
 
-    def _prefill_alone(
-        self, request_id: str, end: int, faults: RequestFaults
-    ) -> torch.Tensor | None:
-        """One request's prefill up to ``end`` (its logits there), unless it failed or
-        reads a block whose writer failed this pass (then it fails too)."""
+    def _prefill_all(
+        self, work: list[tuple[str, int]], faults: RequestFaults
+    ) -> dict[str, torch.Tensor]:
+        """Each ``(request, end)``'s prefill up to ``end``, in forwards of several prompts
+        (``_forwards``); its logits there. A forward that raises is run again one request
+        at a time, in plan order, so what one request causes fails it alone."""
+        logits: dict[str, torch.Tensor] = {}
+        for forward in self._forwards([w for w in work if w[0] not in faults.failed]):
+            ready = [(rid, end) for rid, end in forward if self._is_prefillable(rid, faults)]
+            if not ready:
+                continue
+            try:
+                logits.update(zip([rid for rid, _ in ready], self._prefill_to(ready), strict=True))
+            except Exception:
+                for request_id, end in ready:
+                    if self._is_prefillable(request_id, faults):
+                        with faults.of(request_id):
+                            logits[request_id] = self._prefill_to([(request_id, end)])[0]
+        return logits
+
+    def _forwards(self, work: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
+        """``work`` in plan order, cut into forwards of at most ``max_seq_len`` new tokens
+        (a longer prompt alone): a forward's activations stay within the one-prompt peak
+        the cache was sized beside (``cache_engine``)."""
+        forwards: list[list[tuple[str, int]]] = []
+        tokens = self.info.max_seq_len
+        for request_id, end in work:
+            new = end - self._states[request_id].num_prefilled
+            if not forwards or tokens + new > self.info.max_seq_len:
+                forwards.append([])
+                tokens = 0
+            forwards[-1].append((request_id, end))
+            tokens += new
+        return forwards
+
+    def _is_prefillable(self, request_id: str, faults: RequestFaults) -> bool:
+        """Not failed, and reads no block whose writer failed this pass (else it fails too)."""
         if request_id in faults.failed:
-            return None
+            return False
         state = self._states[request_id]
-        with faults.of(request_id):
-            if not self._bad_blocks(faults).isdisjoint(state.blocks[: state.num_cached_blocks]):
-                raise RuntimeError("a prefix it shares was being computed by a request that failed")
-            return self._prefill_to(state, end)
-        return None
+        if self._bad_blocks(faults).isdisjoint(state.blocks[: state.num_cached_blocks]):
+            return True
+        faults.fail(request_id, RuntimeError(SHARED_PREFIX_FAILED))
+        return False
 
     def _bad_blocks(self, faults: RequestFaults) -> set[int]:
         return {b for rid in faults.failed if rid in self._states for b in self._states[rid].blocks}
@@ -238,14 +210,21 @@ class TorchModelRunner(Generic[CacheT]):
             states[rid].took(token)
         return dict(zip(kept, zip(tokens, logprobs, strict=True), strict=True))
 
-    def _prefill_to(self, state: _RunState, end: int) -> torch.Tensor:
-        """Its prompt from where its KV ends up to ``end``; last-position logits.
+    def _prefill_to(self, work: Sequence[tuple[str, int]]) -> torch.Tensor:
+        """Each request's prompt from where its KV ends up to its ``end``, in one forward;
+        last-position logits ``[len(work), vocab]``.
 
         From its own count, not the chunk's start: a pass the engine did not run (no
-        batch member, chunks only) is caught up here rather than leaving a KV gap.
+        batch member, chunks only) is caught up here rather than leaving a KV gap. The
+        counts move only once the forward has run.
         """
-        start, state.num_prefilled = state.num_prefilled, end
-        return self.prefill(state.blocks, state.prompt_ids[start:end], start)
+        states = [(self._states[rid], end) for rid, end in work]
+        spans = [PrefillSpan(s.blocks, s.prompt_ids[s.num_prefilled : end], s.num_prefilled)
+                 for s, end in states]  # fmt: skip
+        logits = self.model.prefill_many(self.kv.cache, spans)
+        for state, end in states:
+            state.num_prefilled = end
+        return logits
 
     def _decode_rows(self, request_ids: Sequence[str]) -> torch.Tensor:
         tables, last, positions = [], [], []
@@ -261,7 +240,7 @@ class TorchModelRunner(Generic[CacheT]):
 
     def prefill(self, blocks: Sequence[int], token_ids: list[int], start: int = 0) -> torch.Tensor:
         """``token_ids`` into ``blocks`` at positions ``start..``; the last one's logits."""
-        return self.model.prefill(self.kv.cache, blocks, token_ids, start)
+        return self.model.prefill_many(self.kv.cache, [PrefillSpan(blocks, token_ids, start)])[0]
 
     def decode(
         self, block_tables: Tables, token_ids: list[int], positions: list[int]

@@ -18,6 +18,7 @@ import torch
 from genpool_core.model_catalogue import kv_bytes_per_token
 from genpool_core.stepmodel import DEFAULT_STEP_MODEL, StepModel
 from genpool_worker.kv_layout import KVLayout
+from genpool_worker.model.kv_cache import PrefillSpan
 
 SYNTHETIC_VOCAB = 256
 SYNTHETIC_EOS = 0
@@ -98,14 +99,16 @@ class SyntheticModel:
         logits[torch.arange(len(previous)), nxt] = 0.0
         return logits
 
-    def prefill(
-        self, cache: torch.Tensor, blocks: Sequence[int], token_ids: list[int], start: int = 0
-    ) -> torch.Tensor:
-        """Positions ``start..`` (a chunked prefill's chunk), at the chunk's prefill time."""
-        time.sleep(self._time_scale * self._step_model.prefill_time(len(token_ids)))
-        if blocks:
-            _store(cache, blocks, start, token_ids)
-        return self._logits_for([token_ids[-1]])[0]
+    def prefill_many(self, cache: torch.Tensor, spans: Sequence[PrefillSpan]) -> torch.Tensor:
+        """Each span's positions ``start..`` (a chunked prefill's chunk). The step model
+        knows one prompt's prefill time, so a batch sleeps its prompts' times one after
+        another, as the simulator charges them."""
+        seconds = sum(self._step_model.prefill_time(len(s.token_ids)) for s in spans)
+        time.sleep(self._time_scale * seconds)
+        for span in spans:
+            if span.blocks:
+                _store(cache, span.blocks, span.start, span.token_ids)
+        return self._logits_for([span.token_ids[-1] for span in spans])
 
     def decode(
         self,

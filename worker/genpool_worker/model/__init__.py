@@ -5,7 +5,7 @@ from .cache_engine import CacheEngine
 from .config import LlamaConfig, ModelLoadError, RopeScaling
 from .gguf_weights import GGUFLoadError, find_smollm2_gguf, load_gguf
 from .hf_weights import load_hf_checkpoint
-from .kv_cache import KVCache
+from .kv_cache import KVCache, PrefillSpan
 from .kv_sizing import KVSizing
 from .llama import LlamaModel
 from .tokenizer import Tokenizer, load_tokenizer
@@ -18,6 +18,7 @@ __all__ = [
     "LlamaConfig",
     "LlamaModel",
     "ModelLoadError",
+    "PrefillSpan",
     "RopeScaling",
     "Tokenizer",
     "find_smollm2_gguf",

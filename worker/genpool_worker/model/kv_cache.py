@@ -33,6 +33,37 @@ class DecodeRows:
     mask: torch.Tensor  # additive [1, B, 1, length]: -inf past each row's own position
 
 
+@dataclass(frozen=True)
+class PrefillSpan:
+    """One request's prompt tokens ``token_ids`` into its table ``blocks`` at positions
+    ``start..start + n - 1`` (``start > 0``: a chunk after the KV already there)."""
+
+    blocks: Sequence[int]
+    token_ids: Sequence[int]
+    start: int = 0
+
+
+@dataclass(frozen=True)
+class SpanRows:
+    """Where one span of a batched prefill sits in the pass, and what it attends to."""
+
+    first: int  # its first token's index among the pass's tokens
+    num_tokens: int
+    context: torch.Tensor | None  # a chunk after others: ``gather`` index of its 0..end-1
+    mask: torch.Tensor | None  # [n, end] bool: its row i sees keys 0..start + i (None: causal)
+
+
+@dataclass(frozen=True)
+class PrefillRows:
+    """Where a batched prefill's tokens go in the cache, every span's in order."""
+
+    token_ids: torch.Tensor  # [N]
+    positions: torch.Tensor  # [N]
+    written: torch.Tensor  # [N]: each token's flat row
+    last: torch.Tensor  # [spans]: each span's last token's index among the N
+    spans: tuple[SpanRows, ...]
+
+
 class KVCache:
     """Per-layer paged K/V tensors ``[kv_heads, num_blocks + 1, block_size, head_dim]``."""
 
@@ -127,6 +158,31 @@ class KVCache:
             return None
         first = block_tables[0][0]
         return first if all(t[0] == first + i for i, t in enumerate(block_tables)) else None
+
+    def prefill_rows(self, spans: Sequence[PrefillSpan]) -> PrefillRows:
+        """The rows a batched prefill of ``spans`` writes and attends to."""
+        device = self.k[0].device
+        tokens: list[int] = []
+        positions: list[int] = []
+        written: list[int] = []
+        rows: list[SpanRows] = []
+        for span in spans:
+            end = span.start + len(span.token_ids)
+            flat = self.token_rows(span.blocks, end)
+            context = mask = None
+            if span.start:  # reads its earlier chunks' KV back
+                context = self.gather_index(torch.tensor(flat, device=device))
+                keys_at = torch.arange(end, device=device)
+                mask = keys_at[None, :] <= torch.arange(span.start, end, device=device)[:, None]
+            rows.append(SpanRows(len(tokens), len(span.token_ids), context, mask))
+            tokens.extend(span.token_ids)
+            positions.extend(range(span.start, end))
+            written.extend(flat[span.start :])
+        last = [row.first + row.num_tokens - 1 for row in rows]
+        token_ids, at, rows_written, ends = (
+            torch.tensor(v, device=device) for v in (tokens, positions, written, last)
+        )
+        return PrefillRows(token_ids, at, rows_written, ends, tuple(rows))
 
     def decode_rows(
         self, block_tables: Sequence[Sequence[int]], positions: list[int]

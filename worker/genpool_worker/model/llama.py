@@ -25,10 +25,10 @@ from .checks import DecodeCheck, check_prefill, check_sizes
 from .config import LlamaConfig
 from .gguf_weights import find_smollm2_gguf, load_gguf
 from .hf_weights import load_hf_checkpoint
-from .kv_cache import KVCache
+from .kv_cache import KVCache, PrefillSpan
 from .layers import LayerWeights, NetworkWeights, Shard, rank_device
 from .linear import Linear
-from .ops import apply_rope, decode_attention, rms_norm, rope_tables
+from .ops import apply_rope, decode_attention, prefill_attention, rms_norm, rope_tables
 
 Tables = Sequence[Sequence[int]]
 
@@ -118,47 +118,39 @@ class LlamaModel:
 
     # ---- forward passes over the cache they are handed ---------------------------
 
-    @torch.inference_mode()
     def prefill(
         self, cache: KVCache, blocks: Sequence[int], token_ids: list[int], start: int = 0
     ) -> torch.Tensor:
-        """Run prompt tokens into ``blocks`` at positions ``start..start+n-1``; float32
-        logits ``[vocab]`` of the last. ``start > 0`` continues a chunked prefill: the
-        chunk attends to the KV already written at positions ``< start`` as well."""
-        if start < 0:
-            raise ValueError(f"prefill start must be >= 0, got {start}")
-        check_prefill(blocks, [0] * start + token_ids, self._geometry(cache), self.vocab_size)
-        n, end = len(token_ids), start + len(token_ids)
-        nh, nkv, d = self._heads, self.kv_heads, self.config.head_dim
-        rows = torch.tensor(cache.token_rows(blocks, end), device=self.device)
-        x = F.embedding(torch.tensor(token_ids, device=self.device), self._embed)
-        cos, sin = self._cos[start:end, None], self._sin[start:end, None]
-        # Chunk row i (position start + i) sees keys 0..start + i; start 0 keeps the plain
-        # causal path (a whole prefill computes exactly what it did before chunking).
-        mask, context = None, cache.gather_index(rows)
-        if start:
-            keys_at = torch.arange(end, device=self.device)
-            mask = keys_at[None, :] <= torch.arange(start, end, device=self.device)[:, None]
+        """One request's ``prefill_many``: float32 logits ``[vocab]`` of its last token."""
+        return self.prefill_many(cache, [PrefillSpan(blocks, token_ids, start)])[0]
+
+    @torch.inference_mode()
+    def prefill_many(self, cache: KVCache, spans: Sequence[PrefillSpan]) -> torch.Tensor:
+        """Each span's prompt tokens into its blocks at positions ``start..start+n-1``, all
+        in one forward (the linear layers over every token at once, attention per span);
+        float32 logits ``[spans, vocab]`` of each span's last token. ``start > 0``
+        continues a chunked prefill: the chunk attends to the KV at positions ``< start``
+        too. A layer's KV is written for every span before any span reads it, so a span
+        may read blocks an earlier span fills in the same call (a prefix shared this pass)."""
+        for span in spans:
+            if span.start < 0:
+                raise ValueError(f"prefill start must be >= 0, got {span.start}")
+            check_prefill(span.blocks, [0] * span.start + list(span.token_ids),
+                          self._geometry(cache), self.vocab_size)  # fmt: skip
+        at = cache.prefill_rows(spans)
+        n, nh, nkv, d = len(at.token_ids), self._heads, self.kv_heads, self.config.head_dim
+        x = F.embedding(at.token_ids, self._embed)
+        cos, sin = self._cos[at.positions, None], self._sin[at.positions, None]
         for layer, k_cache, v_cache in zip(self._layers, cache.k, cache.v, strict=True):
             qkv = layer.qkv(self._norm(x, layer.attn_norm)).view(n, nh + 2 * nkv, d)
             qk = apply_rope(qkv[:, : nh + nkv], cos, sin)
             keys, values = qk[:, nh:].transpose(0, 1), qkv[:, nh + nkv :].transpose(0, 1)
-            k_rows, v_rows = k_cache.view(nkv, -1, d), v_cache.view(nkv, -1, d)
-            k_rows.index_copy_(1, rows[start:], keys)
-            v_rows.index_copy_(1, rows[start:], values)
-            if start:  # the earlier chunks' KV, read back from this request's blocks
-                keys, values = KVCache.gather(k_cache, context), KVCache.gather(v_cache, context)
-            attn = F.scaled_dot_product_attention(
-                qk[:, :nh].transpose(0, 1).unsqueeze(0),
-                keys.unsqueeze(0),
-                values.unsqueeze(0),
-                attn_mask=mask,
-                is_causal=mask is None,
-                enable_gqa=True,
-            )
-            x = self._residual(layer.o, attn[0].transpose(0, 1).reshape(n, nh * d), x)
+            k_cache.view(nkv, -1, d).index_copy_(1, at.written, keys)
+            v_cache.view(nkv, -1, d).index_copy_(1, at.written, values)
+            attn = prefill_attention(qk[:, :nh], (keys, values), (k_cache, v_cache), at)
+            x = self._residual(layer.o, attn.reshape(n, nh * d), x)
             x = self._mlp(x, layer)
-        return self._logits(x[-1:])[0]
+        return self._logits(x[at.last])
 
     @torch.inference_mode()
     def decode(

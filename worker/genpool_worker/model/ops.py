@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import LlamaConfig, RopeScaling
+from .kv_cache import KVCache, PrefillRows
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -71,3 +72,31 @@ def decode_attention(
     # faster per decode step than SDPA's flash kernel (at batch 16, 150 rows).
     scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(scale).add_(mask)
     return torch.matmul(scores.softmax(dim=-1), values)
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    kv: tuple[torch.Tensor, torch.Tensor],
+    cache_kv: tuple[torch.Tensor, torch.Tensor],
+    at: PrefillRows,
+) -> torch.Tensor:
+    """A batched prefill's attention, each span against its own keys only: ``q [N,
+    heads, d]`` and this pass's ``kv`` (keys, values ``[kv_heads, N, d]``); a span that
+    continues a chunked prefill reads all its keys back from the layer's cache
+    (``cache_kv``, where this pass's are already written). Returns ``[N, heads, d]``."""
+    out = []
+    for span in at.spans:
+        rows = slice(span.first, span.first + span.num_tokens)
+        keys, values = kv[0][:, rows], kv[1][:, rows]
+        if span.context is not None:
+            keys, values = (KVCache.gather(t, span.context) for t in cache_kv)
+        attn = F.scaled_dot_product_attention(
+            q[rows].transpose(0, 1).unsqueeze(0),
+            keys.unsqueeze(0),
+            values.unsqueeze(0),
+            attn_mask=span.mask,
+            is_causal=span.mask is None,
+            enable_gqa=True,
+        )
+        out.append(attn[0].transpose(0, 1))
+    return out[0] if len(out) == 1 else torch.cat(out)
