@@ -84,9 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in names:
         module: Any = importlib.import_module(BENCHMARKS[name])
         print(f"== {name} ==", flush=True)
-        result = module.run(quick=args.quick)
         argv_of = [name, *(["--quick"] if args.quick else [])]
-        result = {**provenance("bench.run", argv_of), **result}
+        source = provenance("bench.run", argv_of)  # the tree that runs, not the one at the end
+        result = {**source, **module.run(quick=args.quick)}
         path = results_dir / f"{name}.json"
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(module.format_table(result))

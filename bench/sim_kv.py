@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bench.provenance import provenance
 from genpool_core.knobs import KnobBounds
 from genpool_core.names import DEFAULT_KV_BLOCK_SIZE, OFF_MODE, SLO_MODE
 from genpool_sim.cli import DEFAULT_TRACE, load_trace
@@ -195,7 +196,8 @@ def main() -> int:
     ns = parser.parse_args()
     if not ns.table:
         ns.out.parent.mkdir(parents=True, exist_ok=True)
-        ns.out.write_text(json.dumps(run(ns), indent=1, allow_nan=True))
+        source = provenance("bench.sim_kv")
+        ns.out.write_text(json.dumps({**source, **run(ns)}, indent=1, allow_nan=True))
     document = json.loads(ns.out.read_text())
     for load, result in document["loads"].items():
         print(f"\n{load}, T = {result['summary']['off']['target_output_tps']['mean']:.2f}"

@@ -18,6 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench.provenance import provenance
 from genpool_core.knobs import KnobBounds
 from genpool_core.quantiles import percentile
 from genpool_core.tuner import TunerSettings
@@ -110,12 +111,13 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=60.0)
     parser.add_argument("--out", type=Path, default=OUT)
     ns = parser.parse_args()
+    source = provenance("bench.sim_tune")
     workload = Workload(load_trace(DEFAULT_TRACE), phases=parse_phases(ns.phases),
                         warmup_s=ns.warmup)  # fmt: skip
     with ProcessPoolExecutor(max_workers=ns.jobs) as pool:
         per_seed = list(pool.map(_seed_job, [(workload, s) for s in range(ns.seeds)]))
     document = {
-        "phases": ns.phases, "warmup_s": ns.warmup, "seeds": ns.seeds,
+        **source, "phases": ns.phases, "warmup_s": ns.warmup, "seeds": ns.seeds,
         "variants": {k: None if v is None else {"bounds": vars_of(v.bounds),
                      "guarded": v.settings.guarded, "interval_s": v.interval_s}
                      for k, v in VARIANTS.items()},
