@@ -135,7 +135,7 @@ class KVCache:
         One ``index_select`` over the first dimension of ``[heads * rows, d]``: on the CPU
         torch spreads that one over its threads, while selecting along the middle
         dimension of ``[heads, rows, d]`` runs on one (measured 2.7x faster at 2 threads,
-        the same at 1; docs/results.md, per-token host work)."""
+        the same at 1; docs/worker.md, decode speed)."""
         heads, d = tensor.shape[0], tensor.shape[-1]
         return tensor.view(-1, d).index_select(0, index).view(heads, -1, d)
 
