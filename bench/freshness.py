@@ -12,7 +12,8 @@ The rule, checked by ``make test`` (tests/unit/test_results_freshness.py) and by
    recorded that are listed in ``UNVERSIONED`` with when and how, and every section
    citing one says "unversioned".
 3. A JSON is stale when a file it measures (``MEASURED``: the bench's own code and the
-   product modules whose behaviour its figures report) changed after its commit. A
+   product modules whose behaviour its figures report) changed after its commit (its
+   code: a Python file's syntax tree, so comments and docstrings do not count). A
    stale JSON stays on the page only listed in ``STALE`` with the reason, and every
    section citing it says "stale"; a listed one that is fresh again (rerun) fails
    until its mark goes, so no mark outlives its reason.
@@ -20,6 +21,7 @@ The rule, checked by ``make test`` (tests/unit/test_results_freshness.py) and by
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -176,12 +178,39 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def changed_since(root: Path, commit: str, paths: tuple[str, ...]) -> list[str] | None:
-    """Files under ``paths`` that differ between ``commit`` and HEAD; None when
+    """Files under ``paths`` whose code differs between ``commit`` and HEAD; None when
     ``commit`` is not in HEAD's history."""
     if _git(root, "merge-base", "--is-ancestor", commit, "HEAD").returncode != 0:
         return None
     found = _git(root, "diff", "--name-only", commit, "HEAD", "--", *paths)
-    return [line for line in found.stdout.splitlines() if line]
+    changed = [line for line in found.stdout.splitlines() if line]
+    return [path for path in changed if _is_code_change(root, commit, path)]
+
+
+def _is_code_change(root: Path, commit: str, path: str) -> bool:
+    """False for a Python file whose syntax tree, docstrings left out, is the same at
+    ``commit`` and HEAD: only its comments or docs were edited, so its figures hold."""
+    if not path.endswith(".py"):
+        return True
+    old, new = (_git(root, "show", f"{rev}:{path}") for rev in (commit, "HEAD"))
+    if old.returncode or new.returncode:  # added or deleted
+        return True
+    try:
+        return _code(old.stdout) != _code(new.stdout)
+    except SyntaxError:
+        return True
+
+
+def _code(source: str) -> str:
+    """``source``'s syntax tree without docstrings (and, as ``ast`` does, comments)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and \
+                    isinstance(first.value.value, str):  # fmt: skip
+                node.body = node.body[1:] or [ast.Pass()]
+    return ast.dump(tree)
 
 
 def result_problems(root: Path) -> tuple[list[str], set[str]]:

@@ -88,6 +88,15 @@ def test_a_change_to_measured_code_stales_the_result_until_rerun_or_marked(
     assert any("fresh again" in p for p in freshness.problems(scratch.root))
 
 
+def test_an_edit_to_comments_or_docstrings_leaves_the_result_fresh(scratch: Scratch) -> None:
+    scratch.write("core.py", '"""The speed."""\n\nSPEED = 1  # measured\n')
+    scratch.commit()
+    assert freshness.problems(scratch.root) == []
+    scratch.write("core.py", '"""The speed."""\n\nSPEED = 1.0  # measured\n')
+    scratch.commit()
+    assert "x.json is stale: core.py changed" in freshness.problems(scratch.root)[0]
+
+
 def test_a_change_elsewhere_leaves_the_result_fresh(scratch: Scratch) -> None:
     scratch.write("other.py", "UNMEASURED = 1\n")
     scratch.commit()
