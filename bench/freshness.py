@@ -44,6 +44,7 @@ KV_POOL = ("core/genpool_core/kv_account.py", "core/genpool_core/kv_blocks.py",
            "core/genpool_core/block_hash.py")  # fmt: skip
 SERVING = ("bench/serving_load.py", "bench/pd_report.py")
 SIM = ("sim/genpool_sim", "core/genpool_core")  # the simulator runs the shipped policies
+SIM_STUDY = (*SIM, "bench/sim_record.py")  # a `genpool sim` run that records its provenance
 INTEROP = ("worker/genpool_worker/kv_events.py", "worker/genpool_worker/kv_events_wire.py",
            "worker/genpool_worker/kv_events_config.py", "bench/kv_events_interop.py",
            "bench/kv_events_epp.py", "devcluster/genpool_devcluster/interop")  # fmt: skip
@@ -91,6 +92,13 @@ MEASURED: dict[str, tuple[str, ...]] = {
     "sim/demo_load_slo0.3.json": (*SIM, *DEMO, "bench/sim_demo_load.py"),
     "sim/autoscale_law.json": (*SIM, "bench/autoscale_study.py", "bench/autoscale_cases.py"),
     "sim.json": (*SIM, "bench/sim.py"),
+    "sim/r1.json": SIM_STUDY,
+    "sim/cap_curve.json": SIM_STUDY,
+    "sim/open_loop_rate15.json": SIM_STUDY,
+    "sim/classes.json": SIM_STUDY,
+    "sim/classes_floors_only.json": SIM_STUDY,
+    "sim/tune.json": (*SIM, "bench/sim_tune.py"),
+    "sim/kv_headroom.json": (*SIM, "bench/sim_kv.py"),
     # The decode path (greedy by argmax: the sampler is not in it).
     "worker.json": (
         "worker/genpool_worker/model",
@@ -139,13 +147,6 @@ MEASURED: dict[str, tuple[str, ...]] = {
 # "bench/gpu_check.py", "bench/gpu_check_models.py", "bench/gpu_check_paged.py",
 # "bench/gpu_check_residents.py", "bench/decode_support.py").
 UNVERSIONED: dict[str, str] = {
-    "sim/r1.json": "genpool-sim R1 sweep, 2026-11 (docs/results.md gives the command)",
-    "sim/cap_curve.json": "genpool-sim paused-cap curve, 2026-11",
-    "sim/open_loop_rate15.json": "genpool-sim open-loop seeds, 2026-11",
-    "sim/classes.json": "genpool-sim two SLO classes, 2026-11",
-    "sim/classes_floors_only.json": "genpool-sim SLO classes, floors only, 2026-11",
-    "sim/tune.json": "bench.sim_tune, 8 seeds, 2026-11",
-    "sim/kv_headroom.json": "bench.sim_kv, 4 seeds x 2 loads, 2026-11",
     "gpu_check.json": (
         "bench/gpu_check.py on one H200, 2026-11-30: the static-slot kernel, which no longer ships"
     ),

@@ -11,13 +11,7 @@ import pytest
 
 from bench import sim_record
 from genpool_devcluster.checkout import COMMIT_ENV
-
-
-def _trace(tmp_path: Path) -> Path:
-    trace = tmp_path / "t.csv"
-    rows = "\n".join(f"0,{100 + i},{20 + 13 * i % 60}" for i in range(50))
-    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + rows + "\n")
-    return trace
+from tests.unit.support import write_small_trace
 
 
 def test_the_sims_json_gets_its_commit_and_command(
@@ -25,9 +19,10 @@ def test_the_sims_json_gets_its_commit_and_command(
 ) -> None:
     monkeypatch.setenv(COMMIT_ENV, "f" * 40)
     out = tmp_path / "run.json"
-    argv = ["sim", "--trace", str(_trace(tmp_path)), "--concurrency", "8", "--workers", "2",
-            "--max-batch", "4", "--duration", "20", "--warmup", "2", "--seeds", "1",
-            "--jobs", "1", "--json", str(out)]  # fmt: skip
+    trace = write_small_trace(tmp_path / "t.csv")
+    argv = ["sim", "--trace", str(trace), "--concurrency", "8", "--workers", "2", "--max-batch",
+            "4", "--duration", "20", "--warmup", "2", "--seeds", "1", "--jobs", "1",
+            "--json", str(out)]  # fmt: skip
     assert sim_record.main(argv) == 0
     document = json.loads(out.read_text())
     assert document["commit"] == "f" * 40 and document["dirty"] is False
