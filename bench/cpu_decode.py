@@ -16,7 +16,7 @@ Runs alternate between the two, best of 3 kept.
 - transformers: ``generate`` greedy, ``min_new_tokens = max_new_tokens``; decode
   time = time(1 + 64 new tokens) - time(1 new token).
 
-    python bench/cpu_decode.py [--quick] [--out bench/results/cpu_decode.json]
+    python -m bench.cpu_decode [--quick] [--out bench/results/cpu_decode.json]
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from bench.decode_support import Ours, running_pool_tables, time_hf, time_ours  # noqa: E402
+from bench.provenance import provenance  # noqa: E402
 from genpool_core.names import DEFAULT_KV_BLOCK_SIZE  # noqa: E402
 from genpool_worker.model import LlamaModel  # noqa: E402
 
@@ -176,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "bench/results/cpu_decode.json"))
     args = parser.parse_args(argv)
-    result = run(args.quick)
+    source = provenance("bench.cpu_decode", argv)  # the tree that runs
+    result = {**source, **run(args.quick)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     for row in result["rows"]:

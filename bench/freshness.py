@@ -125,6 +125,14 @@ MEASURED: dict[str, tuple[str, ...]] = {
         "bench/penalties.py",
         "bench/versus.py",
     ),
+    "cpu_decode.json": (
+        "worker/genpool_worker/model",
+        ":(exclude)worker/genpool_worker/model/sampler.py",
+        ":(exclude)worker/genpool_worker/model/tokenizer.py",
+        "worker/genpool_worker/model_runner.py",
+        "bench/cpu_decode.py",
+        "bench/decode_support.py",
+    ),
     "batched_prefill.json": (
         "worker/genpool_worker/model",
         ":(exclude)worker/genpool_worker/model/sampler.py",
@@ -150,7 +158,6 @@ UNVERSIONED: dict[str, str] = {
     "gpu_check.json": (
         "bench/gpu_check.py on one H200, 2026-11-30: the static-slot kernel, which no longer ships"
     ),
-    "cpu_decode.json": "bench.cpu_decode, static-slot layout, 2026-11",
     "preemption_cost.json": "bench.preemption_cost, SmolLM2, 2026-11",
     "preemption_cost_40s.json": "bench.preemption_cost --duration 40, 2026-11",
     "preemption_cost_synthetic.json": "bench.preemption_cost, synthetic model, 2026-11",
