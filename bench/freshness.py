@@ -42,6 +42,10 @@ FIGURE = re.compile(r"\b\d+(?:\.\d+)?\s?(?:%|x\b|µs|us\b|ms\b|s\b|tok|GiB|GB|Mi
 KV_POOL = ("core/genpool_core/kv_account.py", "core/genpool_core/kv_blocks.py",
            "core/genpool_core/kv_index.py", "core/genpool_core/kv_lru.py",
            "core/genpool_core/block_hash.py")  # fmt: skip
+PREEMPTION_COST = ("bench/preemption_cost.py", "core/genpool_core/preemption",
+                   "core/genpool_core/scheduler.py", "core/genpool_core/scheduler_phases.py",
+                   "worker/genpool_worker/engine.py",
+                   "devcluster/genpool_devcluster/loadgen.py")  # fmt: skip
 SERVING = ("bench/serving_load.py", "bench/pd_report.py")
 SIM = ("sim/genpool_sim", "core/genpool_core")  # the simulator runs the shipped policies
 SIM_STUDY = (*SIM, "bench/sim_record.py")  # a `genpool sim` run that records its provenance
@@ -133,6 +137,8 @@ MEASURED: dict[str, tuple[str, ...]] = {
         "bench/cpu_decode.py",
         "bench/decode_support.py",
     ),
+    "preemption_cost.json": PREEMPTION_COST,
+    "preemption_cost_synthetic.json": PREEMPTION_COST,
     "batched_prefill.json": (
         "worker/genpool_worker/model",
         ":(exclude)worker/genpool_worker/model/sampler.py",
@@ -158,9 +164,6 @@ UNVERSIONED: dict[str, str] = {
     "gpu_check.json": (
         "bench/gpu_check.py on one H200, 2026-11-30: the static-slot kernel, which no longer ships"
     ),
-    "preemption_cost.json": "bench.preemption_cost, SmolLM2, 2026-11",
-    "preemption_cost_40s.json": "bench.preemption_cost --duration 40, 2026-11",
-    "preemption_cost_synthetic.json": "bench.preemption_cost, synthetic model, 2026-11",
 }
 
 # Versioned, but the code they measure has changed since: why they stay.

@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from bench.provenance import provenance
 from genpool_core.names import WORKER_PORT
 from genpool_devcluster.loadgen import StaticPicker, closed_loop, summarize
 from genpool_operator.scrape import PodTarget
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not (1 <= args.reps <= 20 and 5 <= args.duration <= 600 and 1 <= args.clients <= 64):
         parser.error("--reps 1..20, --duration 5..600, --clients 1..64")
+    source = provenance("bench.preemption_cost", argv)  # the tree the workers run
     runs = []
     for rep in range(args.reps):
         for mode in MODES if rep % 2 == 0 else MODES[::-1]:
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     config = vars(args) | {"worker_args": WORKER_ARGS, "target_output_tps": 4}
     if is_synthetic:
         config["synthetic_time_scale"] = SYNTHETIC_TIME_SCALE
-    result = {"config": config, "runs": runs, "means": _means(runs),
+    result = {**source, "config": config, "runs": runs, "means": _means(runs),
               "paired": paired_ratios(runs)}  # fmt: skip
     suffix = "_synthetic" if is_synthetic else ""
     path = RESULTS.with_name(f"preemption_cost{suffix}.json")
