@@ -47,6 +47,11 @@ PREEMPTION_COST = ("bench/preemption_cost.py", "core/genpool_core/preemption",
                    "worker/genpool_worker/engine.py",
                    "devcluster/genpool_devcluster/loadgen.py")  # fmt: skip
 SERVING = ("bench/serving_load.py", "bench/pd_report.py")
+# The network's passes over the KV cache, as the model benches time them (greedy by
+# argmax: the sampler is not in them).
+FORWARD_PASSES = ("worker/genpool_worker/model", ":(exclude)worker/genpool_worker/model/sampler.py",
+                  ":(exclude)worker/genpool_worker/model/tokenizer.py",
+                  "bench/decode_support.py")  # fmt: skip
 SIM = ("sim/genpool_sim", "core/genpool_core")  # the simulator runs the shipped policies
 SIM_STUDY = (*SIM, "bench/sim_record.py")  # a `genpool sim` run that records its provenance
 INTEROP = ("worker/genpool_worker/kv_events.py", "worker/genpool_worker/kv_events_wire.py",
@@ -103,15 +108,7 @@ MEASURED: dict[str, tuple[str, ...]] = {
     "sim/classes_floors_only.json": SIM_STUDY,
     "sim/tune.json": (*SIM, "bench/sim_tune.py"),
     "sim/kv_headroom.json": (*SIM, "bench/sim_kv.py"),
-    # The decode path (greedy by argmax: the sampler is not in it).
-    "worker.json": (
-        "worker/genpool_worker/model",
-        ":(exclude)worker/genpool_worker/model/sampler.py",
-        ":(exclude)worker/genpool_worker/model/tokenizer.py",
-        "worker/genpool_worker/model_runner.py",
-        "bench/worker.py",
-        "bench/decode_support.py",
-    ),
+    "worker.json": (*FORWARD_PASSES, "worker/genpool_worker/model_runner.py", "bench/worker.py"),
     "operator.json": (
         "operator/genpool_operator/scrape.py",
         "operator/genpool_operator/statsloop.py",
@@ -130,22 +127,13 @@ MEASURED: dict[str, tuple[str, ...]] = {
         "bench/versus.py",
     ),
     "cpu_decode.json": (
-        "worker/genpool_worker/model",
-        ":(exclude)worker/genpool_worker/model/sampler.py",
-        ":(exclude)worker/genpool_worker/model/tokenizer.py",
+        *FORWARD_PASSES,
         "worker/genpool_worker/model_runner.py",
         "bench/cpu_decode.py",
-        "bench/decode_support.py",
     ),
     "preemption_cost.json": PREEMPTION_COST,
     "preemption_cost_synthetic.json": PREEMPTION_COST,
-    "batched_prefill.json": (
-        "worker/genpool_worker/model",
-        ":(exclude)worker/genpool_worker/model/sampler.py",
-        ":(exclude)worker/genpool_worker/model/tokenizer.py",
-        "bench/batched_prefill.py",
-        "bench/decode_support.py",
-    ),
+    "batched_prefill.json": (*FORWARD_PASSES, "bench/batched_prefill.py"),
     "fuzz.json": ("worker/genpool_worker", "bench/fuzz.py", "bench/fuzz_cases.py"),
     "faults.json": (
         "worker/genpool_worker",
