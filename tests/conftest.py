@@ -7,7 +7,9 @@ Tiers (a marker per test, from its directory, so `pytest -m TIER` selects one):
     worker   tests/worker        a real worker process around the synthetic model
     cluster  tests/integration,  a real control plane (devcluster) and the Helm chart
              tests/chart
-    e2e      tests/e2e           the whole product on the devcluster
+    e2e      tests/e2e           the whole product on the devcluster (pods under the pod runner)
+    node     tests/node          the whole product on a real node: containerd, runc and a
+                                 kubelet run the images built from the shipped Dockerfiles
 
 The cluster fixtures live here, at the top, so integration, chart and e2e tests share one
 cluster per session; they import kubernetes and the devcluster only when a test asks for them,
@@ -43,6 +45,7 @@ TIER_OF_DIR = {
     "integration": "cluster",
     "chart": "cluster",
     "e2e": "e2e",
+    "node": "node",
 }
 START_TIMEOUT_S = 300.0
 
@@ -122,8 +125,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
         c.stop()
 
 
-@pytest.fixture(scope="session")
-def kube_api(cluster: DevCluster) -> Iterator[client.ApiClient]:
+def api_client(cluster: DevCluster) -> Iterator[client.ApiClient]:
     from kubernetes import config
 
     api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
@@ -132,7 +134,16 @@ def kube_api(cluster: DevCluster) -> Iterator[client.ApiClient]:
 
 
 @pytest.fixture(scope="session")
+def kube_api(cluster: DevCluster) -> Iterator[client.ApiClient]:
+    yield from api_client(cluster)
+
+
+@pytest.fixture(scope="session")
 def kubectl(cluster: DevCluster) -> Kubectl:
+    return kubectl_runner(cluster)
+
+
+def kubectl_runner(cluster: DevCluster) -> Kubectl:
     """kubectl(*args, input=None, check=True) with the cluster's kubeconfig."""
 
     def run(

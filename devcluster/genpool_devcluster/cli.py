@@ -8,7 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from . import build, kubeconfig, supervisor
+from . import build, checkout, images, kubeconfig, supervisor
+from .cluster import RUNTIMES
 
 DEFAULT_STATE_DIR = "~/.cache/genpool/devcluster/run"
 
@@ -40,9 +41,12 @@ def _parser() -> argparse.ArgumentParser:
                 help="seconds to become ready (default: %(default)s)",
             )
             sp.add_argument(
-                "--no-podrunner",
-                action="store_true",
-                help="control plane only: no pod runner (pods stay Pending)",
+                "--runtime",
+                choices=RUNTIMES,
+                default="node",
+                help="what runs pods: a real node (containerd + kubelet, images built from the "
+                "shipped Dockerfiles), the pod runner (local processes), or none "
+                "(pods stay Pending); default: %(default)s",
             )
     return p
 
@@ -54,15 +58,15 @@ def _state_dir(p: argparse.ArgumentParser, raw: str) -> Path:
     return path
 
 
-def _up(state_dir: Path, timeout: float, podrunner: bool | None) -> int:
+def _up(state_dir: Path, timeout: float, runtime: str) -> int:
     # One `up` at a time per state dir: a second one waits, then finds the cluster up.
     state_dir.mkdir(parents=True, exist_ok=True)
     with open(state_dir / "up.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _up_locked(state_dir, timeout, podrunner)
+        return _up_locked(state_dir, timeout, runtime)
 
 
-def _up_locked(state_dir: Path, timeout: float, podrunner: bool | None) -> int:
+def _up_locked(state_dir: Path, timeout: float, runtime: str) -> int:
     if supervisor.running_pid(state_dir) is not None:
         kc = state_dir / "kubeconfig"
         if supervisor.wait_serving(state_dir, timeout):
@@ -70,8 +74,14 @@ def _up_locked(state_dir: Path, timeout: float, podrunner: bool | None) -> int:
             return 0
         print("a supervisor runs but the API does not answer: restarting", file=sys.stderr)
         supervisor.stop(state_dir)
-    build.ensure_binaries()
-    proc = supervisor.spawn(state_dir, podrunner, timeout)
+    archives: list[Path] = []
+    if runtime == "node":
+        build.ensure_node_binaries()
+        # The shipped Dockerfiles, built here (minutes the first time, cached by content).
+        archives = images.ensure_images(checkout.ROOT)
+    else:
+        build.ensure_binaries()
+    proc = supervisor.spawn(state_dir, runtime, timeout, archives)
     if not supervisor.wait_ready(state_dir, proc, timeout + 30):
         supervisor.stop(state_dir)
         log = state_dir / "logs" / "supervisor.log"
@@ -109,9 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     state_dir = _state_dir(p, args.state_dir)
     if args.command == "up" and args.timeout <= 0:
         p.error("--timeout must be > 0")
-    podrunner = False if getattr(args, "no_podrunner", False) else None
     if args.command == "up":
-        return _up(state_dir, args.timeout, podrunner)
+        return _up(state_dir, args.timeout, args.runtime)
     if args.command == "down":
         print("stopped" if supervisor.stop(state_dir) else "not running")
         return 0

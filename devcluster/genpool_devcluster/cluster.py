@@ -1,4 +1,5 @@
-"""etcd + kube-apiserver + kube-controller-manager (+ the pod runner) on loopback.
+"""etcd + kube-apiserver + kube-controller-manager, and either a real node (containerd,
+kubelet, kube-scheduler, kube-proxy: node/) or the pod runner.
 
 `Cluster(state_dir)` owns one state dir: PKI, etcd data, logs, ports and the admin kubeconfig.
 Data and PKI survive stop/start; ports are reused when still free, so a kubeconfig stays valid.
@@ -11,17 +12,22 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
 from . import build, certs, procs
 from . import kubeconfig as kcfg
+from .node.runtime import NODE_NAME, Node
 
 SERVICE_CIDR = "10.96.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
-NODE_NAME = "genpool-dev"
 PODRUNNER_MODULE = "genpool_devcluster.podrunner"
 PORT_NAMES = ("etcd_client", "etcd_peer", "apiserver", "controller_manager")
+RUNTIMES = ("node", "podrunner", "none")
+NODE_PORT_NAMES = ("kubelet", "kubelet_healthz", "scheduler", "proxy_healthz", "proxy_metrics")
+# The node's own processes, started in this order after the control plane.
+NODE_PROCS = ("kube-scheduler", "containerd", "kube-proxy", "kubelet")
 
 
 def _death_signal(name: str) -> int:
@@ -43,13 +49,24 @@ def _podrunner_available() -> bool:
 
 class Cluster:
     def __init__(
-        self, state_dir: Path | str, bin_dir: Path | None = None, podrunner: bool | None = None
+        self,
+        state_dir: Path | str,
+        bin_dir: Path | None = None,
+        runtime: str = "podrunner",
+        images: Sequence[Path] = (),
     ) -> None:
+        """`runtime`: what runs pods: "node" (containerd + kubelet), "podrunner" (pods as
+        local processes) or "none" (the control plane only: pods stay Pending). `images`:
+        image archives the node imports at start (images.ensure_image builds them)."""
+        if runtime not in RUNTIMES:
+            raise ValueError(f"runtime {runtime!r}: expected one of {', '.join(RUNTIMES)}")
         self.state_dir = Path(state_dir).expanduser().resolve()
         self.bin_dir = bin_dir or build.bin_dir()
-        # None: run the pod runner when its module exists.
-        self.podrunner = _podrunner_available() if podrunner is None else podrunner
         self.pki = certs.Pki(self.state_dir / "pki")
+        is_node = runtime == "node"
+        self.node = Node(self.state_dir, self.bin_dir, self.pki, NODE_NAME) if is_node else None
+        self.podrunner = runtime == "podrunner" and _podrunner_available()
+        self.images = list(images)
         self.log_dir = self.state_dir / "logs"
         self.ports: dict[str, int] = {}
         self.procs: list[procs.Proc] = []
@@ -61,8 +78,14 @@ class Cluster:
         return self.state_dir / "kubeconfig"
 
     @property
+    def host(self) -> str:
+        """The apiserver's address: the node's bridge address with a real node (pods reach
+        it there through the `kubernetes` Service), else loopback."""
+        return self.node.ip if self.node else "127.0.0.1"
+
+    @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.ports['apiserver']}"
+        return f"https://{self.host}:{self.ports['apiserver']}"
 
     def start(self, timeout: float = 180.0) -> Cluster:
         """Start every component and wait until the API serves and has a default SA."""
@@ -88,6 +111,8 @@ class Cluster:
             self._api().wait_ready(self._watchdog(deadline))
             self._launch("kube-controller-manager", self._kcm_argv())
             self._api().wait_default_sa(self._watchdog(deadline))
+            if self.node:
+                self._start_node(self.node, self._watchdog(deadline))
             if self.podrunner:
                 self._launch("podrunner", self._podrunner_argv())
                 # Usable means pods can run: wait for the runner to register its Node.
@@ -97,11 +122,26 @@ class Cluster:
             raise
         return self
 
+    def _start_node(self, node: Node, check: kcfg.Watchdog) -> None:
+        kc = self.state_dir / "controller-manager.kubeconfig"
+        self._launch("kube-scheduler", node.scheduler_argv(kc, self.ports["scheduler"]))
+        self._launch("containerd", node.containerd_argv())
+        node.wait_containerd(check)
+        node.import_pause(build.cache_dir() / "node")
+        for archive in self.images:
+            node.import_image(archive)
+        self._launch("kube-proxy", node.proxy_argv())
+        self._launch("kubelet", node.kubelet_argv())
+        self._api().wait_node_ready(NODE_NAME, check)
+
     def stop(self, grace: float = 10.0) -> None:
-        """Reverse start order: the pod runner first (it needs the API to finish pod deletes)."""
+        """Reverse start order: the kubelet or pod runner first, etcd last; then the node's
+        leftovers on the host (pods' processes, mounts, bridge, sysctls)."""
         while self.procs:
             procs.stop(self.procs.pop(), grace)
         (self.state_dir / "pids.json").unlink(missing_ok=True)
+        if self.node:
+            self.node.teardown()
 
     def restart(self, proc: procs.Proc) -> None:
         """Start an exited component again in the same slot (the supervisor does it for the
@@ -129,7 +169,8 @@ class Cluster:
     # ---- set-up ------------------------------------------------------------------------
 
     def _prepare(self) -> None:
-        missing = [n for n in build.CONTROL_PLANE if not (self.bin_dir / n).exists()]
+        need = build.CONTROL_PLANE + (build.NODE if self.node else ())
+        missing = [n for n in need if not (self.bin_dir / n).exists()]
         if missing:
             hint = "run `genpool devcluster build`"
             raise ClusterError(f"missing {missing} in {self.bin_dir}: {hint}")
@@ -137,6 +178,8 @@ class Cluster:
         certs.ensure_pki(self.pki.dir)
         self.ports = self._choose_ports()
         kcfg.write(self.kubeconfig, self.server, self.pki.ca_crt, self.pki.admin_token)
+        if self.node:
+            self.node.prepare(self.server, self.kubeconfig, self.ports)
         kcfg.write(
             self.state_dir / "controller-manager.kubeconfig",
             self.server,
@@ -152,7 +195,7 @@ class Cluster:
         except (OSError, ValueError):
             old = {}
         ports: dict[str, int] = {}
-        for name in PORT_NAMES:
+        for name in PORT_NAMES + (NODE_PORT_NAMES if self.node else ()):
             port = old.get(name)
             ok = isinstance(port, int) and port not in ports.values() and procs.port_free(port)
             ports[name] = port if ok else procs.free_port()
@@ -204,18 +247,20 @@ class Cluster:
 
     def _apiserver_argv(self) -> list[str]:
         pki = self.pki
+        crt, key = self.node.serving_cert() if self.node else (pki.serving_crt, pki.serving_key)
         return [
             str(self.bin_dir / "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{self.ports['etcd_client']}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={self.host}",
+            f"--advertise-address={self.host}",
             f"--secure-port={self.ports['apiserver']}",
             f"--cert-dir={self.state_dir / 'apiserver-certs'}",
-            f"--tls-cert-file={pki.serving_crt}",
-            f"--tls-private-key-file={pki.serving_key}",
+            f"--tls-cert-file={crt}",
+            f"--tls-private-key-file={key}",
             f"--client-ca-file={pki.ca_crt}",
             f"--token-auth-file={pki.token_file}",
-            "--authorization-mode=RBAC",
+            # Node: the kubelet's own rights (its pods, their secrets, its Node object).
+            "--authorization-mode=Node,RBAC",
             f"--service-account-issuer={SA_ISSUER}",
             f"--service-account-key-file={pki.sa_key}",
             f"--service-account-signing-key-file={pki.sa_key}",
@@ -247,8 +292,8 @@ class Cluster:
             f"--secure-port={self.ports['controller_manager']}",
             f"--cert-dir={self.state_dir / 'controller-manager-certs'}",
             "--leader-elect=false",
-            # No kubelet heartbeats: node-lifecycle would taint the pod runner's node and evict.
-            "--controllers=*,-node-lifecycle-controller",
+            # The pod runner sends no heartbeats: node-lifecycle would taint its node and evict.
+            "--controllers=*" if self.node else "--controllers=*,-node-lifecycle-controller",
             f"--service-account-private-key-file={self.pki.sa_key}",
             f"--root-ca-file={self.pki.ca_crt}",
             "--use-service-account-credentials=true",

@@ -81,6 +81,18 @@ class Api:
     def wait_ok(self, path: str, check: Watchdog) -> None:
         _poll(lambda: self.get(path)[0] == 200, check)
 
+    def wait_node_ready(self, name: str, check: Watchdog) -> None:
+        """Until the Node reports the Ready condition True (the kubelet and its runtime work)."""
+
+        def ready() -> bool:
+            code, body = self.get(f"/api/v1/nodes/{name}")
+            if code != 200:
+                return False
+            conditions = json.loads(body).get("status", {}).get("conditions", [])
+            return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+        _poll(ready, check)
+
     def wait_default_sa(self, check: Watchdog) -> None:
         """The controller-manager works once it has made the `default` ServiceAccount."""
         self.wait_ok("/api/v1/namespaces/default/serviceaccounts/default", check)

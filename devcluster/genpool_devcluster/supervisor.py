@@ -13,11 +13,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import kubeconfig, procs
-from .cluster import Cluster
+from .cluster import RUNTIMES, Cluster
+from .node.runtime import node_leftovers
 
 PID_FILE = "supervisor.pid"
 READY_FILE = "ready"
@@ -44,13 +45,16 @@ def running_pid(state_dir: Path) -> int | None:
     return pid
 
 
-def spawn(state_dir: Path, podrunner: bool | None, timeout: float) -> subprocess.Popen[bytes]:
+def spawn(
+    state_dir: Path, runtime: str, timeout: float, images: Sequence[Path] = ()
+) -> subprocess.Popen[bytes]:
     log_dir = state_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / READY_FILE).unlink(missing_ok=True)
-    argv = [sys.executable, "-m", MODULE, "--state-dir", str(state_dir), "--timeout", str(timeout)]
-    if podrunner is False:
-        argv.append("--no-podrunner")
+    argv = [sys.executable, "-m", MODULE, "--state-dir", str(state_dir), "--timeout", str(timeout),
+            "--runtime", runtime]  # fmt: skip
+    for archive in images:
+        argv += ["--image", str(archive)]
     with open(log_dir / "supervisor.log", "ab") as log:
         return subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -90,8 +94,10 @@ def _alive(pid: int) -> bool:
 
 
 def kill_leftovers(state_dir: Path) -> list[str]:
-    """Components a SIGKILLed supervisor left behind (PR_SET_PDEATHSIG makes this rare)."""
-    return procs.kill_stale(state_dir / "pids.json", str(state_dir))
+    """Components a SIGKILLed supervisor left behind (PR_SET_PDEATHSIG makes this rare),
+    and a real node's pods, mounts, bridge and host settings."""
+    left = procs.kill_stale(state_dir / "pids.json", str(state_dir))
+    return left + node_leftovers(state_dir)
 
 
 def stop(state_dir: Path, timeout: float = 60.0) -> bool:
@@ -127,7 +133,7 @@ def _watch(cluster: Cluster, stopping: Callable[[], bool]) -> int:
     return 0
 
 
-def supervise(state_dir: Path, podrunner: bool | None, timeout: float) -> int:
+def supervise(state_dir: Path, runtime: str, timeout: float, images: Sequence[Path] = ()) -> int:
     stopping = False
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -144,7 +150,7 @@ def supervise(state_dir: Path, podrunner: bool | None, timeout: float) -> int:
     if left:
         print(f"killed leftovers of an earlier run: {', '.join(left)}", flush=True)
     pid_path(state_dir).write_text(f"{os.getpid()}\n")
-    cluster = Cluster(state_dir, podrunner=podrunner)
+    cluster = Cluster(state_dir, runtime=runtime, images=images)
     try:
         cluster.start(timeout=timeout)
         (state_dir / READY_FILE).write_text(cluster.server + "\n")
@@ -163,10 +169,12 @@ def main() -> int:
     p.add_argument(
         "--timeout", type=float, default=300.0, help="seconds to become ready (default: 300)"
     )
-    p.add_argument("--no-podrunner", action="store_true", help="control plane only")
+    p.add_argument("--runtime", choices=RUNTIMES, default="node", help="what runs pods")
+    p.add_argument("--image", type=Path, action="append", default=[],
+                   help="an image archive the node imports (repeatable)")  # fmt: skip
     args = p.parse_args()
     args.state_dir.mkdir(parents=True, exist_ok=True)
-    return supervise(args.state_dir, False if args.no_podrunner else None, args.timeout)
+    return supervise(args.state_dir, args.runtime, args.timeout, args.image)
 
 
 if __name__ == "__main__":

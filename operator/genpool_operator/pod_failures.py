@@ -109,6 +109,10 @@ def _container_failure(container: dict[str, Any]) -> tuple[str, str] | None:
 
 def _exit_cause(terminated: dict[str, Any]) -> str:
     code, reason = terminated.get("exitCode"), terminated.get("reason") or "Error"
+    if reason == "OOMKilled":
+        # The kernel killed it: the message is only the log's tail (FallbackToLogsOnError),
+        # whose first line says nothing about memory.
+        return f"OOMKilled: over its memory limit (exit code {code}); raise resources.limits"
     return first_line(str(terminated.get("message") or "")) or f"exit code {code} ({reason})"
 
 

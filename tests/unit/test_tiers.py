@@ -19,7 +19,8 @@ def test_each_directory_has_its_tier() -> None:
     assert tier_of(TESTS / "unit" / "operator" / "test_spec.py") == "unit"
     assert tier_of(TESTS / "integration" / "test_operator.py") == "cluster"
     assert tier_of(TESTS / "chart" / "test_dockerfiles.py") == "cluster"
-    assert tier_of(TESTS / "e2e" / "test_e2e.py") == "e2e"
+    assert tier_of(TESTS / "e2e" / "test_autoscaling.py") == "e2e"
+    assert tier_of(TESTS / "node" / "test_helm_on_node.py") == "node"
 
 
 @pytest.mark.parametrize("path", ["test_top.py", "scratch/test_x.py"])

@@ -67,6 +67,13 @@ def test_a_crash_loop_quotes_the_termination_messages_first_line() -> None:
     assert condition.message == f"pod demo-0: {BAD_CONFIG.splitlines()[0]}"
 
 
+def test_an_oom_kill_says_so_not_the_logs_first_line() -> None:
+    killed = {"exitCode": 137, "reason": "OOMKilled", "message": "INFO loading SmolLM2\n..."}
+    failure = pod_failure(worker(state=CRASH_LOOP, last=killed, restarts=1))
+    assert failure is not None and failure.reason == "WorkerCrashLoop"
+    assert failure.cause.startswith("OOMKilled: over its memory limit (exit code 137)")
+
+
 def test_without_a_message_the_exit_code_is_the_cause() -> None:
     failure = pod_failure(worker(state=CRASH_LOOP, last=exited(137)))
     assert failure is not None and failure.cause == "exit code 137 (Error)"

@@ -1,12 +1,12 @@
-"""End to end on the local control plane: helm-install the chart (the
-operator pod runs under the pod runner), apply a GenPool of two SmolLM2 CPU workers in
-target_output_tps mode, load it, watch status/printer columns/tuning/Events, scale to
-one under load without a failed request, delete it and see the children go."""
+"""End to end on a real node: the chart installed (its operator runs from the operator image
+in a container), a GenPool of two SmolLM2 CPU workers from the worker image in
+target_output_tps mode, loaded; status, printer columns, tuning and Events watched; scaled
+to one under load without a failed request (the kubelet runs the preStop drain within
+terminationGracePeriodSeconds); deleted, and its children go."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -27,19 +27,10 @@ from tests.conftest import DevCluster, Kubectl
 from tests.integration.operator_harness import get_pool, ready_pods
 from tests.polling import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
-RELEASE, OPERATOR_NS = "genpool", "genpool-system"
 POOL = "smollm2"
 LOAD_S = 75
 # The demo's pool (two SmolLM2 CPU workers, TargetOutputTps), with faster stats rounds.
 POOL_SPEC: dict[str, Any] = {**DEMO_SPEC, "tuning": {"intervalSeconds": 6, "cooldownIntervals": 1}}
-
-
-def _helm(cluster: DevCluster, *args: str) -> str:
-    cmd = [str(cluster.bin_dir / "helm"), "--kubeconfig", str(cluster.kubeconfig), *args]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, f"helm {' '.join(args)}: {res.stderr}"
-    return res.stdout
 
 
 class BackgroundLoad:
@@ -74,35 +65,8 @@ def _printer_columns(kubectl: Kubectl, namespace: str) -> dict[str, str]:
 
 
 def test_helm_install_genpool_load_scale_delete(
-    cluster: DevCluster, kubectl: Kubectl, kube_api: client.ApiClient, namespace: str
+    cluster: DevCluster, kubectl: Kubectl, kube_api: client.ApiClient, namespace: str, chart: str
 ) -> None:
-    _helm(
-        cluster,
-        "upgrade",
-        "--install",
-        RELEASE,
-        str(ROOT / "charts" / "genpool"),
-        "-n",
-        OPERATOR_NS,
-        "--create-namespace",
-        "--set",
-        "operator.verbose=true",
-    )
-    wait_for(
-        lambda: (
-            kubectl(
-                "get",
-                "deploy",
-                "-n",
-                OPERATOR_NS,
-                "-o",
-                "jsonpath={.items[0].status.readyReplicas}",
-            ).stdout
-            == "1"
-        ),
-        timeout=120,
-        what="operator Deployment ready under the pod runner",
-    )
     pool = {
         "apiVersion": GROUP_VERSION,
         "kind": API_KIND,
@@ -184,4 +148,3 @@ def test_helm_install_genpool_load_scale_delete(
         timeout=120,
         what="children gone after delete",
     )
-    _helm(cluster, "uninstall", RELEASE, "-n", OPERATOR_NS)

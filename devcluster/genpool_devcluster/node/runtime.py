@@ -1,0 +1,176 @@
+"""One real node for one cluster: its files, its processes' command lines, its teardown.
+
+`Cluster` (../cluster.py) starts the processes in order: containerd, kube-scheduler,
+kube-proxy, then the kubelet, once the apiserver serves on the node's bridge address.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from .. import build, certs
+from ..kubeconfig import Watchdog
+from . import configs, host, network, pause
+
+CTR = "ctr"
+NODE_NAME = "genpool-dev"
+CONTAINERD = "containerd"
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    os.replace(tmp, path)
+
+
+def _kubelet_kubeconfig(server: str, pki: certs.Pki) -> str:
+    ca = base64.b64encode(pki.ca_crt.read_bytes()).decode()
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "genpool-dev", "cluster": {"server": server,
+                                                          "certificate-authority-data": ca}}],
+        "users": [{"name": "kubelet", "user": {
+            "client-certificate": str(pki.dir / "kubelet.crt"),
+            "client-key": str(pki.dir / "kubelet.key")}}],
+        "contexts": [{"name": "node", "context": {"cluster": "genpool-dev", "user": "kubelet"}}],
+        "current-context": "node",
+    }  # fmt: skip
+    return json.dumps(doc, indent=2) + "\n"
+
+
+class Node:
+    """The node's layout, network and cgroup root are fixed by the state dir."""
+
+    def __init__(self, state_dir: Path, bin_dir: Path, pki: certs.Pki, name: str) -> None:
+        self.layout = configs.NodeLayout(state_dir / "node")
+        self.bin_dir, self.pki, self.name = bin_dir, pki, name
+        self.net = network.load_or_choose(self.layout.root / "network.json", state_dir)
+        # Pods' cgroups live under a root of their own, so `down` finds and removes them.
+        self.cgroup_root = f"/genpool-{self.net.bridge}"
+
+    @property
+    def ip(self) -> str:
+        return self.net.gateway
+
+    def serving_cert(self) -> tuple[Path, Path]:
+        return certs.ensure_node_certs(self.pki, self.name, self.ip)
+
+    def prepare(self, server: str, admin_kubeconfig: Path, ports: dict[str, int]) -> None:
+        """Record the host's state, make the bridge and cgroup root, write every config."""
+        lay = self.layout
+        host.record(lay.host_state)
+        network.create_bridge(self.net)
+        host.make_cgroup_root(self.cgroup_root)
+        _write(lay.containerd_config, configs.containerd_config(lay))
+        conflist = configs.cni_conflist(
+            self.net.bridge, self.net.subnet, self.net.gateway, lay.cni_state_dir
+        )
+        _write(lay.cni_conf_dir / "10-genpool.conflist", json.dumps(conflist, indent=2))
+        kubelet = configs.kubelet_config(
+            lay, self.ip, ports["kubelet"], ports["kubelet_healthz"], self.pki.ca_crt
+        )
+        kubelet["cgroupRoot"] = self.cgroup_root
+        _write(lay.kubelet_config, json.dumps(kubelet, indent=2))
+        _write(lay.kubelet_kubeconfig, _kubelet_kubeconfig(server, self.pki), 0o600)
+        proxy = configs.kube_proxy_config(
+            admin_kubeconfig, self.name, self.ip, self.net.subnet,
+            (ports["proxy_healthz"], ports["proxy_metrics"]),
+        )  # fmt: skip
+        _write(lay.proxy_config, json.dumps(proxy, indent=2))
+
+    # ---- command lines -----------------------------------------------------------------
+
+    def containerd_argv(self) -> list[str]:
+        return [CONTAINERD, "--config", str(self.layout.containerd_config), "--log-level=warn"]
+
+    def kubelet_argv(self) -> list[str]:
+        lay = self.layout
+        return [
+            str(self.bin_dir / "kubelet"),
+            f"--config={lay.kubelet_config}",
+            f"--kubeconfig={lay.kubelet_kubeconfig}",
+            f"--root-dir={lay.kubelet_dir / 'root'}",
+            f"--cert-dir={lay.kubelet_dir / 'pki'}",
+            f"--hostname-override={self.name}",
+            f"--node-ip={self.ip}",
+            "--v=1",
+        ]
+
+    def scheduler_argv(self, kubeconfig: Path, port: int) -> list[str]:
+        return [
+            str(self.bin_dir / "kube-scheduler"),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            "--leader-elect=false",
+        ]
+
+    def proxy_argv(self) -> list[str]:
+        return [str(self.bin_dir / "kube-proxy"), f"--config={self.layout.proxy_config}"]
+
+    # ---- images ------------------------------------------------------------------------
+
+    def wait_containerd(self, check: Watchdog) -> None:
+        while self._ctr("version").returncode != 0:
+            check()
+            time.sleep(0.2)
+
+    def _ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
+        sock = str(self.layout.containerd_socket)
+        return subprocess.run([CTR, "-a", sock, "-n", "k8s.io", *args],
+                              capture_output=True, text=True)  # fmt: skip
+
+    def import_image(self, archive: Path) -> bool:
+        """Import an image archive once (containerd keeps it across restarts of this node);
+        returns False when this archive was imported before."""
+        marker = self.layout.root / "imported" / archive.name
+        if marker.exists():
+            return False
+        res = self._ctr("images", "import", str(archive))
+        if res.returncode != 0:
+            raise RuntimeError(f"ctr images import {archive}: {res.stderr.strip()[-2000:]}")
+        _write(marker, time.strftime("%F %T\n"))
+        return True
+
+    def import_pause(self, cache: Path) -> None:
+        self.import_image(pause.ensure_archive(cache))
+
+    # ---- teardown ----------------------------------------------------------------------
+
+    def teardown(self) -> list[str]:
+        """After the node's processes stopped: kill what pods left, unmount, drop NAT rules,
+        the bridge and the cgroup root, restore the sysctls. Returns what it cleaned."""
+        done = []
+        if host.kill_cgroup_tree(self.cgroup_root):
+            done.append("pod processes")
+        if host.kill_matching(str(self.layout.containerd_socket)):
+            done.append("containerd shims")
+        if host.unmount_under(self.layout.root):
+            done.append("pod mounts")
+        subprocess.run([str(self.bin_dir / "kube-proxy"), "--cleanup",
+                        f"--config={self.layout.proxy_config}"], capture_output=True)  # fmt: skip
+        network.delete_bridge(self.net)
+        restored = host.restore(self.layout.host_state)
+        if restored:
+            done.append("sysctls " + ", ".join(restored))
+        return done
+
+
+def node_leftovers(state_dir: Path) -> list[str]:
+    """Tear down a node whose cluster died without doing it (its host record is still
+    there: `teardown` removes it last)."""
+    layout = configs.NodeLayout(state_dir / "node")
+    if not layout.host_state.exists():
+        return []
+    node = Node(state_dir, build.bin_dir(), certs.Pki(state_dir / "pki"), NODE_NAME)
+    return node.teardown()
