@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.genpool-dev-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit test-model test-worker test-cluster test-e2e lint format bench clean \
+.PHONY: setup test unit images test-model test-worker test-cluster test-e2e test-node lint format bench clean \
 	devcluster demo inferencepool-crd interop-llm-d interop-llm-d-prefix
 
 $(STAMP): pyproject.toml
@@ -25,16 +25,22 @@ setup: $(STAMP)
 UNIT_PURE := GENPOOL_UNIT_PURE=1
 
 # Everything (CI): lint beside the unit tier on its own (blocked imports; both pure and
-# single-threaded, so on 2 cores they share the machine without slowing each other), then
-# every other tier. --output-sync keeps each one's output together.
+# single-threaded, so on 2 cores they share the machine without slowing each other) and the
+# images (unchanged: seconds), then every other tier. --output-sync keeps each one's output together.
 test: setup
-	$(MAKE) --no-print-directory -j2 --output-sync=target lint unit
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint unit images
 	$(PY) -m pytest -q --durations=10 -m 'not unit' tests $(PYTEST_ARGS)
+
+# The worker and operator images from the shipped Dockerfiles (docs/devcluster.md#images):
+# built beside lint and the unit tier (mostly downloads the first time, seconds when their
+# inputs are unchanged); the node tier and `make demo` import them into a real node.
+images: setup
+	$(PY) -m genpool_devcluster.images
 
 unit: setup
 	$(UNIT_PURE) $(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
-test-model test-worker test-cluster test-e2e: setup
+test-model test-worker test-cluster test-e2e test-node: setup
 	$(PY) -m pytest -q --durations=10 -m $(@:test-%=%) tests $(PYTEST_ARGS)
 
 lint: setup
@@ -50,8 +56,10 @@ format: setup
 bench: setup
 	$(PY) -m bench.run
 
-# Local control plane (docs/devcluster.md): builds the binaries once (tens of minutes), then
-# starts etcd, kube-apiserver, kube-controller-manager and the pod runner in the background.
+# Local cluster (docs/devcluster.md): builds the binaries once (tens of minutes), installs
+# containerd and friends (apt), builds the images from the Dockerfiles, then starts etcd,
+# kube-apiserver, kube-controller-manager and a real node (containerd, kubelet,
+# kube-scheduler, kube-proxy) in the background.
 devcluster: setup
 	$(VENV)/bin/genpool devcluster up
 	@$(VENV)/bin/genpool devcluster env

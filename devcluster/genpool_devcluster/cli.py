@@ -10,6 +10,8 @@ from pathlib import Path
 
 from . import build, checkout, images, kubeconfig, supervisor
 from .cluster import RUNTIMES
+from .node import packages
+from .node.runtime import pending_imports
 
 DEFAULT_STATE_DIR = "~/.cache/genpool/devcluster/run"
 
@@ -76,9 +78,18 @@ def _up_locked(state_dir: Path, timeout: float, runtime: str) -> int:
         supervisor.stop(state_dir)
     archives: list[Path] = []
     if runtime == "node":
+        packages.ensure()
         build.ensure_node_binaries()
         # The shipped Dockerfiles, built here (minutes the first time, cached by content).
         archives = images.ensure_images(checkout.ROOT)
+        pending = pending_imports(state_dir, archives)
+        if pending:
+            names = ", ".join(a.name for a in pending)
+            print(
+                f"[devcluster node] importing {names} into the node's containerd "
+                "(the worker image: 1.5-2.5 min, once per state dir)",
+                file=sys.stderr,
+            )
     else:
         build.ensure_binaries()
     proc = supervisor.spawn(state_dir, runtime, timeout, archives)

@@ -1,9 +1,9 @@
 """``make demo``: what pausing buys at an equal SLO, on the real system.
 
-Brings up (or reuses) the local control plane, helm-installs the chart (the operator
-runs as a pod under the pod runner) and applies two GenPools of **synthetic** workers
-(``model: synthetic:demo``: real worker processes whose model sleeps the simulator's
-step model, fitted to vLLM step times of Llama-2-70B on H100s, instead of computing;
+Brings up (or reuses) the local cluster, helm-installs the chart (the operator runs in a
+container from the operator image on the real node) and applies two GenPools of
+**synthetic** workers (``model: synthetic:demo``: real worker processes whose model sleeps
+the simulator's step model, fitted to vLLM step times of Llama-2-70B on H100s, instead of computing;
 a 2-core machine cannot run six real models). Both state the same SLO and the same
 autoscaling bounds: ``genpool`` (pausing in place, the knob tuner and the scaler) and
 ``replicas-only`` (preemption Off, the same scaler). Both get the same seeded open-loop
@@ -208,8 +208,9 @@ def _install_operator(tools: Tools) -> None:
               str(ROOT / "charts" / "genpool" / "crds"))  # fmt: skip
     tools.run("helm", "upgrade", "--install", RELEASE, chart, "-n", OPERATOR_NS,
               "--create-namespace")  # fmt: skip
-    # The pod runner runs the operator from the working tree: a pod left by an earlier
-    # demo would still run the code it started with.
+    # The image's tag stays the chart's appVersion while its content follows the working
+    # tree: an operator pod left by an earlier demo would still run the image it started
+    # from (a pod runner cluster, the working tree's code then).
     tools.run("kubectl", "rollout", "restart", "deploy", "-n", OPERATOR_NS)
     print("  waiting for the operator ...", flush=True)
     tools.run("kubectl", "rollout", "status", "deploy", "-n", OPERATOR_NS, "--timeout=180s")
@@ -307,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     if cli.main(["up"]) != 0:
         return 1
     tools = Tools(Path(cli.DEFAULT_STATE_DIR).expanduser() / "kubeconfig")
-    print("[2/5] helm install the chart (operator pod under the pod runner)", flush=True)
+    print("[2/5] helm install the chart (the operator pod on the node)", flush=True)
     _install_operator(tools)
     pinned = f", expert override targetUtilization {overrides}" if overrides else ""
     print(f"[3/5] GenPools {GENPOOL} (TargetOutputTps, tuner, scaler) and {REPLICAS_ONLY} "

@@ -25,6 +25,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from .node import packages
+
 IMAGES_DIR = Path(os.environ.get("GENPOOL_IMAGES_CACHE", "~/.cache/genpool/images")).expanduser()
 KINDS = ("worker", "operator")
 SUITE = "bookworm"
@@ -336,6 +338,12 @@ def ensure_images(repo_root: Path, kinds: Iterable[str] = KINDS) -> list[Path]:
 def main(argv: list[str]) -> int:
     """python -m genpool_devcluster.images [worker|operator]: build (or find) the archives
     and print their paths."""
+    unknown = sorted(set(argv) - set(KINDS))
+    if unknown:
+        print(f"unknown image kind {', '.join(unknown)}: expected {' or '.join(KINDS)}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    packages.ensure()  # buildah, debootstrap
     repo_root = Path(__file__).resolve().parents[2]
     print("\n".join(map(str, ensure_images(repo_root, argv or KINDS))))
     return 0

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.conftest import START_TIMEOUT_S, DevCluster, Kubectl, api_client, kubectl_runner
+from tests.node.kubelet_pools import NodePools, node_pools
 from tests.polling import wait_for
 
 if TYPE_CHECKING:
@@ -33,11 +34,13 @@ REPO = Path(__file__).resolve().parents[2]
 def cluster() -> Iterator[DevCluster]:
     from genpool_devcluster import build, images
     from genpool_devcluster.cluster import Cluster
+    from genpool_devcluster.node import packages
 
     existing = os.environ.get("GENPOOL_NODE_KUBECONFIG")
     if existing:
         yield DevCluster(Path(existing), build.ensure_tools(), None)
         return
+    packages.ensure()
     bin_dir = build.ensure_node_binaries()
     archives = images.ensure_images(REPO)
     # One state dir for every session: the node's image store (gigabytes, minutes to
@@ -90,3 +93,11 @@ def chart(cluster: DevCluster, kubectl: Kubectl) -> Iterator[str]:
     )  # fmt: skip
     yield OPERATOR_NS
     helm(cluster, "uninstall", RELEASE, "-n", OPERATOR_NS)
+
+
+@pytest.fixture(scope="session")
+def pools(kube_api: client.ApiClient, chart: str) -> Iterator[NodePools]:
+    """test_kubelet_runs_workers.py's pools, each in its own namespace; the helm e2e asks
+    for them too, so they start first and their waits overlap with it."""
+    with node_pools(kube_api) as started:
+        yield started

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from kubernetes import client
 
@@ -64,6 +65,8 @@ def _printer_columns(kubectl: Kubectl, namespace: str) -> dict[str, str]:
     return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
 
 
+# The kubelet tests' pools start first: their waits overlap with this test's.
+@pytest.mark.usefixtures("pools")
 def test_helm_install_genpool_load_scale_delete(
     cluster: DevCluster, kubectl: Kubectl, kube_api: client.ApiClient, namespace: str, chart: str
 ) -> None:

@@ -133,7 +133,7 @@ class Node:
     def import_image(self, archive: Path) -> bool:
         """Import an image archive once (containerd keeps it across restarts of this node);
         returns False when this archive was imported before."""
-        marker = self.layout.root / "imported" / archive.name
+        marker = _import_marker(self.layout, archive)
         if marker.exists():
             return False
         res = self._ctr("images", "import", str(archive))
@@ -174,3 +174,13 @@ def node_leftovers(state_dir: Path) -> list[str]:
         return []
     node = Node(state_dir, build.bin_dir(), certs.Pki(state_dir / "pki"), NODE_NAME)
     return node.teardown()
+
+
+def _import_marker(layout: configs.NodeLayout, archive: Path) -> Path:
+    return layout.root / "imported" / archive.name
+
+
+def pending_imports(state_dir: Path, archives: list[Path]) -> list[Path]:
+    """The archives this state dir's node has not imported yet (for a progress line)."""
+    layout = configs.NodeLayout(state_dir / "node")
+    return [a for a in archives if not _import_marker(layout, a).exists()]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from genpool_devcluster.node import configs, host, network, pause
+from genpool_devcluster.node import configs, host, network, packages, pause
 
 LAYOUT = configs.NodeLayout(Path("/state/node"))
 
@@ -116,3 +116,11 @@ def test_down_restores_the_sysctls_and_chains_up_found(
 
 def _failed() -> subprocess.CompletedProcess[str]:
     return subprocess.CompletedProcess([], 1, "", "")
+
+
+def test_missing_packages_are_named_by_the_files_they_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(packages.shutil, "which", lambda name: None if name == "runc" else name)
+    monkeypatch.setattr(packages.Path, "exists", lambda self: False)
+    assert packages.missing() == ["runc", "containernetworking-plugins"]
