@@ -58,4 +58,7 @@ if [[ "$cmd" == precise-prefix ]]; then
   extra=(--epp-source-commit "$COMMIT")  # a later --epp-source-commit in "$@" wins
 fi
 cd "$ROOT"
+# The pod runner runs llm-d's sidecar and epp, built above, as local processes; a real
+# node would need images of them.
+export GENPOOL_DEVCLUSTER_RUNTIME=podrunner
 exec "$PY" -m genpool_devcluster.interop "$cmd" --bin "$BIN" "${extra[@]}" "$@"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from .node import packages
 from .node.runtime import pending_imports
 
 DEFAULT_STATE_DIR = "~/.cache/genpool/devcluster/run"
+RUNTIME_ENV = "GENPOOL_DEVCLUSTER_RUNTIME"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,10 +47,10 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument(
                 "--runtime",
                 choices=RUNTIMES,
-                default="node",
+                default=os.environ.get(RUNTIME_ENV, "node"),
                 help="what runs pods: a real node (containerd + kubelet, images built from the "
                 "shipped Dockerfiles), the pod runner (local processes), or none "
-                "(pods stay Pending); default: %(default)s",
+                f"(pods stay Pending); default: %(default)s (${RUNTIME_ENV} sets it)",
             )
     return p
 
@@ -130,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     state_dir = _state_dir(p, args.state_dir)
     if args.command == "up" and args.timeout <= 0:
         p.error("--timeout must be > 0")
+    if args.command == "up" and args.runtime not in RUNTIMES:  # a default from the env
+        p.error(f"${RUNTIME_ENV}={args.runtime}: expected one of {', '.join(RUNTIMES)}")
     if args.command == "up":
         return _up(state_dir, args.timeout, args.runtime)
     if args.command == "down":

@@ -26,8 +26,6 @@ PODRUNNER_MODULE = "genpool_devcluster.podrunner"
 PORT_NAMES = ("etcd_client", "etcd_peer", "apiserver", "controller_manager")
 RUNTIMES = ("node", "podrunner", "none")
 NODE_PORT_NAMES = ("kubelet", "kubelet_healthz", "scheduler", "proxy_healthz", "proxy_metrics")
-# The node's own processes, started in this order after the control plane.
-NODE_PROCS = ("kube-scheduler", "containerd", "kube-proxy", "kubelet")
 
 
 def _death_signal(name: str) -> int:

@@ -124,3 +124,17 @@ def test_missing_packages_are_named_by_the_files_they_install(
     monkeypatch.setattr(packages.shutil, "which", lambda name: None if name == "runc" else name)
     monkeypatch.setattr(packages.Path, "exists", lambda self: False)
     assert packages.missing() == ["runc", "containernetworking-plugins"]
+
+
+def test_a_runtime_from_the_environment_is_checked(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from genpool_devcluster import cli
+
+    monkeypatch.setenv(cli.RUNTIME_ENV, "kind")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["up", "--state-dir", "/nonexistent/state"])
+    assert exc.value.code == 2
+    assert "GENPOOL_DEVCLUSTER_RUNTIME=kind: expected one of node, podrunner, none" in (
+        capsys.readouterr().err
+    )
