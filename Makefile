@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.genpool-dev-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit images test-model test-worker test-cluster test-e2e test-node lint format bench clean \
+.PHONY: setup test unit node-setup test-model test-worker test-cluster test-e2e test-node lint format bench clean \
 	devcluster demo inferencepool-crd interop-llm-d interop-llm-d-prefix
 
 $(STAMP): pyproject.toml
@@ -28,14 +28,16 @@ UNIT_PURE := GENPOOL_UNIT_PURE=1
 # single-threaded, so on 2 cores they share the machine without slowing each other) and the
 # images (unchanged: seconds), then every other tier. --output-sync keeps each one's output together.
 test: setup
-	$(MAKE) --no-print-directory -j3 --output-sync=target lint unit images
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint unit node-setup
 	$(PY) -m pytest -q --durations=10 -m 'not unit' tests $(PYTEST_ARGS)
 
-# The worker and operator images from the shipped Dockerfiles (docs/devcluster.md#images):
-# built beside lint and the unit tier (mostly downloads the first time, seconds when their
-# inputs are unchanged); the node tier and `make demo` import them into a real node.
-images: setup
-	$(PY) -m genpool_devcluster.images
+# The real node's set-up (docs/devcluster.md#the-real-node): host packages (apt), kubelet,
+# kube-scheduler and kube-proxy, and the worker and operator images from the shipped
+# Dockerfiles, one progress line per step. Beside lint and the unit tier (mostly builds and
+# downloads the first time, seconds when nothing changed); the node tier and `make demo`
+# import the images into a real node.
+node-setup: setup
+	$(VENV)/bin/genpool devcluster build --node
 
 unit: setup
 	$(UNIT_PURE) $(PY) -m pytest -q tests/unit $(PYTEST_ARGS)

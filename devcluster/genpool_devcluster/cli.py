@@ -24,7 +24,15 @@ def _parser() -> argparse.ArgumentParser:
         description="etcd + kube-apiserver + kube-controller-manager + pod runner on loopback",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("build", help="build or fetch the binaries (tens of minutes the first time)")
+    bp = sub.add_parser(
+        "build", help="build or fetch the binaries (tens of minutes the first time)"
+    )
+    bp.add_argument(
+        "--node",
+        action="store_true",
+        help="also the real node: its host packages (apt), kubelet, kube-scheduler, kube-proxy, "
+        "and the worker and operator images",
+    )
     for name, text in [
         ("up", "start the cluster in the background (no-op when already up)"),
         ("down", "stop the cluster (its data and PKI stay in the state dir)"),
@@ -127,7 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
     if args.command == "build":
-        print(build.ensure_binaries())
+        if args.node:
+            packages.ensure()
+            print(build.ensure_node_binaries())
+            print("\n".join(map(str, images.ensure_images(checkout.ROOT))))
+        else:
+            print(build.ensure_binaries())
         return 0
     state_dir = _state_dir(p, args.state_dir)
     if args.command == "up" and args.timeout <= 0:
