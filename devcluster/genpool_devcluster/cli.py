@@ -70,6 +70,14 @@ def _state_dir(p: argparse.ArgumentParser, raw: str) -> Path:
     return path
 
 
+def _node_setup() -> list[Path]:
+    """The host packages, the node's binaries and the images (the shipped Dockerfiles, built
+    here: minutes the first time, then cached by content); returns the image archives."""
+    packages.ensure()
+    build.ensure_node_binaries()
+    return images.ensure_images(checkout.ROOT)
+
+
 def _up(state_dir: Path, timeout: float, runtime: str) -> int:
     # One `up` at a time per state dir: a second one waits, then finds the cluster up.
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -88,10 +96,7 @@ def _up_locked(state_dir: Path, timeout: float, runtime: str) -> int:
         supervisor.stop(state_dir)
     archives: list[Path] = []
     if runtime == "node":
-        packages.ensure()
-        build.ensure_node_binaries()
-        # The shipped Dockerfiles, built here (minutes the first time, cached by content).
-        archives = images.ensure_images(checkout.ROOT)
+        archives = _node_setup()
         pending = pending_imports(state_dir, archives)
         if pending:
             names = ", ".join(a.name for a in pending)
@@ -135,12 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
     if args.command == "build":
-        if args.node:
-            packages.ensure()
-            print(build.ensure_node_binaries())
-            print("\n".join(map(str, images.ensure_images(checkout.ROOT))))
-        else:
-            print(build.ensure_binaries())
+        archives = _node_setup() if args.node else []
+        print("\n".join(map(str, [build.ensure_binaries(), *archives])))
         return 0
     state_dir = _state_dir(p, args.state_dir)
     if args.command == "up" and args.timeout <= 0:

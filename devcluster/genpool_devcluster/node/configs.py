@@ -136,9 +136,12 @@ def cni_conflist(bridge: str, subnet: str, gateway: str, ipam_dir: Path) -> dict
 
 
 def kubelet_config(
-    layout: NodeLayout, node_ip: str, port: int, healthz_port: int, ca_file: Path
+    layout: NodeLayout, node_ip: str, ports: tuple[int, int], ca_file: Path, cgroup_root: str
 ) -> dict[str, Any]:
-    """KubeletConfiguration (written as JSON, which YAML readers accept)."""
+    """KubeletConfiguration (written as JSON, which YAML readers accept). `ports`: the
+    kubelet's API and healthz ports; `cgroup_root`: the cluster's own, so `down` finds every
+    pod process there."""
+    port, healthz_port = ports
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -151,6 +154,7 @@ def kubelet_config(
         # cgroup v1 hybrid hosts: the kubelet refuses them by default since 1.35.
         "failCgroupV1": False,
         "cgroupDriver": "cgroupfs",
+        "cgroupRoot": cgroup_root,
         "failSwapOn": False,
         # The disk reports far more capacity than is free: percentages made the kubelet
         # garbage-collect and evict every image. Absolute floors only.

@@ -1,7 +1,8 @@
 """One real node for one cluster: its files, its processes' command lines, its teardown.
 
-`Cluster` (../cluster.py) starts the processes in order: containerd, kube-scheduler,
-kube-proxy, then the kubelet, once the apiserver serves on the node's bridge address.
+`Cluster` (../cluster.py) starts the processes in order once the apiserver serves on the
+node's bridge address: kube-scheduler, containerd (then the image imports), kube-proxy and
+the kubelet.
 """
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ class Node:
         )
         _write(lay.cni_conf_dir / "10-genpool.conflist", json.dumps(conflist, indent=2))
         kubelet = configs.kubelet_config(
-            lay, self.ip, ports["kubelet"], ports["kubelet_healthz"], self.pki.ca_crt
-        )
-        kubelet["cgroupRoot"] = self.cgroup_root
+            lay, self.ip, (ports["kubelet"], ports["kubelet_healthz"]), self.pki.ca_crt,
+            self.cgroup_root,
+        )  # fmt: skip
         _write(lay.kubelet_config, json.dumps(kubelet, indent=2))
         _write(lay.kubelet_kubeconfig, _kubelet_kubeconfig(server, self.pki), 0o600)
         proxy = configs.kube_proxy_config(

@@ -39,7 +39,10 @@ def test_cni_never_masquerades_off_the_machine() -> None:
 
 
 def test_kubelet_config_uses_absolute_eviction_floors_and_cgroupfs() -> None:
-    conf = configs.kubelet_config(LAYOUT, "10.244.7.1", 4000, 4001, Path("/pki/ca.crt"))
+    conf = configs.kubelet_config(
+        LAYOUT, "10.244.7.1", (4000, 4001), Path("/pki/ca.crt"), "/genpool-gpabc"
+    )
+    assert (conf["port"], conf["healthzPort"], conf["cgroupRoot"]) == (4000, 4001, "/genpool-gpabc")
     assert conf["failCgroupV1"] is False and conf["cgroupDriver"] == "cgroupfs"
     assert conf["imageGCHighThresholdPercent"] == 100
     assert all(not v.endswith("%") for v in conf["evictionHard"].values())
