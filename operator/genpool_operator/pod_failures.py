@@ -4,12 +4,13 @@ One function, :func:`degraded_condition`, decides the ``Degraded`` condition for
 writers: the reconcile handler (after applying the children) and the pod watch (after
 a worker's status changes), so neither overwrites the other's finding.
 
-A worker container is failing when it cannot start (a configuration or image error)
-or crash-loops: it waits in ``CrashLoopBackOff``, has stopped for good with a non-zero
-exit, or runs again after at least :data:`MIN_CRASH_LOOP_RESTARTS` restarts without
-being ready yet. The cause is the first line of the termination message the kubelet
-recorded for the last exit (the worker writes its fatal error there; with
-``FallbackToLogsOnError`` it is the log's tail otherwise).
+A worker pod is failing when no node can take it (the scheduler says Unschedulable: its
+message is the cause), and a worker container when it cannot start (a configuration or
+image error) or crash-loops: it waits in ``CrashLoopBackOff``, has stopped for good with
+a non-zero exit, or runs again after at least :data:`MIN_CRASH_LOOP_RESTARTS` restarts
+without being ready yet. The cause is the first line of the termination message the
+kubelet recorded for the last exit (the worker writes its fatal error there; with
+``FallbackToLogsOnError`` it is the log's tail otherwise; an OOM kill says so).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ CANNOT_START_REASONS = frozenset({
 class PodFailure:
     pod: str
     container: str
-    reason: str  # WorkerCrashLoop | WorkerCannotStart
+    reason: str  # WorkerCrashLoop | WorkerCannotStart | WorkerUnschedulable
     cause: str  # one line: the termination message's first line, or what the kubelet said
 
 
@@ -51,6 +52,10 @@ def pod_failure(pod: dict[str, Any]) -> PodFailure | None:
     if meta.get("deletionTimestamp"):
         return None
     status = pod.get("status") or {}
+    name = str(meta.get("name", ""))
+    unschedulable = _unschedulable(status)
+    if unschedulable is not None:
+        return PodFailure(name, "", "WorkerUnschedulable", unschedulable)
     containers = (status.get("initContainerStatuses") or []) + (
         status.get("containerStatuses") or []
     )
@@ -58,8 +63,19 @@ def pod_failure(pod: dict[str, Any]) -> PodFailure | None:
         found = _container_failure(container)
         if found is not None:
             reason, cause = found
-            name, container_name = str(meta.get("name", "")), str(container.get("name", ""))
-            return PodFailure(name, container_name, reason, cause)
+            return PodFailure(name, str(container.get("name", "")), reason, cause)
+    return None
+
+
+def _unschedulable(status: dict[str, Any]) -> str | None:
+    """The scheduler's word when no node can take the pod (too little CPU or memory, a
+    selector or taint nothing matches), or None."""
+    for condition in status.get("conditions") or []:
+        if (condition.get("type"), condition.get("status")) != ("PodScheduled", "False"):
+            continue
+        if condition.get("reason") == "Unschedulable":
+            message = first_line(str(condition.get("message") or ""))
+            return f"Unschedulable: {message}" if message else "Unschedulable"
     return None
 
 

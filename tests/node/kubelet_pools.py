@@ -30,6 +30,8 @@ POOLS: dict[str, dict[str, Any]] = {
         engine={"maxBatchSize": 8, "kvCacheMemory": "16Mi"},
     ),
     "broken": synthetic_spec(model=MISSING_MODEL),
+    # More CPU than the node has: the scheduler places none.
+    "unplaceable": synthetic_spec(resources={"requests": {"cpu": "64"}}),
 }
 
 

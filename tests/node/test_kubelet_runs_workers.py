@@ -1,7 +1,8 @@
 """What a real node adds, on the kubelet with the images built from the shipped Dockerfiles:
 the chart's security context enforced with the worker still serving, readiness and
-liveness probes as the kubelet runs them, an OOM kill and a crash loop's back-off both
-reaching the GenPool's status. Each of these was out of reach under the pod runner."""
+liveness probes as the kubelet runs them, an OOM kill, a crash loop's back-off and a pod no
+node can take all reaching the GenPool's status. Each of these was out of reach under the
+pod runner (it runs every pod it is given, without limits)."""
 
 from __future__ import annotations
 
@@ -118,3 +119,17 @@ def test_a_crash_looping_worker_backs_off_and_the_pool_says_why(
     assert degraded["message"] == (
         f"pod broken-worker-0: GGUFLoadError: GGUF file not found: {MISSING_MODEL}"
     )
+
+
+def test_a_worker_no_node_can_take_degrades_the_pool_with_the_schedulers_word(
+    kube_api: client.ApiClient, pools: NodePools
+) -> None:
+    namespace = pools.namespaces["unplaceable"]
+    degraded = wait_for(
+        lambda: (d := _degraded(kube_api, namespace, "unplaceable")).get("status") == "True" and d,
+        "Degraded=True from the unschedulable worker",
+        timeout=60,
+    )
+    assert degraded["reason"] == "WorkerUnschedulable"
+    assert degraded["message"].startswith("pod unplaceable-worker-0: Unschedulable: 0/1 nodes")
+    assert "Insufficient cpu" in degraded["message"]

@@ -74,6 +74,26 @@ def test_an_oom_kill_says_so_not_the_logs_first_line() -> None:
     assert failure.cause.startswith("OOMKilled: over its memory limit (exit code 137)")
 
 
+def test_a_pod_no_node_can_take_quotes_the_scheduler() -> None:
+    pending = {
+        "metadata": {"name": "demo-1"},
+        "status": {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                            "message": "0/1 nodes are available: 1 Insufficient cpu.\nmore"}],
+        },
+    }  # fmt: skip
+    assert pod_failure(pending) == PodFailure(
+        "demo-1",
+        "",
+        "WorkerUnschedulable",
+        "Unschedulable: 0/1 nodes are available: 1 Insufficient cpu.",
+    )
+    waiting_for_a_node = {"type": "PodScheduled", "status": "False", "reason": "SchedulerError"}
+    pending["status"]["conditions"] = [waiting_for_a_node]  # type: ignore[index]
+    assert pod_failure(pending) is None
+
+
 def test_without_a_message_the_exit_code_is_the_cause() -> None:
     failure = pod_failure(worker(state=CRASH_LOOP, last=exited(137)))
     assert failure is not None and failure.cause == "exit code 137 (Error)"
