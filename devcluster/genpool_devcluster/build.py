@@ -9,6 +9,7 @@ Everything lands in ~/.cache/genpool/devcluster/bin/<k8s version>/, written atom
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import json
@@ -19,7 +20,7 @@ import sys
 import tarfile
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -48,15 +49,24 @@ def log(msg: str) -> None:
 
 
 @contextmanager
-def _locked(name: str) -> Iterator[None]:
-    """Serialise builders across processes: two `up`s must not both compile for 20 minutes."""
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    with open(cache_dir() / f"{name}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+def file_lock(path: Path, say: Callable[[str], None] = log) -> Iterator[None]:
+    """Serialise builders across processes (two `up`s must not both compile for 20 minutes
+    or download torch twice): a second caller says it waits, then finds the work done."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"waiting for another build ({path})")
+            fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _locked(name: str) -> contextlib.AbstractContextManager[None]:
+    return file_lock(cache_dir() / f"{name}.lock")
 
 
 def _install(src: Path, dest: Path) -> None:

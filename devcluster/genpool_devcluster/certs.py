@@ -65,6 +65,15 @@ class Pki:
         return self.dir / "apiserver-kubelet-client.key"
 
     @property
+    def kubelet_crt(self) -> Path:
+        """The real node's kubelet: `system:node:<name>` in `system:nodes`."""
+        return self.dir / "kubelet.crt"
+
+    @property
+    def kubelet_key(self) -> Path:
+        return self.dir / "kubelet.key"
+
+    @property
     def front_proxy_crt(self) -> Path:
         return self.dir / "front-proxy-client.crt"
 
@@ -160,7 +169,7 @@ def ensure_node_certs(pki: Pki, node_name: str, node_ip: str) -> tuple[Path, Pat
     if not (pki.dir / f"{serving}.crt").exists():
         sans = f"{SERVING_SANS},IP:{node_ip}"
         _make_leaf(pki.dir, serving, "/CN=kube-apiserver", _serving_extensions(sans))
-    if not (pki.dir / "kubelet.crt").exists():
+    if not pki.kubelet_crt.exists():
         _make_leaf(
             pki.dir,
             "kubelet",

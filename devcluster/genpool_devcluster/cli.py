@@ -9,10 +9,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from . import build, checkout, images, kubeconfig, supervisor
+from . import build, checkout, kubeconfig, supervisor
 from .cluster import RUNTIMES
-from .node import packages
-from .node.runtime import pending_imports
+from .node.runtime import ensure_host, pending_imports
 
 DEFAULT_STATE_DIR = "~/.cache/genpool/devcluster/run"
 RUNTIME_ENV = "GENPOOL_DEVCLUSTER_RUNTIME"
@@ -70,14 +69,6 @@ def _state_dir(p: argparse.ArgumentParser, raw: str) -> Path:
     return path
 
 
-def _node_setup() -> list[Path]:
-    """The host packages, the node's binaries and the images (the shipped Dockerfiles, built
-    here: minutes the first time, then cached by content); returns the image archives."""
-    packages.ensure()
-    build.ensure_node_binaries()
-    return images.ensure_images(checkout.ROOT)
-
-
 def _up(state_dir: Path, timeout: float, runtime: str) -> int:
     # One `up` at a time per state dir: a second one waits, then finds the cluster up.
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -96,7 +87,7 @@ def _up_locked(state_dir: Path, timeout: float, runtime: str) -> int:
         supervisor.stop(state_dir)
     archives: list[Path] = []
     if runtime == "node":
-        archives = _node_setup()
+        archives = ensure_host(checkout.ROOT)
         pending = pending_imports(state_dir, archives)
         if pending:
             names = ", ".join(a.name for a in pending)
@@ -140,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
     if args.command == "build":
-        archives = _node_setup() if args.node else []
+        archives = ensure_host(checkout.ROOT) if args.node else []
         print("\n".join(map(str, [build.ensure_binaries(), *archives])))
         return 0
     state_dir = _state_dir(p, args.state_dir)

@@ -12,7 +12,7 @@ store (storage/, run/) and the archives. docs/devcluster.md#images.
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import hashlib
 import os
 import re
@@ -25,7 +25,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from .node import packages
+from . import build
+from .node import packages as host_packages
 
 IMAGES_DIR = Path(os.environ.get("GENPOOL_IMAGES_CACHE", "~/.cache/genpool/images")).expanduser()
 KINDS = ("worker", "operator")
@@ -206,21 +207,10 @@ def _clean_tmp() -> None:
     (IMAGES_DIR / "tmp").mkdir(parents=True)
 
 
-@contextmanager
-def _locked() -> Iterator[None]:
+def _locked() -> contextlib.AbstractContextManager[None]:
     """One builder at a time: two buildah builds on one store would fight over it, and two
     `up`s must not both download torch."""
-    IMAGES_DIR.mkdir(parents=True, exist_ok=True)
-    with open(IMAGES_DIR / "build.lock", "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(f"waiting for another build ({IMAGES_DIR / 'build.lock'})")
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return build.file_lock(IMAGES_DIR / "build.lock", log)
 
 
 def host_mirror() -> str:
@@ -343,7 +333,7 @@ def main(argv: list[str]) -> int:
         print(f"unknown image kind {', '.join(unknown)}: expected {' or '.join(KINDS)}",
               file=sys.stderr)  # fmt: skip
         return 2
-    packages.ensure()  # buildah, debootstrap
+    host_packages.ensure()  # buildah, debootstrap
     repo_root = Path(__file__).resolve().parents[2]
     print("\n".join(map(str, ensure_images(repo_root, argv or KINDS))))
     return 0

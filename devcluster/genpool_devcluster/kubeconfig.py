@@ -1,4 +1,5 @@
-"""Admin kubeconfig and a stdlib-only API probe (the CLI works without the kubernetes client)."""
+"""Kubeconfigs (the admin's token, the kubelet's client cert) and a stdlib-only API probe (the CLI
+works without the kubernetes client)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ Watchdog = Callable[[], None]
 POLL_S = 0.25
 
 
-def render(server: str, ca_crt: Path, token: str, user: str = "admin") -> str:
+def render(server: str, ca_crt: Path, user: str, credentials: dict[str, str]) -> str:
+    """A kubeconfig for one user: `credentials` is its `user` entry ({"token": ...}, or the
+    kubelet's client-certificate and client-key paths)."""
     ca = base64.b64encode(ca_crt.read_bytes()).decode()
     doc = {
         "apiVersion": "v1",
@@ -25,18 +28,25 @@ def render(server: str, ca_crt: Path, token: str, user: str = "admin") -> str:
         "clusters": [
             {"name": "genpool-dev", "cluster": {"server": server, "certificate-authority-data": ca}}
         ],
-        "users": [{"name": user, "user": {"token": token}}],
+        "users": [{"name": user, "user": credentials}],
         "contexts": [{"name": "genpool-dev", "context": {"cluster": "genpool-dev", "user": user}}],
         "current-context": "genpool-dev",
     }
     return json.dumps(doc, indent=2) + "\n"  # JSON is YAML: no yaml dependency needed
 
 
-def write(path: Path, server: str, ca_crt: Path, token: str) -> None:
+def write_file(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write then rename, so a reader (a restarting component) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(render(server, ca_crt, token))
-    tmp.chmod(0o600)
+    tmp.write_text(text)
+    tmp.chmod(mode)
     os.replace(tmp, path)
+
+
+def write(path: Path, server: str, ca_crt: Path, token: str) -> None:
+    """The admin kubeconfig (a token in system:masters)."""
+    write_file(path, render(server, ca_crt, "admin", {"token": token}))
 
 
 def load(path: Path) -> tuple[str, str, str]:

@@ -10,7 +10,6 @@ devcluster up`) to reuse it.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
@@ -32,23 +31,20 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[DevCluster]:
-    from genpool_devcluster import build, images
+    from genpool_devcluster import build
     from genpool_devcluster.cluster import Cluster
-    from genpool_devcluster.node import packages
+    from genpool_devcluster.node.runtime import ensure_host
 
     existing = os.environ.get("GENPOOL_NODE_KUBECONFIG")
     if existing:
         yield DevCluster(Path(existing), build.ensure_tools(), None)
         return
-    packages.ensure()
-    bin_dir = build.ensure_node_binaries()
-    archives = images.ensure_images(REPO)
+    archives = ensure_host(REPO)
+    bin_dir = build.bin_dir()
     # One state dir for every session: the node's image store (gigabytes, minutes to
     # import) stays; the API's data is wiped, so each session starts from empty.
     state_dir = build.cache_dir() / "node-tests"
-    state_dir.mkdir(parents=True, exist_ok=True)
-    with open(state_dir / "session.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second session waits for the first
+    with build.file_lock(state_dir / "session.lock"):  # a second session waits for the first
         shutil.rmtree(state_dir / "etcd", ignore_errors=True)
         c = Cluster(state_dir, bin_dir=bin_dir, runtime="node", images=archives)
         try:

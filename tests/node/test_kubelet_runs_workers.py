@@ -37,6 +37,18 @@ def _degraded(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any
     return next((c for c in conditions if c["type"] == "Degraded"), {})
 
 
+def _wait_degraded(
+    api: client.ApiClient, namespace: str, name: str, why: str, timeout: float
+) -> dict[str, Any]:
+    """The pool's Degraded condition, once it is True."""
+    found: dict[str, Any] = wait_for(
+        lambda: (d := _degraded(api, namespace, name)).get("status") == "True" and d,
+        f"Degraded=True from {why}",
+        timeout,
+    )
+    return found
+
+
 def _reasons(api: client.ApiClient, namespace: str, pod: str) -> set[str]:
     events = client.CoreV1Api(api).list_namespaced_event(
         namespace, field_selector=f"involvedObject.name={pod}"
@@ -82,11 +94,7 @@ def test_a_worker_over_its_memory_limit_is_oom_killed_and_the_pool_says_so(
     kube_api: client.ApiClient, pools: NodePools
 ) -> None:
     namespace = pools.namespaces["small"]
-    degraded = wait_for(
-        lambda: (d := _degraded(kube_api, namespace, "small")).get("status") == "True" and d,
-        "Degraded=True from the OOM-killed worker",
-        timeout=180,
-    )
+    degraded = _wait_degraded(kube_api, namespace, "small", "the OOM-killed worker", timeout=180)
     assert degraded["reason"] == "WorkerCrashLoop"
     assert "OOMKilled: over its memory limit" in degraded["message"], degraded
     status = _worker_status(kube_api, namespace)
@@ -111,11 +119,7 @@ def test_a_crash_looping_worker_backs_off_and_the_pool_says_why(
     assert status.last_state.terminated.exit_code != 0
     (pod,) = _pods(kube_api, namespace)
     assert "BackOff" in _reasons(kube_api, namespace, pod.metadata.name)
-    degraded = wait_for(
-        lambda: (d := _degraded(kube_api, namespace, "broken")).get("status") == "True" and d,
-        "Degraded=True",
-        timeout=60,
-    )
+    degraded = _wait_degraded(kube_api, namespace, "broken", "the crash-looping worker", timeout=60)
     assert degraded["message"] == (
         f"pod broken-worker-0: GGUFLoadError: GGUF file not found: {MISSING_MODEL}"
     )
@@ -125,10 +129,8 @@ def test_a_worker_no_node_can_take_degrades_the_pool_with_the_schedulers_word(
     kube_api: client.ApiClient, pools: NodePools
 ) -> None:
     namespace = pools.namespaces["unplaceable"]
-    degraded = wait_for(
-        lambda: (d := _degraded(kube_api, namespace, "unplaceable")).get("status") == "True" and d,
-        "Degraded=True from the unschedulable worker",
-        timeout=60,
+    degraded = _wait_degraded(
+        kube_api, namespace, "unplaceable", "the unschedulable worker", timeout=60
     )
     assert degraded["reason"] == "WorkerUnschedulable"
     assert degraded["message"].startswith("pod unplaceable-worker-0: Unschedulable: 0/1 nodes")

@@ -71,10 +71,12 @@ def restore(path: Path) -> list[str]:
         with contextlib.suppress(OSError):
             (PROC_SYS / name).write_text(sysctls[name] + "\n")
     added = [c for c in kube_chains() if c not in chains]
+    rules = _iptables("-S").stdout.splitlines()
     for chain in added:
-        for builtin in ("INPUT", "OUTPUT", "FORWARD"):
-            while _iptables("-D", builtin, "-j", chain).returncode == 0:
-                pass
+        # Each rule that jumps to it (`-A INPUT -j KUBE-FIREWALL`), deleted by its own spec.
+        for rule in rules:
+            if rule.startswith("-A ") and rule.split()[-2:] == ["-j", chain]:
+                _iptables("-D", *rule.split()[1:])
         _iptables("-F", chain)
         _iptables("-X", chain)
     path.unlink()
@@ -114,13 +116,13 @@ def _tree_pids(cgroup_root: str) -> set[int]:
 def kill_cgroup_tree(cgroup_root: str, timeout: float = 15.0) -> int:
     """SIGKILL every process under the cluster's cgroups, wait until they are gone (a
     cgroup with a dying process cannot be removed), then remove them deepest first."""
-    killed = 0
+    killed: set[int] = set()
     deadline = time.monotonic() + timeout
     while (pids := _tree_pids(cgroup_root)) and time.monotonic() < deadline:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-                killed += 1
+                killed.add(pid)
         time.sleep(0.1)
     for top in cgroup_dirs(cgroup_root):
         if top.exists():
@@ -129,7 +131,7 @@ def kill_cgroup_tree(cgroup_root: str, timeout: float = 15.0) -> int:
                     d.rmdir()
             with contextlib.suppress(OSError):
                 top.rmdir()
-    return killed
+    return len(killed)
 
 
 def _pids(procs_file: Path) -> list[int]:

@@ -50,12 +50,18 @@ def routed_subnets() -> set[str]:
     return {str(r["dst"]) for r in json.loads(out.stdout or "[]") if "/" in str(r.get("dst"))}
 
 
-def load_or_choose(path: Path, state_dir: Path) -> PodNetwork:
-    """The network this state dir used before (its kubeconfig names the gateway), else new."""
+def _load(path: Path) -> PodNetwork | None:
     try:
         return PodNetwork(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
-        pass
+        return None
+
+
+def load_or_choose(path: Path, state_dir: Path) -> PodNetwork:
+    """The network this state dir used before (its kubeconfig names the gateway), else new."""
+    found = _load(path)
+    if found is not None:
+        return found
     net = choose(state_dir, routed_subnets())
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(net)) + "\n")

@@ -7,44 +7,18 @@ the kubelet.
 
 from __future__ import annotations
 
-import base64
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
 
-from .. import build, certs
-from ..kubeconfig import Watchdog
-from . import configs, host, network, pause
+from .. import build, certs, images
+from ..kubeconfig import Watchdog, render, write_file
+from . import configs, host, network, packages, pause
 
 CTR = "ctr"
 NODE_NAME = "genpool-dev"
 CONTAINERD = "containerd"
-
-
-def _write(path: Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    tmp.chmod(mode)
-    os.replace(tmp, path)
-
-
-def _kubelet_kubeconfig(server: str, pki: certs.Pki) -> str:
-    ca = base64.b64encode(pki.ca_crt.read_bytes()).decode()
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "genpool-dev", "cluster": {"server": server,
-                                                          "certificate-authority-data": ca}}],
-        "users": [{"name": "kubelet", "user": {
-            "client-certificate": str(pki.dir / "kubelet.crt"),
-            "client-key": str(pki.dir / "kubelet.key")}}],
-        "contexts": [{"name": "node", "context": {"cluster": "genpool-dev", "user": "kubelet"}}],
-        "current-context": "node",
-    }  # fmt: skip
-    return json.dumps(doc, indent=2) + "\n"
 
 
 class Node:
@@ -70,22 +44,25 @@ class Node:
         host.record(lay.host_state)
         network.create_bridge(self.net)
         host.make_cgroup_root(self.cgroup_root)
-        _write(lay.containerd_config, configs.containerd_config(lay))
+        write_file(lay.containerd_config, configs.containerd_config(lay), 0o644)
         conflist = configs.cni_conflist(
             self.net.bridge, self.net.subnet, self.net.gateway, lay.cni_state_dir
         )
-        _write(lay.cni_conf_dir / "10-genpool.conflist", json.dumps(conflist, indent=2))
+        write_file(lay.cni_conf_dir / "10-genpool.conflist", json.dumps(conflist, indent=2), 0o644)
         kubelet = configs.kubelet_config(
             lay, self.ip, (ports["kubelet"], ports["kubelet_healthz"]), self.pki.ca_crt,
             self.cgroup_root,
         )  # fmt: skip
-        _write(lay.kubelet_config, json.dumps(kubelet, indent=2))
-        _write(lay.kubelet_kubeconfig, _kubelet_kubeconfig(server, self.pki), 0o600)
+        write_file(lay.kubelet_config, json.dumps(kubelet, indent=2), 0o644)
+        kubelet_user = {"client-certificate": str(self.pki.kubelet_crt),
+                        "client-key": str(self.pki.kubelet_key)}  # fmt: skip
+        write_file(lay.kubelet_kubeconfig,
+                   render(server, self.pki.ca_crt, "kubelet", kubelet_user))  # fmt: skip
         proxy = configs.kube_proxy_config(
             admin_kubeconfig, self.name, self.ip, self.net.subnet,
             (ports["proxy_healthz"], ports["proxy_metrics"]),
         )  # fmt: skip
-        _write(lay.proxy_config, json.dumps(proxy, indent=2))
+        write_file(lay.proxy_config, json.dumps(proxy, indent=2), 0o644)
 
     # ---- command lines -----------------------------------------------------------------
 
@@ -140,7 +117,7 @@ class Node:
         res = self._ctr("images", "import", str(archive))
         if res.returncode != 0:
             raise RuntimeError(f"ctr images import {archive}: {res.stderr.strip()[-2000:]}")
-        _write(marker, time.strftime("%F %T\n"))
+        write_file(marker, time.strftime("%F %T\n"), 0o644)
         return True
 
     def import_pause(self, cache: Path) -> None:
@@ -185,3 +162,12 @@ def pending_imports(state_dir: Path, archives: list[Path]) -> list[Path]:
     """The archives this state dir's node has not imported yet (for a progress line)."""
     layout = configs.NodeLayout(state_dir / "node")
     return [a for a in archives if not _import_marker(layout, a).exists()]
+
+
+def ensure_host(repo_root: Path) -> list[Path]:
+    """Everything a real node needs on this host: the Debian packages, kubelet,
+    kube-scheduler and kube-proxy, and the images built from `repo_root`'s Dockerfiles
+    (minutes the first time, then cached by content); returns the image archives."""
+    packages.ensure()
+    build.ensure_node_binaries()
+    return images.ensure_images(repo_root)

@@ -105,7 +105,7 @@ def test_down_restores_the_sysctls_and_chains_up_found(
     chains = ["KUBE-KEPT"]
     monkeypatch.setattr(host, "kube_chains", lambda: list(chains))
     dropped: list[tuple[str, ...]] = []
-    monkeypatch.setattr(host, "_iptables", lambda *a: dropped.append(a) or _failed())
+    monkeypatch.setattr(host, "_iptables", lambda *a: dropped.append(a) or _rules())
     record = tmp_path / "host.json"
     host.record(record)
     (proc_sys / "net/ipv4/ip_forward").write_text("1\n")  # what the bridge plugin does
@@ -114,11 +114,15 @@ def test_down_restores_the_sysctls_and_chains_up_found(
     assert host.restore(record) == ["net/ipv4/ip_forward", "KUBE-FIREWALL"]
     assert (proc_sys / "net/ipv4/ip_forward").read_text() == "0\n"
     assert ("-X", "KUBE-FIREWALL") in dropped and not any("KUBE-KEPT" in a for a in dropped)
+    assert ("-D", "INPUT", "-j", "KUBE-FIREWALL") in dropped
+    assert ("-D", "OUTPUT", "-j", "KUBE-FIREWALL") in dropped
     assert not record.exists() and host.restore(record) == []
 
 
-def _failed() -> subprocess.CompletedProcess[str]:
-    return subprocess.CompletedProcess([], 1, "", "")
+def _rules() -> subprocess.CompletedProcess[str]:
+    """`iptables -S` as the host shows it: jumps to a chain the node added and to one it kept."""
+    rules = "-A INPUT -j KUBE-FIREWALL\n-A OUTPUT -j KUBE-FIREWALL\n-A FORWARD -j KUBE-KEPT\n"
+    return subprocess.CompletedProcess([], 0, rules, "")
 
 
 def test_missing_packages_are_named_by_the_files_they_install(
