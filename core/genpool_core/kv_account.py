@@ -25,12 +25,20 @@ from genpool_core.request import GenRequest
 
 class KVAccount:
     def __init__(self, budget: KVBudget | None, *, is_caching: bool = False,
-                 is_checked: bool = True) -> None:  # fmt: skip
-        self.pool = None if budget is None else BlockPool(budget, is_checked=is_checked)
+                 is_checked: bool = True, is_recording: bool = True) -> None:  # fmt: skip
+        """``is_recording``: keep KV events for a publisher (``take_events``)."""
+        self.pool = (
+            None
+            if budget is None
+            else BlockPool(budget, is_checked=is_checked, is_recording=is_recording)
+        )
         self.is_caching = is_caching and self.pool is not None
         self._held: dict[str, list[int]] = {}  # finished, KV exported: held on
         self._registered: dict[str, int] = {}  # blocks each resident made findable
-        self._hits: tuple[GenRequest | None, list[int]] = (None, [])  # the last lookup
+        # The last lookup: (request, the pool's num_forgets then, its hits). ``can_fit``
+        # and ``reserve`` of one admission share it; one that failed to fit looks again
+        # next time if anything was evicted since (its hits may hold other KV now).
+        self._hits: tuple[GenRequest | None, int, list[int]] = (None, 0, [])
         self.num_queried_tokens = 0  # prompt tokens looked up (vllm:prefix_cache_queries)
         self.num_hit_tokens = 0  # of them, found cached (vllm:prefix_cache_hits)
 
@@ -49,41 +57,52 @@ class KVAccount:
             )
 
     def _cached_prefix(self, request: GenRequest) -> list[int]:
-        """The cached blocks ``request``'s prompt starts with, leaving one token to compute."""
-        if not self.is_caching or not request.block_hashes or request.num_output_tokens:
+        """The cached blocks ``request``'s prompt starts with, leaving one token to compute
+        (caching on)."""
+        if not request.block_hashes or request.num_output_tokens:
             return []
-        if self._hits[0] is request:
-            return self._hits[1]
-        assert self.pool is not None
-        limit = (request.prompt_len - 1) // self.pool.block_size
-        hits = self.pool.lookup(request.block_hashes, limit)
-        self._hits = (request, hits)
+        pool = self.pool
+        assert pool is not None
+        last, num_forgets, hits = self._hits
+        if last is request and num_forgets == pool.num_forgets:
+            return hits
+        hits = pool.lookup(request.block_hashes, (request.prompt_len - 1) // pool.block_size)
+        self._hits = (request, pool.num_forgets, hits)
         return hits
 
     def can_fit(self, request: GenRequest | None) -> bool:
         if request is None:
             return False
-        if self.pool is None:
+        pool = self.pool
+        if pool is None:
             return True
+        num_needed = self.num_needed(request)
+        if not self.is_caching:
+            return num_needed <= pool.num_free
         hits = self._cached_prefix(request)
-        new = self.num_needed(request) - len(hits)
-        if self.pool.can_allocate(new + len(hits)):  # fits even if every hit were free
+        if num_needed <= pool.num_free:  # fits even if every hit were free
             return True
-        return self.pool.can_allocate(new + self.pool.num_evictable(hits))
+        return pool.can_allocate(num_needed - len(hits) + pool.num_evictable(hits))
 
     def reserve(self, request: GenRequest) -> None:
         """Hold the cached prefix and take the rest (``can_fit`` first)."""
-        if self.pool is None:
+        pool = self.pool
+        if pool is None:
+            return
+        if not self.is_caching:
+            request.blocks = tuple(pool.allocate(self.num_needed(request)))
+            request.num_cached_tokens = 0
             return
         hits = self._cached_prefix(request)
-        self._hits = (None, [])
+        self._hits = (None, 0, [])
         num_hits = len(hits)
-        self.pool.touch(hits)
-        hits += self.pool.allocate(self.num_needed(request) - num_hits)  # (a list of its own)
+        if num_hits:
+            pool.touch(hits)
+        hits += pool.allocate(self.num_needed(request) - num_hits)  # (a list of its own)
         request.blocks = tuple(hits)
-        request.num_cached_tokens = num_hits * self.pool.block_size
+        request.num_cached_tokens = num_hits * pool.block_size
         self._registered[request.request_id] = num_hits
-        if self.is_caching and not request.num_output_tokens:
+        if not request.num_output_tokens:
             self.num_queried_tokens += request.prompt_len
             self.num_hit_tokens += request.num_cached_tokens
 
@@ -109,8 +128,9 @@ class KVAccount:
 
     def release(self, request: GenRequest) -> None:
         if self.pool is not None:
-            self.register_computed(request, self.num_written(request))
-            self._registered.pop(request.request_id, None)
+            if self.is_caching:
+                self.register_computed(request, self.num_written(request))
+                self._registered.pop(request.request_id, None)
             self.pool.free(request.blocks)
         request.blocks = ()
 

@@ -96,7 +96,10 @@ class BlockPool:
     calls are trusted.
     """
 
-    def __init__(self, budget: KVBudget, *, is_checked: bool = True) -> None:
+    def __init__(self, budget: KVBudget, *, is_checked: bool = True,
+                 is_recording: bool = True) -> None:  # fmt: skip
+        """``is_recording``: keep :class:`KVEvent` values for a publisher (off, nobody
+        reads them: eviction then reads no hash)."""
         self.budget = budget
         n = budget.num_blocks
         # Per block id: > 0, the holders of a cached block; 0, a plain block (held once,
@@ -108,6 +111,10 @@ class BlockPool:
         self._has_cached = False  # nothing ever cached: every block is plain
         self._index = PrefixIndex(n)  # what is findable, by which hashes
         self.events: list[KVEvent] = []  # since the last ``take_events``
+        self.is_recording = is_recording
+        # Bumped whenever a cached block stops holding what it held (evicted, uncached,
+        # cleared): a lookup made before is stale.
+        self.num_forgets = 0
 
     @property
     def num_blocks(self) -> int:
@@ -158,8 +165,11 @@ class BlockPool:
     def _evict(self, count: int) -> list[int]:
         """The ``count`` least recently freed cached blocks, forgotten: plain from now."""
         taken = self._freed.pop_oldest(count)
-        removed = self._index.forget(taken)
-        self.events.append(BlockRemoved(tuple(removed)))
+        self.num_forgets += 1
+        if self.is_recording:
+            self.events.append(BlockRemoved(tuple(self._index.forget(taken))))
+        else:
+            self._index.drop(taken)
         return taken
 
     def touch(self, blocks: Sequence[int]) -> None:
@@ -263,7 +273,8 @@ class BlockPool:
         if held is not None:
             held.difference_update(blocks)
         self._has_cached = True
-        self.events.append(BlockStored(request_id, first_block, tuple(hashes), parent))
+        if self.is_recording:
+            self.events.append(BlockStored(request_id, first_block, tuple(hashes), parent))
 
     def uncache(self, blocks: Iterable[int]) -> None:
         """Forget what ``blocks`` hold (their KV is not what the hash says: a failed
@@ -271,14 +282,17 @@ class BlockPool:
         the LRU like cached ones, holding nothing findable (a failed prefill is rare: the
         release path reads holder counts only, never hashes)."""
         removed = self._index.forget(blocks)
-        if removed:
+        self.num_forgets += 1
+        if removed and self.is_recording:
             self.events.append(BlockRemoved(tuple(removed)))
 
     def clear_cache(self) -> None:
         """Forget every cached prefix (held blocks stay held)."""
         self._plain.extend(self._freed.drain())
         self._index.clear()
-        self.events.append(AllBlocksCleared())
+        self.num_forgets += 1
+        if self.is_recording:
+            self.events.append(AllBlocksCleared())
 
     def take_events(self) -> list[KVEvent]:
         events, self.events = self.events, []

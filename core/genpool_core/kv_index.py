@@ -102,6 +102,17 @@ class PrefixIndex:
         self.num_cached -= len(removed)
         return removed
 
+    def drop(self, blocks: list[int]) -> None:
+        """``forget`` without saying what they held: no hash object is read (each is a
+        cache miss), only whether the block held one."""
+        hash_of = self._hash_of
+        num_held = 0
+        for block in blocks:
+            if hash_of[block] is not NO_HASH:
+                hash_of[block] = NO_HASH
+                num_held += 1
+        self.num_cached -= num_held
+
     def clear(self) -> None:
         self._hash_of = [NO_HASH] * len(self._hash_of)
         self._runs.clear()

@@ -56,6 +56,9 @@ class SchedulerConfig:
     # Check every KV block release against what is held (tests, debugging): a pass costs
     # more; off, the block pool trusts the scheduler's calls (genpool_core.kv_blocks).
     check_kv: bool = False
+    # Keep KV events (BlockStored / BlockRemoved) for a publisher to take each pass; off,
+    # nobody reads them, and eviction reads no hash.
+    record_kv_events: bool = False
 
 
 class GenScheduler(SchedulerPhases):
@@ -74,7 +77,8 @@ class GenScheduler(SchedulerPhases):
         self.max_batch_size = cap.max_batch_size
         self.slots = SlotPool(cap.max_batch_size, cap.resident_headroom, cap.max_resident_headroom)
         self.kv = KVAccount(self.config.kv_budget, is_caching=self.config.enable_prefix_caching,
-                            is_checked=self.config.check_kv)  # fmt: skip
+                            is_checked=self.config.check_kv,
+                            is_recording=self.config.record_kv_events)  # fmt: skip
         target = AdaptiveTarget(
             settings.admission_target_min_s,
             settings.admission_target_max_s,

@@ -378,5 +378,6 @@ def build_scheduler(config: WorkerConfig, kv_budget: KVBudget | None = None) -> 
             max_prefill_tokens_per_pass=config.prefill_budget(),
             prefill_order=config.prefill_order,
             enable_prefix_caching=config.enable_prefix_caching,
+            record_kv_events=(events := config.kv_events()) is not None and events.is_publishing,
         ),
     )

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from genpool_core.block_hash import block_hashes, extend_hashes, hash_block
+from genpool_core.kv_account import KVAccount
 from genpool_core.kv_blocks import (
     AllBlocksCleared,
     BlockPool,
@@ -327,6 +328,36 @@ def test_forgetting_a_failed_prefill_shares_none_of_it() -> None:
     scheduler.add_request(again, 0.1)
     plan = scheduler.step(0.1)
     assert plan.admitted_cached_tokens == (0,)
+
+
+def test_a_waiter_that_did_not_fit_looks_its_prefix_up_again_after_a_forget() -> None:
+    """A lookup is kept between ``can_fit`` and ``reserve``; a head that did not fit looks
+    again once anything was forgotten since (its hits may hold other KV by then)."""
+    account = KVAccount(KVBudget(6, BS), is_caching=True)
+    prompt = list(range(12))
+    first = GenRequest("first", 12, 4, num_output_tokens=0, block_hashes=block_hashes(prompt, BS))
+    account.reserve(first)  # 4 blocks: 3 of prompt, 1 of output
+    account.register_computed(first, 12)
+    twin = GenRequest("twin", 12, 12, num_output_tokens=0, block_hashes=block_hashes(prompt, BS))
+    assert not account.can_fit(twin)  # 2 hits + 4 new blocks, 2 free: waits
+    account.forget(first)  # its prefill failed: nothing it wrote may be shared
+    account.release(first)
+    assert account.can_fit(twin)
+    account.reserve(twin)
+    assert twin.num_cached_tokens == 0, "a stale lookup shared a forgotten prefix"
+
+
+def test_kv_events_are_kept_only_for_a_publisher() -> None:
+    tables = []
+    for is_recording in (True, False):
+        pool = BlockPool(KVBudget(4, BS), is_recording=is_recording)
+        blocks = pool.allocate(2)
+        pool.cache("a", 0, blocks, [7, 8], None)
+        pool.free(blocks)
+        tables.append(pool.allocate(4))  # evicts both
+        assert pool.num_cached == 0 and pool.lookup([7, 8]) == []
+        assert bool(pool.take_events()) == is_recording
+    assert tables[0] == tables[1], "recording changed a decision"
 
 
 def test_without_caching_nothing_is_looked_up_or_shared() -> None:

@@ -66,3 +66,20 @@ def test_chunked_prefill_is_on_by_default_for_real_models(
 def test_a_negative_prefill_budget_is_refused() -> None:
     with pytest.raises(ValidationError, match="max_prefill_tokens_per_pass"):
         WorkerConfig.model_validate({"model": "smollm2-135m", "max_prefill_tokens_per_pass": -1})
+
+
+@pytest.mark.parametrize(
+    ("kv_events_config", "is_recording"),
+    [
+        (None, False),
+        ('{"enable_kv_cache_events": false}', False),
+        ('{"enable_kv_cache_events": true, "publisher": "null"}', False),
+        ('{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}', True),
+    ],
+)
+def test_the_scheduler_keeps_kv_events_only_for_a_publisher(
+    kv_events_config: str | None, is_recording: bool
+) -> None:
+    fields = {"model": "synthetic:demo", "kv_events_config": kv_events_config}
+    config = WorkerConfig.model_validate(fields)
+    assert build_scheduler(config).config.record_kv_events is is_recording
