@@ -131,3 +131,15 @@ if __name__ == "__main__":
     for module, n in sorted(counts().items()):
         print(f"{n:4d}  {module}")
     print(f"{sum(counts().values()):4d}  total outside pd/")
+
+
+# Issue 34: the runner owns the cache, its sizing and the CUDA graphs (model/cache_engine.py),
+# so the model is its layers; a file that grows past this is taking a job back.
+MAX_MODEL_LINES = 250  # the issue's target
+
+
+def test_the_model_is_its_layers_only() -> None:
+    lines = (WORKER / "model" / "llama.py").read_text().count("\n")
+    assert lines < MAX_MODEL_LINES, (
+        f"model/llama.py has {lines} lines (cache, sizing or graphs back?)"
+    )
