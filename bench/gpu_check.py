@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "bench/results/gpu_check.json"))
     parser.add_argument("--quick", action="store_true", help="tiny shape, proves the script")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="skip what would not fit")
+    parser.add_argument("--budget-s", type=float, default=300.0, help="skip what would not fit")
     parser.add_argument("--bandwidth-tbs", type=float, default=4.8, help="HBM bandwidth, TB/s")
     parser.add_argument("--skip-compiled", action="store_true", help="no compiled transformers")
     parser.add_argument("--serving", action="store_true", help="then bench/gpu_serving.py")

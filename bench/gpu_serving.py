@@ -86,7 +86,7 @@ class Settings:
     top_p: float | None = 0.9
     per_process: int = 16
     phase_timeout_s: float = 180.0
-    budget_s: float = 330.0
+    budget_s: float = 250.0  # with gpu_check's 300 s: both checks in under 10 min
 
     @property
     def max_seq_len(self) -> int:
