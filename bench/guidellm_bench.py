@@ -87,11 +87,12 @@ def tokenizer_dir() -> Path:
     return TOKENIZER_DIR
 
 
-def scenario(url: str, num_requests: int, report: Path) -> dict[str, Any]:
-    """A guidellm scenario (``guidellm run -c``): ``num_requests`` seeded prompts at RATE."""
+def scenario(url: str, num_requests: int, report: Path, rate: float = RATE) -> dict[str, Any]:
+    """A guidellm scenario (``guidellm run -c``): ``num_requests`` seeded prompts at
+    ``rate`` requests/s."""
     return {"spec": {
         "backend": {"kind": "openai_http", "target": url},
-        "profile": {"kind": "constant", "rate": [RATE]},
+        "profile": {"kind": "constant", "rate": [rate]},
         "constraints": [{"kind": "max_requests", "count": num_requests}],
         "tokenizer": {"kind": "huggingface_auto", "model": str(tokenizer_dir())},
         "data": [DATA],

@@ -30,6 +30,7 @@ BENCHMARKS: dict[str, str] = {
     "fuzz": "bench.fuzz",
     "faults": "bench.faults",
     "guidellm": "bench.guidellm_bench",
+    "guidellm_pool": "bench.guidellm_pool",  # on the devcluster's node (genpool devcluster up)
     "decode_check": "bench.decode_check",
     "detokenize": "bench.detokenize",
     "penalties": "bench.penalties",

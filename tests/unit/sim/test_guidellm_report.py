@@ -50,3 +50,17 @@ def test_the_table_has_a_row_per_policy() -> None:
     rows = table.splitlines()[2:]
     assert [row.split("|")[1].strip() for row in rows] == ["pausing", "off"]
     assert "75 / 354 / 617" in rows[0] and "100.0%" in rows[0]
+
+
+def test_the_pool_run_reads_each_pods_own_counters() -> None:
+    from bench.guidellm_pool import counters_of
+
+    text = (  # a worker's exposition (prometheus_client's text format), cut down
+        "# HELP genpool_completed_total Completed requests\n"
+        "# TYPE genpool_completed_total counter\n"
+        'genpool_completed_total{model="synthetic:demo"} 41.0\n'
+        "# HELP genpool_tokens_total Output tokens produced\n"
+        "# TYPE genpool_tokens_total counter\n"
+        'genpool_tokens_total{model="synthetic:demo"} 999.0\n'
+    )
+    assert counters_of(text) == {"genpool_completed": 41.0, "genpool_pauses": 0.0}
