@@ -89,6 +89,14 @@ MEASURED: dict[str, tuple[str, ...]] = {
         "worker/genpool_worker/completions_route.py",
         "core/genpool_core/preemption",
     ),
+    "guidellm_pool.json": (
+        "bench/guidellm_pool.py",
+        "bench/guidellm_bench.py",
+        "worker/genpool_worker/chat_route.py",
+        "worker/genpool_worker/completions_route.py",
+        "core/genpool_core/preemption",
+        "core/genpool_core/tuner.py",  # the operator tunes the pausing pool's knobs live
+    ),
     "kv_events_interop.json": INTEROP,
     "kv_events_interop_smollm2.json": INTEROP,
     "kv_events_interop_cluster.json": INTEROP,
