@@ -22,7 +22,7 @@ from bench.decode_support import Ours
 from genpool_core.names import DEFAULT_KV_BLOCK_SIZE
 from genpool_worker.model import LlamaModel, PrefillSpan, find_smollm2_gguf
 
-__all__ = ["format_table", "run"]  # bench.run's interface
+__all__ = ["compare", "format_table", "run"]  # bench.run's interface, and the GPU check's
 
 SHAPES = ((4, 32), (8, 32), (16, 32), (4, 128), (8, 128), (4, 512))  # (prompts, tokens)
 QUICK_SHAPES = ((4, 16), (2, 64))
@@ -44,10 +44,14 @@ def _spans(ours: Ours, k: int, n: int, rng: random.Random) -> list[PrefillSpan]:
 def _timed(call: Any) -> tuple[float, torch.Tensor]:
     start = time.perf_counter()
     out = call()
+    if out.is_cuda:  # the kernels run asynchronously: time them to their end
+        torch.cuda.synchronize(out.device)
     return time.perf_counter() - start, out
 
 
-def _row(ours: Ours, k: int, n: int, repeats: int, rng: random.Random) -> dict[str, Any]:
+def compare(ours: Ours, k: int, n: int, repeats: int, rng: random.Random) -> dict[str, Any]:
+    """One row: ``k`` prompts of ``n`` tokens in one forward and one by one, best of
+    ``repeats`` each (also the GPU check's, over its model: bench/gpu_check_host.py)."""
     spans = _spans(ours, k, n, rng)
     model, cache = ours.model, ours.kv.cache
     ways = {
@@ -82,7 +86,7 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     warm = _spans(ours, 2, 8, rng)
     model.prefill_many(ours.kv.cache, warm)  # one-off allocation and kernel selection
     repeats = 1 if quick else REPEATS
-    rows = [_row(ours, k, n, repeats, rng) for k, n in shapes]
+    rows = [compare(ours, k, n, repeats, rng) for k, n in shapes]
     return {
         "benchmark": "batched_prefill",
         "description": "k prompts prefilled in one forward vs one forward each (CPU)",

@@ -155,7 +155,7 @@ MEASURED: dict[str, tuple[str, ...]] = {
 # Measured before JSONs recorded their commit: what they ran, and when. When one is rerun
 # it moves to MEASURED; gpu_check.json will measure ("worker/genpool_worker/model",
 # "bench/gpu_check.py", "bench/gpu_check_models.py", "bench/gpu_check_paged.py",
-# "bench/gpu_check_residents.py", "bench/decode_support.py").
+# "bench/gpu_check_residents.py", "bench/gpu_check_host.py", "bench/decode_support.py").
 UNVERSIONED: dict[str, str] = {
     "gpu_check.json": (
         "bench/gpu_check.py on one H200, 2026-11-30: the static-slot kernel, which no longer ships"

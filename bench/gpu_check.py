@@ -59,6 +59,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from bench.decode_support import Ours  # noqa: E402
+from bench.gpu_check_host import measure_host_work  # noqa: E402
 from bench.gpu_check_models import (  # noqa: E402
     LLAMA31_8B,
     SEED,
@@ -207,6 +208,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     measure_paged(result, budget, ours, shape, batches, prompt_len, steps)
     measure_hf(result, budget, hf, batches, prompt_len, steps, compiled=False)
     summarize(result, ours.model, prompt_len + steps // 2)
+    measure_host_work(measure, budget, result, ours, args.quick)
     if device.type == "cuda" and not args.skip_compiled:
         # compiled: ~1 min of compilation per batch size
         measure_hf(result, budget, hf, [1, 64], prompt_len, steps, compiled=True)

@@ -112,6 +112,7 @@ def format_summary(result: dict[str, Any]) -> str:
             f"{_f(bw['fraction'], 3)}"
         )
     lines.extend(paged_lines(result))
+    lines.extend(host_work_lines(result))
     errors = [
         k for k, v in result.items() if isinstance(v, dict) and ("error" in v or "skipped" in v)
     ]
@@ -152,3 +153,21 @@ def paged_lines(result: dict[str, Any]) -> list[str]:
 
 def _f(value: float | None, digits: int = 1) -> str:
     return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def host_work_lines(result: dict[str, Any]) -> list[str]:
+    """Issue 36 item 2 on the device (bench/gpu_check_host.py): batched prefill, penalties."""
+    lines = []
+    for key, row in result.items():
+        if key.startswith("batched_prefill_") and isinstance(row, dict) and "ratio" in row:
+            lines.append(
+                f"prefill {row['prompts']} x {row['prompt_tokens']} tokens: one forward "
+                f"{row['one_forward_ms']} ms, one by one {row['one_by_one_ms']} ms "
+                f"({row['ratio']}x), same next token {row['same_next_token']}"
+            )
+        elif key.startswith("penalties_") and isinstance(row, dict) and "kept" in row:
+            lines.append(
+                f"penalties, {key.removeprefix('penalties_out')} output tokens: counts kept "
+                f"{row['kept'] * 1e6:.0f} us a pass, rebuilt {row['rebuilt'] * 1e6:.0f} us"
+            )
+    return lines

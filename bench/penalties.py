@@ -23,7 +23,7 @@ from bench.versus import versus_row, versus_table
 from genpool_worker.model.sampler import SampleRow, _counts, _penalised
 from genpool_worker.sampling_params import SamplingParams
 
-__all__ = ["format_table", "run"]  # bench.run's interface
+__all__ = ["format_table", "pass_cost", "run"]  # bench.run's interface, and the GPU check's
 
 VOCAB = 49_152
 BATCH = 64
@@ -63,12 +63,14 @@ def _batch(output_len: int, seed: int) -> tuple[list[SampleRow], list[list[int]]
     return rows, outputs
 
 
-def _one(output_len: int, seed: int) -> dict[str, float]:
+def pass_cost(output_len: int, seed: int, device: str = "cpu") -> dict[str, float]:
+    """Seconds a pass, both ways (kept, rebuilt), with the scores on ``device`` (the GPU
+    check's too: bench/gpu_check_host.py); each way ends reading its token, a sync."""
     rows, outputs = _batch(output_len, seed)
     generator = torch.Generator().manual_seed(seed + 1)
     spent = {"kept": 0.0, "rebuilt": 0.0}
     for _ in range(PASSES):
-        scores = torch.randn(BATCH, VOCAB, generator=generator)
+        scores = torch.randn(BATCH, VOCAB, generator=generator).to(device)
         start = time.perf_counter()
         kept = _penalised(scores, rows)
         token = int(kept[0].argmax())
@@ -91,7 +93,7 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     for length in lengths:
         best = {"kept": float("inf"), "rebuilt": float("inf")}
         for seed in range(1 if quick else 3):
-            for name, seconds in _one(length, seed).items():
+            for name, seconds in pass_cost(length, seed).items():
                 best[name] = min(best[name], seconds)
         rows.append(
             versus_row(
