@@ -9,7 +9,9 @@ helm (its operator in a container), two GenPools of ``REPLICAS`` synthetic worke
 pool's ClusterIP Service in turn (kube-proxy picks a pod per connection). The load and the
 report are guidellm_bench's (the same scenario, prompts and SLO) at ``REPLICAS`` times the
 rate. Each pod's own counters (completed requests, pauses) are read from its /metrics after
-its pool's run, so the table shows how the Service spread the load.
+its pool's run, so the table shows how the Service spread the load. The operator is
+installed by the demo's own steps (``demo._install_operator``: the CRDs, ``helm upgrade
+--install``, a restart so the pod runs this checkout's image), shared rather than copied.
 
     python -m bench.run guidellm_pool    # writes bench/results/guidellm_pool.json
 """
