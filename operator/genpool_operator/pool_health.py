@@ -19,16 +19,29 @@ async def worker_failures(kube: Kube, namespace: str, pool: str) -> list[PodFail
     return pool_failures(pods)
 
 
+class PoolFailures:
+    """The pool's worker failures, listed again on each read of the GenPool
+    (``update_status(after_read=...)``), so a Degraded written from them is never older
+    than the status it replaces: the reconcile handler and the pod watch both write it."""
+
+    def __init__(self, kube: Kube, namespace: str, pool: str) -> None:
+        self.kube, self.namespace, self.pool = kube, namespace, pool
+        self.failures: list[PodFailure] = []
+
+    async def refresh(self) -> None:
+        self.failures = await worker_failures(self.kube, self.namespace, self.pool)
+
+
 async def record_worker_health(kube: Kube, namespace: str, pool: str) -> None:
     """After a worker pod changed: the Degraded fact from the pool's pods, written only
     when it changes (pods change often; the status need not)."""
-    failures = await worker_failures(kube, namespace, pool)
+    pods = PoolFailures(kube, namespace, pool)
     stamp = now_iso()
 
     def mutate(status: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any] | None:
-        degraded = degraded_condition(spec_error(fresh.get("spec")), failures)
+        degraded = degraded_condition(spec_error(fresh.get("spec")), pods.failures)
         patch = reduce_status(status, facts=[degraded], now_text=stamp,
                               observed_generation=status.get("observedGeneration"))  # fmt: skip
         return patch if is_news(status, patch) else None
 
-    await update_status(kube, namespace, pool, mutate)
+    await update_status(kube, namespace, pool, mutate, after_read=pods.refresh)

@@ -26,7 +26,7 @@ from genpool_operator.inference_pool import (
 )
 from genpool_operator.kube import Kube, KubeError, object_path, resource_path, with_retries
 from genpool_operator.pod_failures import degraded_condition
-from genpool_operator.pool_health import worker_failures
+from genpool_operator.pool_health import PoolFailures
 from genpool_operator.pool_status import (
     WorkloadFacts,
     is_news,
@@ -115,12 +115,11 @@ async def record_spec_status(
     meta = body["metadata"]
     generation = meta.get("generation")
     stamp = now_iso()
-    failures = [] if error else await worker_failures(kube, meta["namespace"], meta["name"])
-    degraded = degraded_condition(error, failures)
-
+    pods = PoolFailures(kube, meta["namespace"], meta["name"])
     is_disaggregated = None if spec is None else spec.prefill is not None
 
     def mutate(status: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
+        degraded = degraded_condition(error, [] if error else pods.failures)
         # Before the StatefulSet reports, the replicas in force are the workload's.
         start = WorkloadFacts(desired_replicas(spec, status) if spec else 0)
         workload = WorkloadFacts.from_status(status) or start
@@ -132,7 +131,8 @@ async def record_spec_status(
         tier = {} if spec is None else spec_patch(status, spec.prefill)
         return {"observedGeneration": generation, "selector": selector, **patch, **tier}
 
-    await update_status(kube, meta["namespace"], meta["name"], mutate)
+    await update_status(kube, meta["namespace"], meta["name"], mutate,
+                        after_read=None if error else pods.refresh)  # fmt: skip
 
 
 async def mirror_statefulset(kube: Kube, statefulset: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ read-compute-write again, so no writer silently drops another's facts
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,9 +35,20 @@ async def read_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
 
 
 async def update_status(
-    kube: Kube, namespace: str, name: str, mutate: StatusMutation, *, attempts: int = 6
+    kube: Kube,
+    namespace: str,
+    name: str,
+    mutate: StatusMutation,
+    *,
+    attempts: int = 6,
+    after_read: Callable[[], Awaitable[None]] | None = None,
 ) -> dict[str, Any] | None:
     """Apply ``mutate(status, body) -> status patch`` with optimistic concurrency.
+
+    ``after_read`` is awaited after each read of the GenPool, before ``mutate``: facts it
+    gathers (the pods' failures) are then never older than the status they replace. A
+    writer that gathered them first could overwrite a newer finding written in between
+    with its stale one, and keep it: nothing would write again until a pod changed.
 
     Returns the updated object, or ``None`` when the GenPool is gone or ``mutate``
     had nothing to change.
@@ -47,6 +58,8 @@ async def update_status(
         body = await kube.get(pool_path(namespace, name))
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None
+        if after_read is not None:
+            await after_read()
         patch = mutate(dict(body.get("status") or {}), body)
         if not patch:
             return body

@@ -236,6 +236,41 @@ def test_status_write_retries_a_real_conflict(
     assert get_pool(kube_api, namespace, "conflict")["status"]["phase"] == "Idle"
 
 
+def test_a_status_write_gathers_its_facts_after_each_read(
+    cluster: DevCluster,
+    kube_api: client.ApiClient,
+    crd: None,
+    namespace: str,
+) -> None:
+    """The Degraded race (reconcile vs pod watch): facts gathered before the read could
+    overwrite a newer finding written in between. ``after_read`` gathers them after each
+    read, so the write that lands carries the facts of its own, latest read."""
+    create_pool(kube_api, namespace, genpool("facts", synthetic_spec(replicas=0)))
+    objs = client.CustomObjectsApi(kube_api)
+    gathered: list[int] = []
+
+    async def gather() -> None:
+        gathered.append(len(gathered) + 1)
+        if len(gathered) == 1:  # another writer lands between our read and our write
+            objs.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, "facts", {"status": {"phase": "Other"}}
+            )
+
+    def mutate(status: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        return {"phase": f"facts-{gathered[-1]}"}
+
+    async def scenario() -> None:
+        kube = Kube(load_config(str(cluster.kubeconfig)))
+        try:
+            await update_status(kube, namespace, "facts", mutate, after_read=gather)
+        finally:
+            await kube.aclose()
+
+    asyncio.run(scenario())
+    assert gathered == [1, 2]  # the first write got 409: read again, gathered again
+    assert get_pool(kube_api, namespace, "facts")["status"]["phase"] == "facts-2"
+
+
 def test_restart_mid_reconcile_creates_no_duplicates(
     kube_api: client.ApiClient, kubectl: Kubectl, namespace: str, operator: OperatorProcess
 ) -> None:
