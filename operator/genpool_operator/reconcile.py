@@ -119,7 +119,7 @@ async def record_spec_status(
     is_disaggregated = None if spec is None else spec.prefill is not None
 
     def mutate(status: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
-        degraded = degraded_condition(error, [] if error else pods.failures)
+        degraded = degraded_condition(error, pods.failures)  # an invalid spec comes first
         # Before the StatefulSet reports, the replicas in force are the workload's.
         start = WorkloadFacts(desired_replicas(spec, status) if spec else 0)
         workload = WorkloadFacts.from_status(status) or start
