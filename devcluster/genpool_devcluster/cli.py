@@ -92,8 +92,9 @@ def _up_locked(state_dir: Path, timeout: float, runtime: str) -> int:
         if pending:
             names = ", ".join(a.name for a in pending)
             print(
-                f"[devcluster node] importing {names} into the node's containerd "
-                "(the worker image: 1.5-2.5 min, once per state dir)",
+                f"[devcluster node] importing {names} into the node's containerd (the "
+                "worker image: about a minute the first time per state dir, then seconds: "
+                "only the layers it lacks)",
                 file=sys.stderr,
             )
     else:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .. import build, certs, images
 from ..kubeconfig import Watchdog, render, write_file
-from . import configs, host, network, packages, pause
+from . import configs, host, image_import, network, packages, pause
 
 CTR = "ctr"
 NODE_NAME = "genpool-dev"
@@ -103,25 +104,38 @@ class Node:
             check()
             time.sleep(0.2)
 
+    def _ctr_argv(self) -> list[str]:
+        return [CTR, "-a", str(self.layout.containerd_socket), "-n", "k8s.io"]
+
     def _ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
-        sock = str(self.layout.containerd_socket)
-        return subprocess.run([CTR, "-a", sock, "-n", "k8s.io", *args],
-                              capture_output=True, text=True)  # fmt: skip
+        return subprocess.run([*self._ctr_argv(), *args], capture_output=True, text=True)
 
     def import_image(self, archive: Path) -> bool:
-        """Import an image archive once (containerd keeps it across restarts of this node);
-        returns False when this archive was imported before."""
+        """Import an image's docker-archive (``images.ensure_image``) once (containerd keeps
+        it across restarts of this node), sending only the layers containerd lacks
+        (``image_import``); returns False when this archive was imported before."""
+        return self._import_once(
+            archive, lambda: image_import.import_archive(self._ctr_argv(), archive)
+        )
+
+    def import_pause(self, cache: Path) -> None:
+        """The pause image's OCI archive (a few KB), as it is."""
+        archive = pause.ensure_archive(cache)
+
+        def whole() -> None:
+            res = self._ctr("images", "import", str(archive))
+            if res.returncode != 0:
+                raise RuntimeError(f"ctr images import {archive}: {res.stderr.strip()[-2000:]}")
+
+        self._import_once(archive, whole)
+
+    def _import_once(self, archive: Path, do_import: Callable[[], object]) -> bool:
         marker = _import_marker(self.layout, archive)
         if marker.exists():
             return False
-        res = self._ctr("images", "import", str(archive))
-        if res.returncode != 0:
-            raise RuntimeError(f"ctr images import {archive}: {res.stderr.strip()[-2000:]}")
+        do_import()
         write_file(marker, time.strftime("%F %T\n"), 0o644)
         return True
-
-    def import_pause(self, cache: Path) -> None:
-        self.import_image(pause.ensure_archive(cache))
 
     # ---- teardown ----------------------------------------------------------------------
 
