@@ -3,11 +3,7 @@
 Per layer, K and V are ``[kv_heads, num_blocks + 1, block_size, head_dim]``: head-major,
 so a token's flat row is ``block * block_size + offset`` in ``cache.view(kv_heads, -1,
 head_dim)`` and one gather of a batch's rows (``gather``) gives ``[kv_heads, rows, d]``
-ready for the CPU path's matmuls (no second copy). A decode step gathers whole blocks
-instead (``gather_kv``): a layer's K and V are the two halves of one tensor (``kv``), seen
-as ``[2 * kv_heads * (num_blocks + 1), block_size * head_dim]``, so one ``index_select`` of
-the batch's blocks copies 4 KiB runs (16 keys of 64 floats) where a row index copies 256
-bytes at a time, 16 times as many entries. Block ``num_blocks`` is the dummy
+ready for the CPU path's matmuls (no second copy). Block ``num_blocks`` is the dummy
 (padding) block, never a request's. Which blocks a request holds is the scheduler's
 decision (``genpool_core.kv_blocks``), carried by the plan; this module only stores.
 
@@ -32,9 +28,9 @@ class DecodeRows:
 
     positions: torch.Tensor  # [B]: each row's new token's position
     written: torch.Tensor  # [B]: the flat row it goes to
-    context: torch.Tensor  # ``gather_kv``'s index: every K/V head's blocks of every row
+    context: torch.Tensor  # ``gather``'s index of each row's positions 0..length-1
     run: int | None  # ``consecutive_run``: the first block when K and V are read in place
-    mask: torch.Tensor  # additive [1, B, 1, keys]: -inf past each row's own position
+    mask: torch.Tensor  # additive [1, B, 1, length]: -inf past each row's own position
 
 
 @dataclass(frozen=True)
@@ -83,17 +79,13 @@ class KVCache:
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = (2, kv_heads, num_blocks + 1, block_size, config.head_dim)
-        # Where each KV head's rows start in a layer's K seen as [heads * rows, d], and its
-        # blocks in a layer's K and V seen as [2 * heads * blocks, block_size * d].
-        blocks_per_head = num_blocks + 1
+        shape = (kv_heads, num_blocks + 1, block_size, config.head_dim)
+        # Where each KV head's rows start in a layer's tensor seen as [heads * rows, d].
         self._head_starts = torch.arange(kv_heads, device=device)[:, None] * (
-            blocks_per_head * block_size
+            (num_blocks + 1) * block_size
         )
-        self._kv_block_starts = torch.arange(2 * kv_heads, device=device)[:, None] * blocks_per_head
-        self.kv = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
-        self.k = [kv[0] for kv in self.kv]  # views: [kv_heads, num_blocks + 1, block_size, d]
-        self.v = [kv[1] for kv in self.kv]
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
 
     @property
     def dummy_block(self) -> int:
@@ -137,13 +129,6 @@ class KVCache:
         return (self._head_starts + rows[None, :]).view(-1)
 
     @staticmethod
-    def gather_kv(kv: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """A layer's K and V (``kv``) at ``DecodeRows.context``: ``[2, kv_heads, keys, d]``
-        (K, V; each row's blocks' keys in order), from one ``index_select`` of blocks."""
-        d = kv.shape[-1]
-        return kv.view(-1, kv.shape[-2] * d).index_select(0, index).view(2, kv.shape[1], -1, d)
-
-    @staticmethod
     def gather(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """A layer's K or V at ``gather_index(rows)``: ``[kv_heads, len(rows), d]``.
 
@@ -154,12 +139,16 @@ class KVCache:
         heads, d = tensor.shape[0], tensor.shape[-1]
         return tensor.view(-1, d).index_select(0, index).view(heads, -1, d)
 
-    def context_blocks(self, block_tables: Sequence[Sequence[int]], length: int) -> torch.Tensor:
-        """``[B, width]``: the blocks holding positions ``0..length-1`` of each row's table
-        (past a row's table: the dummy block, which the caller masks out)."""
-        width = -(-length // self.block_size)
+    def context_rows(self, block_tables: Sequence[Sequence[int]], length: int) -> torch.Tensor:
+        """``[B * length]`` flat rows of positions ``0..length-1`` of each row's table (past
+        a row's table: the dummy block, which the caller masks out)."""
+        bs = self.block_size
+        width = -(-length // bs)
         padded = [list(t[:width]) + [self.dummy_block] * (width - len(t)) for t in block_tables]
-        return torch.tensor(padded, device=self.k[0].device)
+        device = self.k[0].device
+        table = torch.tensor(padded, device=device)
+        rows = (table[:, :, None] * bs + torch.arange(bs, device=device)).reshape(-1, width * bs)
+        return rows[:, :length].reshape(-1)
 
     def consecutive_run(self, block_tables: Sequence[Sequence[int]], length: int) -> int | None:
         """The first block when each row's context is one block and the rows' blocks are
@@ -199,18 +188,16 @@ class KVCache:
         self, block_tables: Sequence[Sequence[int]], positions: list[int]
     ) -> DecodeRows:
         """The rows a decode at ``positions`` (one per table) writes and attends to."""
-        device, bs = self.k[0].device, self.block_size
+        device = self.k[0].device
         b, length = len(block_tables), max(positions) + 1
         pos = torch.tensor(positions, device=device)
-        table = self.context_blocks(block_tables, length)
-        written = table[torch.arange(b), pos // bs] * bs + pos % bs
-        context = (self._kv_block_starts + table.view(1, -1)).view(-1)
-        run = self.consecutive_run(block_tables, length)
-        # In place: the first `length` keys of each row's block; gathered: its whole blocks.
-        num_keys = length if run is not None else table.shape[1] * bs
-        # Keys past a request's own position hold stale KV (a previous holder's, or the
+        context = self.context_rows(block_tables, length)
+        written = context.view(b, length)[torch.arange(b), pos]
+        context = self.gather_index(context)
+        # Rows past a request's own position hold stale KV (a previous holder's, or the
         # padding block's): masked out, per row (additive).
-        visible = torch.arange(num_keys, device=device) <= pos[:, None]
+        visible = torch.arange(length, device=device) <= pos[:, None]
         mask = torch.zeros(visible.shape, device=device, dtype=self.k[0].dtype)
         mask = mask.masked_fill_(~visible, float("-inf"))[None, :, None, :]
+        run = self.consecutive_run(block_tables, length)
         return DecodeRows(pos, written, context, run, mask)

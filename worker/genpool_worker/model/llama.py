@@ -167,8 +167,7 @@ class LlamaModel:
         at = cache.decode_rows(block_tables, positions)
         x = F.embedding(torch.tensor(token_ids, device=self.device), self._embed)
         cos, sin = self._cos[at.positions, None], self._sin[at.positions, None]
-        for layer, kv_cache in zip(self._layers, cache.kv, strict=True):
-            k_cache, v_cache = kv_cache[0], kv_cache[1]
+        for layer, k_cache, v_cache in zip(self._layers, cache.k, cache.v, strict=True):
             qkv = layer.qkv(self._norm(x, layer.attn_norm)).view(b, nh + 2 * nkv, d)
             qk = apply_rope(qkv[:, : nh + nkv], cos, sin)
             k_rows, v_rows = k_cache.view(nkv, -1, d), v_cache.view(nkv, -1, d)
@@ -181,8 +180,9 @@ class LlamaModel:
             if at.run is not None:  # one block per row, consecutive: read in place
                 keys = k_cache[:, at.run : at.run + b, :length]
                 values = v_cache[:, at.run : at.run + b, :length]
-            else:  # K and V of each row's whole blocks, in one gather
-                keys, values = KVCache.gather_kv(kv_cache, at.context).view(2, nkv, b, -1, d)
+            else:
+                keys = KVCache.gather(k_cache, at.context).view(nkv, b, length, d)
+                values = KVCache.gather(v_cache, at.context).view(nkv, b, length, d)
             q = qk[:, :nh].reshape(b, nkv, nh // nkv, d).transpose(0, 1)
             attn = decode_attention(q, keys, values, at.mask, self._scale)  # [nkv, B, group, d]
             x = self._residual(layer.o, attn.transpose(0, 1).reshape(b, nh * d), x)
