@@ -71,15 +71,36 @@ def _current_rss_mb() -> float | None:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def run(*, quick: bool = False) -> dict[str, Any]:
+def _load_hf(path: Path) -> tuple[Any, float]:
+    """transformers' model of the same GGUF, quiet, and its load time."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging_module
-
-    from genpool_worker.model import LlamaModel, find_smollm2_gguf
 
     hf_logging: Any = hf_logging_module  # untyped module
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    t0 = time.perf_counter()
+    hf: Any = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    )
+    hf.eval()
+    return hf, time.perf_counter() - t0
+
+
+def _measure_all(setup: _Setup, rng: random.Random) -> list[dict[str, Any]]:
+    """Every (threads, batch) row, the thread count restored after."""
+    rows = []
+    threads_before = torch.get_num_threads()
+    for threads, b in [(t, b) for t in _thread_counts() for b in BATCHES]:
+        torch.set_num_threads(threads)
+        rows.append(_measure(setup, threads, b, rng))
+    torch.set_num_threads(threads_before)
+    return rows
+
+
+def run(*, quick: bool = False) -> dict[str, Any]:
+    from genpool_worker.model import LlamaModel, find_smollm2_gguf
+
     prompt_len, new_tokens, repeats = (16, 4, 1) if quick else (128, 64, 3)
     path = find_smollm2_gguf()
     residents, max_seq_len = max(BATCHES) + HEADROOM, prompt_len + new_tokens + 1
@@ -93,12 +114,7 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     ours_load_s = time.perf_counter() - t0
     rss_ours, rss_ours_now = _rss_mb(), _current_rss_mb()
     static = Ours.with_blocks(ours.model, residents, max_seq_len)  # the same weights
-    t0 = time.perf_counter()
-    hf: Any = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    )
-    hf.eval()
-    hf_load_s = time.perf_counter() - t0
+    hf, hf_load_s = _load_hf(path)
     rng = random.Random(SEED)
     load_before = os.getloadavg()[0]
     # Warm-up: first calls pay one-off allocation / kernel selection costs.
@@ -108,12 +124,7 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     time_hf(hf, warm, 2, ours.model.eos_token_id)
     setup = _Setup(ours, static, hf, residents, block, max_seq_len, prompt_len, new_tokens,
                    repeats)  # fmt: skip
-    rows = []
-    threads_before = torch.get_num_threads()
-    for threads, b in [(t, b) for t in _thread_counts() for b in BATCHES]:
-        torch.set_num_threads(threads)
-        rows.append(_measure(setup, threads, b, rng))
-    torch.set_num_threads(threads_before)
+    rows = _measure_all(setup, rng)
     return {
         "quick": quick,
         "model": ours.model.name,
@@ -134,7 +145,7 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         "environment": {
             "python": platform.python_version(),
             "torch": torch.__version__,
-            "torch_default_threads": threads_before,
+            "torch_default_threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(),
             "loadavg_1m": {"before": load_before, "after": os.getloadavg()[0]},
             "platform": platform.platform(),

@@ -14,27 +14,17 @@ docs/devcluster.md#images). After a code edit that is the worker's top layer, a 
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-OCI_LAYOUT = b'{"imageLayoutVersion":"1.0.0"}'
-# containerd names the imported image by this annotation (no --base-name needed).
-NAME_ANNOTATION = "io.containerd.image.name"
-MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
-CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
-LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar"  # uncompressed
-
-
-def _digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
+from . import oci
 
 
 @dataclass(frozen=True)
@@ -54,44 +44,40 @@ class ArchiveImage:
 
     def manifest(self) -> bytes:
         """The image's OCI manifest: the config and the layers, uncompressed."""
-        blob = {"mediaType": CONFIG_TYPE, "digest": _digest(self.config), "size": len(self.config)}
-        layers = [
-            {"mediaType": LAYER_TYPE, "digest": x.digest, "size": x.size} for x in self.layers
-        ]
-        manifest = {
-            "schemaVersion": 2,
-            "mediaType": MANIFEST_TYPE,
-            "config": blob,
-            "layers": layers,
-        }
-        return json.dumps(manifest).encode()
+        return oci.manifest(self.config, [(oci.LAYER_TYPE, x.digest, x.size) for x in self.layers])
 
     def index(self) -> bytes:
         """The tar's index: the one manifest, named as the image."""
-        manifest = self.manifest()
-        desc = {"mediaType": MANIFEST_TYPE, "digest": _digest(manifest), "size": len(manifest),
-                "annotations": {NAME_ANNOTATION: self.name}}  # fmt: skip
-        return json.dumps({"schemaVersion": 2, "manifests": [desc]}).encode()
+        return oci.index(self.manifest(), {oci.NAME_ANNOTATION: self.name})
 
 
-def parse_archive(
-    manifest_json: bytes, read: dict[str, bytes], sizes: dict[str, int]
-) -> ArchiveImage:
-    """The image of a docker-archive from its manifest.json, its config (``read``: file
-    name -> bytes) and its members' sizes. ValueError when it is not one named image of
-    uncompressed layers."""
-    entries = json.loads(manifest_json)
+def parse_archive(read: Callable[[str], bytes], sizes: dict[str, int]) -> ArchiveImage:
+    """The image of a docker-archive whose files ``read`` returns (by name; ``sizes``:
+    every member's). ValueError when it is not one named image with a diff_id a layer."""
+    entries = json.loads(read("manifest.json"))
     if not isinstance(entries, list) or len(entries) != 1:
         raise ValueError("a docker-archive of exactly one image expected")
     entry = entries[0]
     tags, members = entry.get("RepoTags") or [], entry.get("Layers") or []
-    config = read[entry["Config"]]
+    config = read(entry["Config"])
     diff_ids = json.loads(config).get("rootfs", {}).get("diff_ids", [])
     if len(tags) != 1 or len(diff_ids) != len(members):
         raise ValueError(f"one tag and a diff_id per layer expected, got {tags}, "
                          f"{len(diff_ids)} diff_ids for {len(members)} layers")  # fmt: skip
     layers = tuple(Layer(m, d, sizes[m]) for m, d in zip(members, diff_ids, strict=True))
     return ArchiveImage(tags[0], config, layers)
+
+
+def read_archive(archive: tarfile.TarFile) -> ArchiveImage:
+    members = {m.name: m for m in archive.getmembers()}  # headers only: seeks past the data
+
+    def read(name: str) -> bytes:
+        file = archive.extractfile(members[name])
+        if file is None:
+            raise ValueError(f"{name} is not a file in the archive")
+        return file.read()
+
+    return parse_archive(read, {name: m.size for name, m in members.items()})
 
 
 def parse_content_list(text: str) -> set[str]:
@@ -107,47 +93,19 @@ def write_thin_archive(out: IO[bytes], image: ArchiveImage, archive: tarfile.Tar
                        layers: Iterable[Layer]) -> None:  # fmt: skip
     """An OCI layout tar of ``image`` with ``layers``' blobs (read from ``archive``),
     streamed to ``out``."""
-    manifest = image.manifest()
-    small = [("oci-layout", OCI_LAYOUT), ("index.json", image.index())]
-    small += [(_blob_path(_digest(blob)), blob) for blob in (manifest, image.config)]
+    small = {"oci-layout": oci.LAYOUT, "index.json": image.index()}
+    small |= {oci.blob_path(oci.digest(blob)): blob for blob in (image.manifest(), image.config)}
     with tarfile.open(fileobj=out, mode="w|") as tar:
-        for name, data in small:
-            tar.addfile(_info(name, len(data)), io.BytesIO(data))
+        for name, data in small.items():
+            oci.add_file(tar, name, len(data), io.BytesIO(data))
         for layer in layers:
-            tar.addfile(
-                _info(_blob_path(layer.digest), layer.size), archive.extractfile(layer.member)
-            )
+            oci.add_file(tar, oci.blob_path(layer.digest), layer.size,
+                         archive.extractfile(layer.member))  # fmt: skip
 
 
-def _blob_path(digest: str) -> str:
-    return "blobs/" + digest.replace(":", "/", 1)
-
-
-def _info(name: str, size: int) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.size = size
-    return info
-
-
-def read_archive(archive: tarfile.TarFile) -> ArchiveImage:
-    members = {m.name: m for m in archive.getmembers()}  # headers only: seeks past the data
-    sizes = {name: m.size for name, m in members.items()}
-
-    def read(name: str) -> bytes:
-        file = archive.extractfile(members[name])
-        if file is None:
-            raise ValueError(f"{name} is not a file in the archive")
-        return file.read()
-
-    manifest_json = read("manifest.json")
-    entries = json.loads(manifest_json)
-    config_name = entries[0]["Config"] if isinstance(entries, list) and entries else ""
-    return parse_archive(manifest_json, {config_name: read(config_name)}, sizes)
-
-
-def import_archive(ctr: list[str], path: Path) -> tuple[int, int]:
+def import_archive(ctr: list[str], path: Path) -> None:
     """Import the docker-archive at ``path`` with ``ctr`` (its argv up to the subcommand),
-    sending only the layers containerd lacks; returns (layers sent, bytes sent)."""
+    sending only the layers containerd lacks."""
     listed = subprocess.run([*ctr, "content", "ls", "-q"], capture_output=True, text=True)
     if listed.returncode != 0:
         raise RuntimeError(f"ctr content ls: {listed.stderr.strip()[-2000:]}")
@@ -168,4 +126,3 @@ def import_archive(ctr: list[str], path: Path) -> tuple[int, int]:
             said.seek(0)
             text = said.read().decode(errors="replace")[-2000:].strip()
             raise RuntimeError(f"ctr images import {path.name} ({image.name}): {text}")
-    return len(layers), sum(layer.size for layer in layers)

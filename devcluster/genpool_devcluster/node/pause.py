@@ -16,8 +16,8 @@ import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any
 
+from . import oci
 from .configs import PAUSE_IMAGE
 
 # Sleeps until told to stop; reaps the pod's orphans (it is PID 1 of the pod's namespace).
@@ -45,11 +45,6 @@ int main(void) {
   for (;;) pause();
 }
 """
-OCI = "application/vnd.oci.image"
-
-
-def _sha(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def _layer(binary: bytes) -> bytes:
@@ -70,45 +65,15 @@ def oci_archive(binary: bytes, name: str = PAUSE_IMAGE) -> bytes:
             "architecture": "amd64",
             "os": "linux",
             "config": {"Entrypoint": ["/pause"], "User": "65535:65535"},
-            "rootfs": {"type": "layers", "diff_ids": [_sha(layer)]},
+            "rootfs": {"type": "layers", "diff_ids": [oci.digest(layer)]},
         }
     ).encode()
-    manifest = json.dumps(
-        {
-            "schemaVersion": 2,
-            "mediaType": f"{OCI}.manifest.v1+json",
-            "config": {"mediaType": f"{OCI}.config.v1+json", "digest": _sha(config),
-                       "size": len(config)},
-            "layers": [{"mediaType": f"{OCI}.layer.v1.tar+gzip", "digest": _sha(layer_gz),
-                        "size": len(layer_gz)}],
-        }
-    ).encode()  # fmt: skip
-    index: dict[str, Any] = {
-        "schemaVersion": 2,
-        "manifests": [
-            {
-                "mediaType": f"{OCI}.manifest.v1+json",
-                "digest": _sha(manifest),
-                "size": len(manifest),
-                "annotations": {
-                    "io.containerd.image.name": name,
-                    "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1],
-                },
-            }
-        ],
-    }
-    files = {
-        "oci-layout": json.dumps({"imageLayoutVersion": "1.0.0"}).encode(),
-        "index.json": json.dumps(index).encode(),
-        **{f"blobs/sha256/{_sha(b)[7:]}": b for b in (config, manifest, layer_gz)},
-    }
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for path, data in files.items():
-            info = tarfile.TarInfo(path)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    manifest = oci.manifest(config, [(oci.LAYER_GZIP_TYPE, oci.digest(layer_gz), len(layer_gz))])
+    names = {oci.NAME_ANNOTATION: name, "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1]}
+    files = {"oci-layout": oci.LAYOUT, "index.json": oci.index(manifest, names)}
+    return oci.tar_of(
+        files | {oci.blob_path(oci.digest(b)): b for b in (config, manifest, layer_gz)}
+    )
 
 
 def ensure_archive(cache: Path) -> Path:

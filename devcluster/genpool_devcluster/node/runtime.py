@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from .. import build, certs, images
@@ -110,32 +109,23 @@ class Node:
     def _ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*self._ctr_argv(), *args], capture_output=True, text=True)
 
-    def import_image(self, archive: Path) -> bool:
-        """Import an image's docker-archive (``images.ensure_image``) once (containerd keeps
-        it across restarts of this node), sending only the layers containerd lacks
-        (``image_import``); returns False when this archive was imported before."""
-        return self._import_once(
-            archive, lambda: image_import.import_archive(self._ctr_argv(), archive)
-        )
-
-    def import_pause(self, cache: Path) -> None:
-        """The pause image's OCI archive (a few KB), as it is."""
-        archive = pause.ensure_archive(cache)
-
-        def whole() -> None:
-            res = self._ctr("images", "import", str(archive))
-            if res.returncode != 0:
-                raise RuntimeError(f"ctr images import {archive}: {res.stderr.strip()[-2000:]}")
-
-        self._import_once(archive, whole)
-
-    def _import_once(self, archive: Path, do_import: Callable[[], object]) -> bool:
+    def import_image(self, archive: Path, *, whole: bool = False) -> bool:
+        """Import an image archive once (containerd keeps it across restarts of this node):
+        a docker-archive (``images.ensure_image``) with only the layers containerd lacks
+        (``image_import``), or, ``whole``, as it is; False when it was imported before."""
         marker = _import_marker(self.layout, archive)
         if marker.exists():
             return False
-        do_import()
+        if not whole:
+            image_import.import_archive(self._ctr_argv(), archive)
+        elif (res := self._ctr("images", "import", str(archive))).returncode != 0:
+            raise RuntimeError(f"ctr images import {archive}: {res.stderr.strip()[-2000:]}")
         write_file(marker, time.strftime("%F %T\n"), 0o644)
         return True
+
+    def import_pause(self, cache: Path) -> None:
+        """The pause image: an OCI archive of a few KB, imported as it is."""
+        self.import_image(pause.ensure_archive(cache), whole=True)
 
     # ---- teardown ----------------------------------------------------------------------
 

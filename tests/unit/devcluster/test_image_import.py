@@ -5,43 +5,32 @@ and the tar they go in. The import itself runs on a real containerd in the node 
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import tarfile
 
 import pytest
 
-from genpool_devcluster.node import image_import
+from genpool_devcluster.node import image_import, oci
 
 NAME = "docker.io/genpool/worker:0.1.0"
-
-
-def _digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def _docker_archive(layers: list[bytes], tags: tuple[str, ...] = (NAME,)) -> tarfile.TarFile:
     """A docker-archive as buildah writes one: layer tars named by their digests, the
     config (with the diff_ids), manifest.json."""
     config = json.dumps({"os": "linux", "rootfs": {"type": "layers",
-                         "diff_ids": [_digest(x) for x in layers]}}).encode()  # fmt: skip
-    files = {f"{_digest(x)[7:]}.tar": x for x in layers} | {"c.json": config}
+                         "diff_ids": [oci.digest(x) for x in layers]}}).encode()  # fmt: skip
+    files = {f"{oci.digest(x)[7:]}.tar": x for x in layers} | {"c.json": config}
     manifest = [
         {
             "Config": "c.json",
             "RepoTags": list(tags),
-            "Layers": [f"{_digest(x)[7:]}.tar" for x in layers],
+            "Layers": [f"{oci.digest(x)[7:]}.tar" for x in layers],
         }
     ]
     files["manifest.json"] = json.dumps(manifest).encode()
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    out.seek(0)
+    out = io.BytesIO(oci.tar_of(files))
     return tarfile.open(fileobj=out)
 
 
@@ -49,16 +38,16 @@ def test_an_archive_is_read_as_its_image_with_layers_by_diff_id() -> None:
     image = image_import.read_archive(_docker_archive([b"torch", b"code"]))
     assert image.name == NAME
     assert [(x.digest, x.size) for x in image.layers] == [
-        (_digest(b"torch"), 5),
-        (_digest(b"code"), 4),
+        (oci.digest(b"torch"), 5),
+        (oci.digest(b"code"), 4),
     ]
     manifest = json.loads(image.manifest())
-    assert manifest["config"]["digest"] == _digest(image.config)
-    assert [x["digest"] for x in manifest["layers"]] == [_digest(b"torch"), _digest(b"code")]
-    assert {x["mediaType"] for x in manifest["layers"]} == {image_import.LAYER_TYPE}  # uncompressed
+    assert manifest["config"]["digest"] == oci.digest(image.config)
+    assert [x["digest"] for x in manifest["layers"]] == [oci.digest(b"torch"), oci.digest(b"code")]
+    assert {x["mediaType"] for x in manifest["layers"]} == {oci.LAYER_TYPE}  # uncompressed
     (desc,) = json.loads(image.index())["manifests"]
-    assert desc["digest"] == _digest(image.manifest())
-    assert desc["annotations"] == {image_import.NAME_ANNOTATION: NAME}
+    assert desc["digest"] == oci.digest(image.manifest())
+    assert desc["annotations"] == {oci.NAME_ANNOTATION: NAME}
 
 
 @pytest.mark.parametrize("tags", [(), (NAME, "docker.io/genpool/worker:other")])
@@ -69,8 +58,10 @@ def test_an_archive_without_exactly_one_name_is_refused(tags: tuple[str, ...]) -
 
 def test_only_the_layers_containerd_lacks_are_sent() -> None:
     image = image_import.read_archive(_docker_archive([b"base", b"torch", b"code v2"]))
-    stored = {_digest(b"base"), _digest(b"torch"), _digest(b"code v1")}
-    assert [x.digest for x in image_import.layers_to_send(image, stored)] == [_digest(b"code v2")]
+    stored = {oci.digest(b"base"), oci.digest(b"torch"), oci.digest(b"code v1")}
+    assert [x.digest for x in image_import.layers_to_send(image, stored)] == [
+        oci.digest(b"code v2")
+    ]
     assert len(image_import.layers_to_send(image, set())) == 3
 
 
@@ -85,8 +76,8 @@ def test_the_thin_archive_is_an_oci_layout_of_the_image_with_the_layers_sent() -
     assert json.loads(blobs.pop("oci-layout")) == {"imageLayoutVersion": "1.0.0"}
     assert blobs.pop("index.json") == image.index()
     # Every blob under its digest: the manifest, the config and the one layer sent.
-    assert {name: _digest(data) for name, data in blobs.items()} == {
-        "blobs/" + _digest(data).replace(":", "/"): _digest(data)
+    assert {name: oci.digest(data) for name, data in blobs.items()} == {
+        "blobs/" + oci.digest(data).replace(":", "/"): oci.digest(data)
         for data in (image.manifest(), image.config, b"code")
     }
 
