@@ -7,13 +7,16 @@ Tiers (a marker per test, from its directory, so `pytest -m TIER` selects one):
     worker   tests/worker        a real worker process around the synthetic model
     cluster  tests/integration,  a real control plane (devcluster) and the Helm chart
              tests/chart
-    e2e      tests/e2e           the whole product on the devcluster (pods under the pod runner)
-    node     tests/node          the whole product on a real node: containerd, runc and a
-                                 kubelet run the images built from the shipped Dockerfiles
+    e2e      tests/e2e           the whole product (the chart's operator, autoscaling, P/D, the
+                                 demo's pools) on the real node
+    node     tests/node          what a real node adds: containerd, runc and a kubelet run
+                                 the images built from the shipped Dockerfiles
 
-The cluster fixtures live here, at the top, so integration, chart and e2e tests share one
-cluster per session; they import kubernetes and the devcluster only when a test asks for them,
-so collecting the unit tier imports neither.
+The cluster fixtures live here, at the top, so that the tiers share one cluster of each kind
+per session: the pod runner's (`cluster`, for integration and chart tests) and the real
+node's (`node_cluster`, which tests/e2e and tests/node make their `cluster`). They import
+kubernetes and the devcluster only when a test asks for them, so collecting the unit tier
+imports neither.
 
 `cluster` reuses the cluster that GENPOOL_KUBECONFIG points at when it answers, else builds (or
 reuses cached) binaries and starts a fresh one in a temp state dir. A cluster that cannot start
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
     from kubernetes import client
 
     from tests.integration.operator_harness import OperatorProcess
+    from tests.node_cluster import ChartOperator
 
 TESTS = Path(__file__).resolve().parent
 TIER_OF_DIR = {
@@ -189,3 +193,33 @@ def operator(
     yield proc
     proc.stop()
     print(proc.log_tail())
+
+
+@pytest.fixture(scope="session")
+def node_cluster() -> Iterator[DevCluster]:
+    """The real node's cluster (tests/node_cluster.py), started once per session."""
+    from tests.node_cluster import node_cluster
+
+    with node_cluster() as started:
+        yield started
+
+
+@pytest.fixture(scope="session")
+def node_api(node_cluster: DevCluster) -> Iterator[client.ApiClient]:
+    yield from api_client(node_cluster)
+
+
+@pytest.fixture(scope="session")
+def node_kubectl(node_cluster: DevCluster) -> Kubectl:
+    return kubectl_runner(node_cluster)
+
+
+@pytest.fixture(scope="session")
+def node_chart(
+    node_cluster: DevCluster, node_kubectl: Kubectl, node_api: client.ApiClient
+) -> Iterator[ChartOperator]:
+    """The chart installed on the real node; its operator watches every namespace."""
+    from tests.node_cluster import installed_chart
+
+    with installed_chart(node_cluster, node_kubectl, node_api) as operator:
+        yield operator

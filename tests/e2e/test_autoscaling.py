@@ -1,23 +1,19 @@
-"""End to end: the operator keeps an autoscaled pool of synthetic workers at its
-SLO on the local control plane.
+"""End to end on the real node: the chart's operator keeps an autoscaled pool of synthetic
+workers at its SLO.
 
 A pool min 1 / max 3 takes a load step and scales up until the SLO holds again; the
-operator is killed and restarted at the plateau and the StatefulSet's replicas do not
-move; the load falls and the pool scales down, draining the leaving pods, with not one
-accepted request lost. Intervals and windows are short so that it runs in minutes.
+operator's process is killed at the plateau, the kubelet restarts its container and the
+StatefulSet's replicas do not move; the load falls and the pool scales down, draining the
+leaving pods, with not one accepted request lost. Intervals and windows are short so that
+it runs in minutes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +26,8 @@ from genpool_devcluster.loadgen import PROMPTS, PodPicker, RequestResult, one_re
 from genpool_operator.builders import statefulset_name
 from genpool_operator.kube import Kube, load_config
 from tests.conftest import DevCluster, Kubectl
-from tests.integration.operator_harness import (
-    ADMIN_TOKEN,
-    CRD_PATH,
-    OperatorProcess,
-    create_pool,
-    get_pool,
-    synthetic_spec,
-)
+from tests.integration.operator_harness import create_pool, get_pool, synthetic_spec
+from tests.node_cluster import ChartOperator
 from tests.polling import wait_for
 
 POOL = "auto"
@@ -59,45 +49,6 @@ SPEC = synthetic_spec(
         "scaleDownStabilizationSeconds": 12, "maxStep": 2,
     },
 )  # fmt: skip
-
-
-class MetricsOperator(OperatorProcess):
-    """The harness's operator process, with /metrics on a port of its own (the default
-    port may be taken by another operator on this machine)."""
-
-    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path, port: int) -> None:
-        super().__init__(kubeconfig, namespace, log_path)
-        self.port = port
-
-    def start(self) -> MetricsOperator:
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(self.kubeconfig),
-            "GENPOOL_ADMIN_TOKEN": ADMIN_TOKEN,
-            "GENPOOL_WORKER_IMAGE": "genpool/worker:test",
-        }
-        argv = [sys.executable, "-m", "genpool_operator.main", "--namespace", self.namespace]
-        flags = ["--liveness-port", "0", "--metrics-port", str(self.port)]
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen([*argv, *flags], env=env, stdout=log, stderr=subprocess.STDOUT)
-        return self
-
-    def metrics(self) -> str:
-        return httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
-
-    def rounds(self, namespace: str) -> float:
-        """Stats rounds run for the pool (its round-duration histogram's count)."""
-        labels = f'namespace="{namespace}",pool="{POOL}"'
-        series = f"genpool_operator_round_duration_seconds_count{{{labels}}} "
-        lines = [ln for ln in self.metrics().splitlines() if ln.startswith(series)]
-        return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class SteppedLoad:
@@ -181,30 +132,20 @@ def _events(api: client.ApiClient, namespace: str) -> list[tuple[str, str]]:
     return [(e.reason, e.message) for e in ordered]
 
 
-@pytest.fixture
-def crd(kubectl: Kubectl) -> None:
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
-    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/genpools.genpool.dev")
-
-
-@pytest.fixture
-def operator(
-    cluster: DevCluster, crd: None, namespace: str, tmp_path: Path
-) -> Iterator[MetricsOperator]:
-    proc = MetricsOperator(cluster.kubeconfig, namespace, tmp_path / "operator.log", _free_port())
-    yield proc.start()
-    proc.stop()
-    print(proc.log_tail(120))
-
-
 def _hold_steady_through_restart(
-    operator: MetricsOperator, api: client.ApiClient, namespace: str, seconds: float
+    operator: ChartOperator, api: client.ApiClient, namespace: str, seconds: float
 ) -> list[int]:
-    """Kill the operator, start it again, and sample the StatefulSet's replicas all along."""
+    """Kill the operator's process, let the kubelet restart its container, and sample
+    the StatefulSet's replicas all along, then for ``seconds`` after it is Ready again."""
     samples = [_statefulset_replicas(api, namespace)]
-    operator.kill()  # waits for the process to be gone
-    time.sleep(2)  # an outage of a couple of seconds is part of the scenario, not a wait
-    operator.start()
+    restarts = operator.restarts()
+    operator.kill()
+
+    def restarted() -> bool:
+        samples.append(_statefulset_replicas(api, namespace))
+        return operator.restarts() > restarts and operator.is_ready()
+
+    wait_for(restarted, "the kubelet restarts the operator", 120, interval=0.5)
     # Sampling for a fixed window is the check (nothing may move in it), not a wait.
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -248,7 +189,7 @@ def test_autoscaled_pool_meets_its_slo_scales_down_draining_and_survives_a_resta
     kube_api: client.ApiClient,
     kubectl: Kubectl,
     namespace: str,
-    operator: MetricsOperator,
+    operator: ChartOperator,
 ) -> None:
     body = {"apiVersion": GROUP_VERSION, "kind": "GenPool", "metadata": {"name": POOL}}
     create_pool(kube_api, namespace, {**body, "spec": SPEC})
@@ -316,7 +257,7 @@ def test_autoscaled_pool_meets_its_slo_scales_down_draining_and_survives_a_resta
 
 
 def test_advisory_pool_records_what_it_would_do_and_applies_nothing(
-    cluster: DevCluster, kube_api: client.ApiClient, namespace: str, operator: MetricsOperator
+    cluster: DevCluster, kube_api: client.ApiClient, namespace: str, operator: ChartOperator
 ) -> None:
     spec = {**SPEC, "advisory": True}
     body = {"apiVersion": GROUP_VERSION, "kind": "GenPool", "metadata": {"name": POOL}}
@@ -329,8 +270,8 @@ def test_advisory_pool_records_what_it_would_do_and_applies_nothing(
             "advice to scale up",
             90,
         )
-        advised_at = operator.rounds(namespace)
-        wait_for(lambda: operator.rounds(namespace) >= advised_at + 3, "3 more rounds", 60)
+        advised_at = operator.rounds(namespace, POOL)
+        wait_for(lambda: operator.rounds(namespace, POOL) >= advised_at + 3, "3 more rounds", 60)
         assert _statefulset_replicas(kube_api, namespace) == 1  # still nothing applied
     finally:
         results = load.stop()

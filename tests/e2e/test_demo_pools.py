@@ -21,12 +21,12 @@ from genpool_devcluster import demo_pools
 from genpool_devcluster.demo_load import Phase, plan_arrivals, run_phased_load
 from tests.conftest import DevCluster
 from tests.integration.operator_harness import (
-    OperatorProcess,
     create_pool,
     genpool,
     get_pool,
     ready_pods,
 )
+from tests.node_cluster import ChartOperator
 from tests.polling import wait_for
 
 # One synthetic replica serves about 4 req/s of the demo's mix: the burst overloads it.
@@ -59,7 +59,7 @@ def _measured_ttft(api: client.ApiClient, namespace: str, name: str) -> float | 
 
 
 def test_the_demo_pools_under_the_demo_load(
-    kube_api: client.ApiClient, namespace: str, operator: OperatorProcess, cluster: DevCluster
+    kube_api: client.ApiClient, namespace: str, operator: ChartOperator, cluster: DevCluster
 ) -> None:
     # The demo's specs at one replica each, so that the short burst overloads both pools.
     for name, spec in demo_pools.pool_specs(min_replicas=1).items():

@@ -19,12 +19,12 @@ from tests.integration.operator_harness import (
     GROUP,
     PLURAL,
     VERSION,
-    OperatorProcess,
     create_pool,
     genpool,
     ready_pods,
     synthetic_spec,
 )
+from tests.node_cluster import ChartOperator
 from tests.polling import wait_for
 from tests.worker.pd_support import metric
 
@@ -78,7 +78,7 @@ def _complete(url: str, prompt: str, max_tokens: int = 16) -> str:
 
 
 def test_a_smollm2_pd_pool_answers_as_a_colocated_pool(
-    kube_api: client.ApiClient, namespace: str, operator: OperatorProcess
+    kube_api: client.ApiClient, namespace: str, operator: ChartOperator
 ) -> None:
     create_pool(kube_api, namespace, genpool("pd", SMOLLM2 | {"prefill": {"replicas": 1}}))
     create_pool(kube_api, namespace, genpool("colo", SMOLLM2))
@@ -134,7 +134,7 @@ class Load:
 
 
 def test_the_prefill_tier_scales_and_loses_a_pod_under_load(
-    kube_api: client.ApiClient, namespace: str, operator: OperatorProcess
+    kube_api: client.ApiClient, namespace: str, operator: ChartOperator
 ) -> None:
     spec = synthetic_spec(prefill={"replicas": 1}, engine={"maxBatchSize": 8})
     create_pool(kube_api, namespace, genpool("pd", spec))

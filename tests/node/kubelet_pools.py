@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
 from tests.integration.operator_harness import create_pool, genpool, ready_pods, synthetic_spec
+from tests.node_cluster import pod_process
 from tests.polling import wait_for
 
 MISSING_MODEL = "no-such-model.gguf"
@@ -48,26 +48,11 @@ def ready_pod(api: client.ApiClient, namespace: str, pool: str) -> client.V1Pod:
     return pods[0]
 
 
-def worker_pid(pod_uid: str) -> int:
-    """The worker process of that pod, seen from this host: its cgroup names the pod."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cgroup = (proc / "cgroup").read_text()
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"pod{pod_uid}" in cgroup and any(a.endswith(b"genpool-worker") for a in cmdline):
-            return int(proc.name)
-    raise AssertionError(f"no genpool-worker process in pod {pod_uid}")
-
-
 def hang_worker(api: client.ApiClient, namespace: str) -> client.V1Pod:
     """A hung worker: once Ready, its process is stopped (SIGSTOP from this host), so it
     answers no probe; returns the pod once the kubelet's readiness probe has failed."""
     pod = ready_pod(api, namespace, "probed")
-    os.kill(worker_pid(pod.metadata.uid), signal.SIGSTOP)
+    os.kill(pod_process(pod.metadata.uid, "genpool-worker"), signal.SIGSTOP)
     wait_for(lambda: not ready_pods(api, namespace, "probed"), "readiness fails", 30)
     return pod
 
