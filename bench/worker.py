@@ -18,7 +18,7 @@ other processes sharing the CPUs (the load average is recorded).
   - static, scattered: one block each, a seeded sample of the pool's (gathered);
   - paged: blocks of 16 (the worker's default), tables as the worker's pool hands them
     out after churn (``decode_support.running_pool_tables``; gathered). The paged /
-    static-contiguous ratio is what paging costs the CPU decode (goal: >= 0.95;
+    static-contiguous ratio is what paging costs the CPU decode (goal: >= 1.0;
     reported, not asserted), with the greedy tokens of the two compared.
 - transformers: ``generate`` greedy with ``min_new_tokens = max_new_tokens``; decode
   time = time(1 + 64 new tokens) - time(1 new token), the second being its
@@ -48,7 +48,7 @@ from genpool_core.names import DEFAULT_KV_BLOCK_SIZE
 BATCHES = (1, 8, 16)
 HEADROOM = 6  # extra resident requests in the pool, as the engine sizes it (B + H)
 SEED = 20240501
-PAGED_GOAL = 0.95  # paged tok/s / static tok/s the paging change aims for (not asserted)
+PAGED_GOAL = 1.0  # paged tok/s / static tok/s: at least as fast (issue 36, item 4; not asserted)
 
 
 def _thread_counts() -> list[int]:
@@ -137,7 +137,6 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         },
         "paged_goal": PAGED_GOAL,
         "load_s": {"ours": ours_load_s, "hf": hf_load_s},
-        "static_shares_weights": True,
         "kv_cache_mb": ours.kv.cache.nbytes / 2**20,
         "static_kv_cache_mb": static.kv.cache.nbytes / 2**20,
         "peak_rss_mb": {"after_ours_loaded": rss_ours, "end_both_loaded": _rss_mb()},

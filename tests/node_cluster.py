@@ -94,12 +94,14 @@ class ChartOperator:
         pod: client.V1Pod = running[0]
         return pod
 
+    def _containers(self) -> list[client.V1ContainerStatus]:
+        return self.pod().status.container_statuses or []
+
     def restarts(self) -> int:
-        statuses = self.pod().status.container_statuses or []
-        return sum(s.restart_count for s in statuses)
+        return sum(s.restart_count for s in self._containers())
 
     def is_ready(self) -> bool:
-        statuses = self.pod().status.container_statuses or []
+        statuses = self._containers()
         return bool(statuses) and all(s.ready for s in statuses)
 
     def kill(self) -> None:
