@@ -9,7 +9,7 @@ then ``postprocess(plan, now, stop_ids)`` with the tokens it produced.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from genpool_core.admission import AdaptiveTarget, AdmissionQueue
@@ -33,6 +33,7 @@ from genpool_core.request import FinishReason, GenRequest, RequestStatus, is_val
 from genpool_core.scheduler_phases import SchedulerPhases
 from genpool_core.scheduler_views import UnknownRequestError as UnknownRequestError
 from genpool_core.slots import SlotPool
+from genpool_core.speculation import check_emitted, draft_limits
 from genpool_core.statline import StatLine
 from genpool_core.statperiod import LoadCounters, StatCadence
 
@@ -59,6 +60,9 @@ class SchedulerConfig:
     # Keep KV events (BlockStored / BlockRemoved) for a publisher to take each pass; off,
     # nobody reads them, and eviction reads no hash.
     record_kv_events: bool = False
+    # Speculative decoding (genpool_core.speculation): drafts a batch member may verify
+    # per step; 0 is off.
+    num_speculative_tokens: int = 0
 
 
 class GenScheduler(SchedulerPhases):
@@ -66,6 +70,10 @@ class GenScheduler(SchedulerPhases):
         self.config = config or SchedulerConfig()
         if not (math.isfinite(self.config.stat_interval_s) and self.config.stat_interval_s > 0):
             raise ValueError(f"stat_interval_s must be > 0, got {self.config.stat_interval_s}")
+        if self.config.num_speculative_tokens < 0:
+            raise ValueError(
+                f"num_speculative_tokens must be >= 0, got {self.config.num_speculative_tokens}"
+            )
         self.policy = policy
         self.pausing = PauseLane()
         cap = policy.capacity
@@ -151,12 +159,20 @@ class GenScheduler(SchedulerPhases):
             self._released_held.append(request_id)
         return is_released
 
-    def postprocess(self, plan: GenPlan, now: float, stop_ids: tuple[str, ...] = ()) -> None:
-        """Each batch request produced one token at ``now``; ``stop_ids`` hit EOS.
+    def postprocess(
+        self,
+        plan: GenPlan,
+        now: float,
+        stop_ids: tuple[str, ...] = (),
+        num_emitted: Mapping[str, int] | None = None,
+    ) -> None:
+        """Each batch request produced its tokens at ``now``; ``stop_ids`` ended on a stop.
 
-        A request admitted with ``num_output_tokens == 0`` (the worker does its own
-        prefill) gets its first token from that prefill in its admission pass; the
-        first token stamps ``first_token_time`` when no context server did.
+        ``num_emitted``: tokens per member when speculation made several (its accepted
+        drafts and its own; genpool_core.speculation), 1 for a member it omits. A request
+        admitted with ``num_output_tokens == 0`` (the worker does its own prefill) gets
+        its first token from that prefill in its admission pass; the first token stamps
+        ``first_token_time`` when no context server did.
         """
         if plan is not self._last_plan:
             raise ValueError("postprocess takes the latest plan, once")
@@ -165,10 +181,12 @@ class GenScheduler(SchedulerPhases):
         if stops and not stops.issubset(plan.batch_ids):
             unknown = sorted(stops.difference(plan.batch_ids))
             raise ValueError(f"stop ids not in this pass's batch: {unknown}")
+        emitted = num_emitted or {}
+        check_emitted(plan.batch_ids, plan.draft_limits, emitted)
         self._last_plan = None
         for request_id in plan.batch_ids:
             request = self._active[request_id]
-            request.num_output_tokens += 1
+            request.num_output_tokens += emitted.get(request_id, 1)
             request.last_token_time = now
             if request.first_gen_token_time is None:
                 request.first_gen_token_time = now
@@ -184,8 +202,12 @@ class GenScheduler(SchedulerPhases):
         if plan.prefill_chunks and self._prefill is not None:
             self._prefill.observe_pass(now - plan.now)
         if plan.batch_ids:
-            self._counts.count_step(len(plan.batch_ids), now - plan.now)
-            self.policy.on_step_time(now - plan.now)
+            seconds, batch = now - plan.now, len(plan.batch_ids)
+            self._counts.count_step(batch, seconds)
+            # The policy's rate prior is per emitted token: a step that emitted more
+            # than one token per member is that much shorter per token.
+            tokens = batch + sum(emitted.values()) - len(emitted)
+            self.policy.on_step_time(seconds * batch / tokens)
 
     @property
     def knobs(self) -> Knobs:
@@ -253,6 +275,9 @@ class GenScheduler(SchedulerPhases):
             imported_ids=tuple(i for i in admitted_ids if self._residents[i].tokens_at_admission),
             held_ids=tuple(held),
             released_held_ids=tuple(released),
+            draft_limits=draft_limits(
+                active.values(), prefill_ids, self.config.num_speculative_tokens
+            ),
         )
         self._last_plan = plan
         return plan

@@ -43,6 +43,7 @@ from genpool_worker.events import Failed
 from genpool_worker.kv_connector import KVConnector, NoKVConnector
 from genpool_worker.output_processor import OutputProcessor
 from genpool_worker.request_faults import describe
+from genpool_worker.speculative import SpecDecodeCounts
 
 STAT_LOGGER = logging.getLogger("genpool.gen_preemption")
 log = logging.getLogger("genpool.worker")
@@ -80,10 +81,12 @@ class GenEngine(RequestLifecycle):
         self.kv_connector.set_wake(self._wake.set)  # a release wakes an idle loop
         self._unheld: list[str] = []  # held at finish, but nobody takes them: next pass
         self.kv_events: KVEventSink | None = None  # the KV event publisher, when configured
+        self.spec_decode = SpecDecodeCounts()  # drafts verified and accepted (metrics.py)
         self._configs: list[tuple[LiveUpdate, Future[dict[str, Any]]]] = []
         self._config_futures: list[Future[dict[str, Any]]] = []
         self._requests: dict[str, EngineRequest] = {}
-        self._pending: tuple[GenPlan, dict[str, int]] | None = None
+        # The last pass's plan, who ended on a stop, and who emitted more than one token.
+        self._pending: tuple[GenPlan, tuple[str, ...], dict[str, int]] | None = None
         self._prev_end: float | None = None
         self._last_now = 0.0
         self._inflight = 0
@@ -215,10 +218,10 @@ class GenEngine(RequestLifecycle):
     def step(self, inputs: PassInputs) -> None:
         """One pass: finish the previous model step, apply inputs, schedule, run, stream."""
         if self._pending is not None:
-            previous, tokens = self._pending
+            previous, stops, counts = self._pending
             self._pending = None
             assert inputs.prev_end is not None
-            self.scheduler.postprocess(previous, inputs.prev_end, self._stop_ids(tokens))
+            self.scheduler.postprocess(previous, inputs.prev_end, stops, counts)
         self._apply(inputs)
         plan = self._schedule(inputs.now)
         started = time.perf_counter()
@@ -226,7 +229,6 @@ class GenEngine(RequestLifecycle):
         for request_id, message in result.failed.items():
             self._fail_alone(request_id, message)
         tokens = result.tokens
-        self._track_cache(plan, tokens)
         self._prev_end = self._now()
         # When its prefill began (its first chunk's pass): an export's timings report it.
         first_chunks = [rid for rid, start, _ in plan.prefill_chunks if start == 0]
@@ -237,23 +239,46 @@ class GenEngine(RequestLifecycle):
             self._requests[request_id].first_token_at = (
                 self._requests[request_id].first_token_at or self._prev_end
             )
+        emitted, stops = self._emit(result)
+        self._track_cache(plan, emitted)
         # The next pass postprocesses at this step's end (``prev_end``): no extra wait here.
         if tokens:
-            self._pending = (plan, tokens)
+            counts = {rid: len(ids) for rid, ids in emitted.items() if len(ids) > 1}
+            self._pending = (plan, stops, counts)
         else:
             self.scheduler.postprocess(plan, inputs.now)
-        for request_id, token in tokens.items():
-            try:
-                self.output.on_token(
-                    self._requests[request_id], token, result.logprobs.get(request_id)
-                )
-            except Exception as exc:  # its text cannot be made: it fails, the others go on
-                self._fail_alone(request_id, describe(exc))
-        self._tokens_total += len(tokens)
+        self._tokens_total += sum(len(ids) for ids in emitted.values())
         self._passes += 1
         if plan.batch_ids and self._on_step is not None:
             self._on_step(time.perf_counter() - started, len(plan.batch_ids))
         self.snapshot = self._make_snapshot(inputs.now)
+
+    def _emit(self, result: StepResult) -> tuple[dict[str, list[int]], tuple[str, ...]]:
+        """Each request's tokens to its stream, in order, up to the first that ends it:
+        what each emitted, and who ended on a stop (EOS, a stop token or string)."""
+        eos = self.model_info.eos_token_ids
+        emitted: dict[str, list[int]] = {}
+        stops: list[str] = []
+        for request_id, token in result.tokens.items():
+            request = self._requests[request_id]
+            ids = [*result.accepted.get(request_id, ()), token]
+            logprobs = result.logprobs.get(request_id)
+            last = len(ids) - 1
+            for i, each in enumerate(ids):
+                try:
+                    self.output.on_token(request, each, logprobs if i == last else None)
+                except Exception as exc:  # its text cannot be made: it fails, the others go on
+                    self._fail_alone(request_id, describe(exc))
+                    ids = ids[: i + 1]
+                    break
+                if request.is_stopped_by(each, eos):
+                    ids = ids[: i + 1]
+                    stops.append(request_id)
+                    break
+            emitted[request_id] = ids
+        if result.drafted:
+            self.spec_decode.count(result.drafted, result.accepted)
+        return emitted, tuple(stops)
 
     def _schedule(self, now: float) -> GenPlan:
         plan = self.scheduler.step(now)
@@ -271,13 +296,6 @@ class GenEngine(RequestLifecycle):
             if self.coordinator.rank == 0:
                 STAT_LOGGER.info(plan.stat_line)
         return plan
-
-    def _stop_ids(self, tokens: dict[str, int]) -> tuple[str, ...]:
-        """Requests whose last token is EOS or completed one of their stop strings."""
-        eos = self.model_info.eos_token_ids
-        return tuple(
-            rid for rid, token in tokens.items() if self._requests[rid].is_stopped_by(token, eos)
-        )
 
     def _apply(self, inputs: PassInputs) -> None:
         for request_id in inputs.kv_releases:
@@ -319,7 +337,7 @@ class GenEngine(RequestLifecycle):
         request = self._requests[request_id]
         return [*request.arrival.prompt_ids, *request.output_ids]
 
-    def _track_cache(self, plan: GenPlan, tokens: dict[str, int]) -> None:
+    def _track_cache(self, plan: GenPlan, emitted: dict[str, list[int]]) -> None:
         """What the prefix cache gave each admission (its reply's ``cached_tokens``), and
         the hashes of output blocks that filled this pass (shared once it ends)."""
         for request_id, cached in zip(plan.admitted_ids, plan.admitted_cached_tokens,
@@ -328,9 +346,9 @@ class GenEngine(RequestLifecycle):
         if not self.scheduler.kv.is_caching:
             return
         size = self.model_info.kv_block_size
-        for request_id, token in tokens.items():
+        for request_id in emitted:
             request = self._requests[request_id]
             gen = request.gen
-            num_tokens = len(request.arrival.prompt_ids) + len(request.output_ids) + 1
+            num_tokens = len(request.arrival.prompt_ids) + len(request.output_ids)
             if gen is not None and num_tokens >= (len(gen.block_hashes) + 1) * size:
-                extend_hashes(gen.block_hashes, [*self._tokens_of(request_id), token], size)
+                extend_hashes(gen.block_hashes, self._tokens_of(request_id), size)

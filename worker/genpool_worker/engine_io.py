@@ -47,12 +47,17 @@ class ModelInfo:
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
-    """One pass's output: a token for every batch member, and the logprobs asked for."""
+    """One pass's output: a token for every batch member (after its accepted drafts),
+    and the logprobs asked for."""
 
     tokens: dict[str, int]
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     # Requests that failed this pass (request id -> why): each fails alone, the rest go on.
     failed: dict[str, str] = field(default_factory=dict)
+    # Speculative decoding: the drafted tokens a request emitted this pass before its
+    # token in ``tokens`` (absent: none were accepted).
+    accepted: dict[str, list[int]] = field(default_factory=dict)
+    drafted: dict[str, int] = field(default_factory=dict)  # drafts each verified this pass
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from genpool_core.stats import SchedulerStats
     from genpool_worker.engine import GenEngine
     from genpool_worker.kv_events import KVEventPublisher
+    from genpool_worker.speculative import SpecDecodeCounts
 
 # The model-server protocol (Gateway API Inference Extension endpoint pickers, llm-d,
 # KEDA): vLLM's names, so unmodified consumers read a GenPool worker. The picker of GIE
@@ -29,6 +30,11 @@ KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc"
 PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
 KV_CACHE_USAGE_PERC_OLD = "vllm:gpu_cache_usage_perc"
+# vLLM v1's speculative-decoding counters (exposed with _total)
+SPEC_DECODE_NUM_DRAFTS = "vllm:spec_decode_num_drafts"
+SPEC_DECODE_NUM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+SPEC_DECODE_NUM_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
+SPEC_DECODE_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"  # GIE reads block_size and num_gpu_blocks
 MODEL_NAME_LABEL = "model_name"  # vLLM's label on these series
 
@@ -125,6 +131,8 @@ class WorkerMetrics(Collector):
         snap = self.engine.snapshot
         s = snap.stats
         yield from self.model_server_gauges(s)
+        if self.engine.scheduler.config.num_speculative_tokens:
+            yield from self.spec_decode_counters(self.engine.spec_decode)
         yield counter("genpool_tokens", "Output tokens produced", snap.tokens_total)
         yield gauge("genpool_kv_blocks_cached", "KV-cache blocks holding a cached prefix",
                     s.kv_blocks_cached)  # fmt: skip
@@ -158,6 +166,28 @@ class WorkerMetrics(Collector):
         if s.admission_target_s is not None:
             yield gauge("genpool_admission_target_seconds", "Adaptive target X",
                         s.admission_target_s)  # fmt: skip
+
+    def spec_decode_counters(self, counts: SpecDecodeCounts) -> Iterator[Metric]:
+        """vLLM's speculative-decoding counters: drafts (requests verified per step),
+        drafted and accepted tokens, and accepted tokens by draft position."""
+        labels = {MODEL_NAME_LABEL: self.labels["model"]}
+        for name, doc, count in (
+            (SPEC_DECODE_NUM_DRAFTS, "Requests that verified drafts, once per step",
+             counts.num_drafts),
+            (SPEC_DECODE_NUM_DRAFT_TOKENS, "Drafted tokens verified", counts.num_draft_tokens),
+            (SPEC_DECODE_NUM_ACCEPTED_TOKENS, "Drafted tokens accepted",
+             counts.num_accepted_tokens),
+        ):  # fmt: skip
+            family = CounterMetricFamily(name, doc, labels=list(labels))
+            family.add_metric(list(labels.values()), float(count))
+            yield family
+        per_position = CounterMetricFamily(
+            SPEC_DECODE_ACCEPTED_PER_POS, "Drafted tokens accepted, by draft position",
+            labels=[*labels, "position"],
+        )  # fmt: skip
+        for position, count in enumerate(counts.accepted_per_position):
+            per_position.add_metric([*labels.values(), str(position)], float(count))
+        yield per_position
 
     def kv_event_counters(self, publisher: KVEventPublisher) -> Iterator[Metric]:
         """The KV event publisher's batches by outcome, and the events it skipped."""

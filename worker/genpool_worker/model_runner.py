@@ -1,6 +1,8 @@
 """The model runner: prefill, decode and sampling on torch, for the engine loop.
 
-The loop hands it each pass's plan; it returns one sampled token per batch member.
+The loop hands it each pass's plan; it returns one sampled token per batch member, and
+with speculative decoding the drafts each verified and accepted before it
+(``spec_verify``; a member's drafts in one forward, up to its plan's limit).
 It keeps what the model step needs per request (prompt, last token, position,
 sampling parameters and the seeded generator), so the loop never touches a tensor.
 It holds a network (``DecodeModel``: layers, no state between calls) and the KV cache
@@ -11,9 +13,7 @@ replayed from CUDA graphs over it, and the P/D port), built together at load
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import torch
@@ -24,55 +24,30 @@ from genpool_worker.kv_connector import NO_KV_CONNECTOR, KVExecutionSide
 from genpool_worker.kv_layout import KVLayout
 from genpool_worker.model.kv_cache import PrefillSpan
 from genpool_worker.model.runner_protocols import DecodeModel, KVCacheOwner, Tables
-from genpool_worker.model.sampler import SampleRow, sample
+from genpool_worker.model.sampler import sample
 from genpool_worker.request_faults import RequestFaults
+from genpool_worker.run_state import RunState, sample_row
 from genpool_worker.sampling_params import TokenLogprobs
+from genpool_worker.spec_verify import Verified, verify
+from genpool_worker.speculative import NgramDrafter, SpeculativeConfig
 
 SHARED_PREFIX_FAILED = "a prefix it shares was being computed by a request that failed"
 CacheT = TypeVar("CacheT")  # the KV cache's type (the owner's, which the network takes)
 
 
-@dataclass
-class _RunState:
-    prompt_ids: list[int]
-    sample: SampleRow
-    blocks: tuple[int, ...] = ()  # the KV block table, from the plan that admitted it
-    num_output_tokens: int = 0
-    num_prefilled: int = 0  # prompt tokens whose KV is written (cached, or prefilled)
-    num_cached_blocks: int = 0  # its table's first blocks, shared from the prefix cache
-    last_token: int | None = field(default=None)
-    min_tokens: int = 0
-    # What may not end it before ``min_tokens`` (vLLM masks them): EOS unless ``ignore_eos``,
-    # and its stop tokens.
-    stop_ids: tuple[int, ...] = ()
-
-    def mask_stops(self) -> None:
-        """Before this pass's draw: EOS and stop tokens masked while short of min_tokens."""
-        self.sample.masked_ids = self.stop_ids if self.num_output_tokens < self.min_tokens else ()
-
-    def took(self, token: int) -> None:
-        self.last_token = token
-        self.num_output_tokens += 1
-        self.sample.took(token)
-
-
-def _sample_row(arrival: Arrival) -> SampleRow:
-    params = arrival.sampling
-    generator = None
-    if not params.is_greedy:
-        # A stable seed (not hash()): every rank must draw the same tokens. The generator
-        # is a CPU one on every device: it only draws one uniform number per step.
-        seed = params.seed if params.seed is not None else zlib.crc32(arrival.request_id.encode())
-        generator = torch.Generator().manual_seed(seed)
-    return SampleRow(params, generator, arrival.prompt_ids, [])
-
-
 class TorchModelRunner(Generic[CacheT]):
     """A network and the KV cache it runs over: the plan's passes, sampled."""
 
-    def __init__(self, model: DecodeModel[CacheT], kv: KVCacheOwner[CacheT]) -> None:
+    def __init__(
+        self,
+        model: DecodeModel[CacheT],
+        kv: KVCacheOwner[CacheT],
+        speculative: SpeculativeConfig | None = None,
+    ) -> None:
+        """``speculative``: draft and verify tokens (``--speculative-config``; None: off)."""
         self.model = model
         self.kv = kv
+        self.speculative = speculative
         vocab_size = getattr(model, "vocab_size", None)
         self.info = ModelInfo(
             name=model.name,
@@ -83,13 +58,18 @@ class TorchModelRunner(Generic[CacheT]):
             num_kv_blocks=kv.num_blocks,
             kv_block_size=kv.block_size,
         )
-        self._states: dict[str, _RunState] = {}
+        self._states: dict[str, RunState] = {}
 
     def add_request(self, arrival: Arrival) -> None:
         eos = () if arrival.ignore_eos else self.info.eos_token_ids
-        self._states[arrival.request_id] = _RunState(
-            list(arrival.prompt_ids), _sample_row(arrival), min_tokens=arrival.min_tokens,
-            stop_ids=(*eos, *arrival.stop_token_ids),
+        spec = self.speculative
+        # Logprobs are reported per step's token: a request that asks for them drafts nothing.
+        drafter = None
+        if spec is not None and arrival.sampling.num_logprobs is None:
+            drafter = NgramDrafter(arrival.prompt_ids, *spec.lookup_range)
+        self._states[arrival.request_id] = RunState(
+            list(arrival.prompt_ids), sample_row(arrival), min_tokens=arrival.min_tokens,
+            stop_ids=(*eos, *arrival.stop_token_ids), drafter=drafter,
         )  # fmt: skip
 
     def remove_request(self, request_id: str) -> None:
@@ -128,18 +108,22 @@ class TorchModelRunner(Generic[CacheT]):
         if order:
             rows.append(torch.stack([prefilled[rid] for rid in order]))
         decoding = [r for r in plan.batch_ids if r not in prefill and r not in faults.failed]
+        drafts = self._drafts(plan, decoding)
+        verified = self._verify(drafts, faults)
+        decoding = [r for r in decoding if r not in drafts]
         if decoding:
             kept, decoded = faults.retry_alone(
                 decoding, self._decode_rows, lambda r: self._decode_rows([r])
             )
             rows.extend(decoded)
             order.extend(kept)
-        if not order:  # only chunks short of their prompts ran (or every row failed)
-            return StepResult({}, failed=faults.failed)
-        tokens = self._sample(order, torch.cat(rows), faults)
+        tokens = self._sample(order, torch.cat(rows), faults) if order else {}
         logprobs = {rid: lp for rid, (_, lp) in tokens.items() if lp is not None}
-        return StepResult({rid: t for rid, (t, _) in tokens.items()}, logprobs,
-                          failed=faults.failed)  # fmt: skip
+        drawn = {rid: t for rid, (t, _) in tokens.items()}
+        drawn.update({rid: v.token for rid, v in verified.items()})
+        accepted = {rid: v.accepted for rid, v in verified.items() if v.accepted}
+        drafted = {rid: len(drafts[rid]) for rid in verified}
+        return StepResult(drawn, logprobs, faults.failed, accepted, drafted)
 
     def _prefill_all(
         self, work: list[tuple[str, int]], faults: RequestFaults
@@ -226,6 +210,51 @@ class TorchModelRunner(Generic[CacheT]):
             state.num_prefilled = end
         return logits
 
+    def _drafts(self, plan: GenPlan, decoding: list[str]) -> dict[str, list[int]]:
+        """Each decoding member's drafts, up to its plan's limit (none without a drafter)."""
+        if not plan.draft_limits:
+            return {}
+        limits = dict(zip(plan.batch_ids, plan.draft_limits, strict=True))
+        drafts: dict[str, list[int]] = {}
+        for request_id in decoding:
+            drafter = self._states[request_id].drafter
+            if drafter is not None and limits[request_id] > 0:
+                proposed = drafter.propose(limits[request_id])
+                if proposed:
+                    drafts[request_id] = proposed
+        return drafts
+
+    def _verify(self, drafts: dict[str, list[int]], faults: RequestFaults) -> dict[str, Verified]:
+        """The drafting rows' last token and drafts through the network in one forward
+        (positions written like a chunk's; the rejected ones' KV is past the request's
+        length, masked, and overwritten by its next step), then verified (``spec_verify``)."""
+        if not drafts:
+            return {}
+        kept, forwards = faults.retry_alone(
+            list(drafts),
+            lambda ids: self._draft_forward(ids, drafts),
+            lambda r: self._draft_forward([r], drafts),
+        )
+        logits: dict[str, torch.Tensor] = {}
+        for forward in forwards:
+            logits.update(forward)
+        states = {rid: self._states[rid] for rid in kept}
+        return verify(states, drafts, logits, faults)
+
+    def _draft_forward(
+        self, request_ids: Sequence[str], drafts: dict[str, list[int]]
+    ) -> dict[str, torch.Tensor]:
+        spans = []
+        for request_id in request_ids:
+            state = self._states[request_id]
+            assert state.last_token is not None and state.drafter is not None
+            position = len(state.prompt_ids) + state.num_output_tokens - 1
+            tokens = [state.last_token, *drafts[request_id]]
+            spans.append(PrefillSpan(state.blocks, tokens, position))
+        logits = self.model.prefill_many(self.kv.cache, spans, all_positions=True)
+        rows = torch.split(logits, [len(span.token_ids) for span in spans])
+        return dict(zip(request_ids, rows, strict=True))
+
     def _decode_rows(self, request_ids: Sequence[str]) -> torch.Tensor:
         tables, last, positions = [], [], []
         for request_id in request_ids:
@@ -252,7 +281,7 @@ class TorchModelRunner(Generic[CacheT]):
             return graphs.run(block_tables, token_ids, positions)
         return self.model.decode(self.kv.cache, block_tables, token_ids, positions)
 
-    def _admit(self, state: _RunState, blocks: tuple[int, ...], num_cached: int) -> None:
+    def _admit(self, state: RunState, blocks: tuple[int, ...], num_cached: int) -> None:
         """Its blocks, the first ``num_cached`` prompt tokens' KV already in them (the prefix
         cache's)."""
         state.blocks = blocks

@@ -99,15 +99,20 @@ class SyntheticModel:
         logits[torch.arange(len(previous)), nxt] = 0.0
         return logits
 
-    def prefill_many(self, cache: torch.Tensor, spans: Sequence[PrefillSpan]) -> torch.Tensor:
-        """Each span's positions ``start..`` (a chunked prefill's chunk). The step model
-        knows one prompt's prefill time, so a batch sleeps its prompts' times one after
-        another, as the simulator charges them."""
+    def prefill_many(
+        self, cache: torch.Tensor, spans: Sequence[PrefillSpan], *, all_positions: bool = False
+    ) -> torch.Tensor:
+        """Each span's positions ``start..`` (a chunked prefill's chunk); logits of each
+        span's last token (``all_positions``: of every token). The step model knows one
+        prompt's prefill time, so a batch sleeps its prompts' times one after another, as
+        the simulator charges them."""
         seconds = sum(self._step_model.prefill_time(len(s.token_ids)) for s in spans)
         time.sleep(self._time_scale * seconds)
         for span in spans:
             if span.blocks:
                 _store(cache, span.blocks, span.start, span.token_ids)
+        if all_positions:
+            return self._logits_for([t for span in spans for t in span.token_ids])
         return self._logits_for([span.token_ids[-1] for span in spans])
 
     def decode(

@@ -102,7 +102,7 @@ def build_model(
         blocks = num_blocks or synthetic_num_blocks(config, max_seq_len)
         cache = SyntheticKVCache(synthetic.name, num_blocks=blocks,
                                  block_size=config.kv_block_size)  # fmt: skip
-        return TorchModelRunner(synthetic, cache), SyntheticTokenizer()
+        return TorchModelRunner(synthetic, cache, config.speculative()), SyntheticTokenizer()
     import torch
 
     from genpool_worker.model.cache_engine import CacheEngine
@@ -120,7 +120,7 @@ def build_model(
         tp_rank=tp_rank, tp_size=config.tensor_parallel_size,
     )  # fmt: skip
     engine = CacheEngine(llama, sizing, max_decode_batch=config.max_batch_size)
-    return TorchModelRunner(llama, engine), load_tokenizer(path)
+    return TorchModelRunner(llama, engine, config.speculative()), load_tokenizer(path)
 
 
 def synthetic_num_blocks(config: WorkerConfig, max_seq_len: int) -> int:

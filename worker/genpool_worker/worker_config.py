@@ -34,6 +34,7 @@ from genpool_worker.api import DEFAULT_MAX_ARRIVAL_AGE_S
 from genpool_worker.kv_events_config import FLAG as KV_EVENTS_FLAG
 from genpool_worker.kv_events_config import KVEventsConfig, parse_kv_events_config
 from genpool_worker.pd.flags import PDFlags
+from genpool_worker.speculative import SpeculativeConfig, parse_speculative_config
 
 DESCRIPTION = "One GEN worker process: model, engine and HTTP API."
 CONFIG_ENV = "GENPOOL_WORKER_CONFIG"
@@ -155,6 +156,14 @@ class WorkerConfig(PDFlags):
         " publisher zmq|null, replay_endpoint, buffer_steps, hwm, max_queue_size); a binding"
         " endpoint's * is --host's address (docs/worker.md#kv-events); unset: no events",
     )
+    speculative_config: str | None = Field(
+        default=None,
+        description="speculative decoding: vLLM's --speculative-config JSON object, e.g."
+        ' \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,'
+        ' "prompt_lookup_min": 2}\'; n-gram prompt lookup drafts up to'
+        " num_speculative_tokens tokens a step, verified in one forward"
+        " (docs/worker.md#speculative-decoding); unset: off",
+    )
     max_prefill_tokens_per_pass: int | None = Field(
         default=None,
         ge=0,
@@ -256,9 +265,9 @@ class WorkerConfig(PDFlags):
         """``preemption_mode``, parsed once: compare members, not spellings."""
         return PreemptionMode(self.preemption_mode)
 
-    @field_validator("kv_events_config", mode="before")
+    @field_validator("kv_events_config", "speculative_config", mode="before")
     @classmethod
-    def _kv_events_object(cls, value: object) -> object:
+    def _json_object(cls, value: object) -> object:
         # GENPOOL_WORKER_CONFIG may hold the object itself rather than its JSON text.
         return json.dumps(value) if isinstance(value, dict) else value
 
@@ -268,6 +277,18 @@ class WorkerConfig(PDFlags):
         if value is not None:
             parse_kv_events_config(value)
         return value
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _speculative_valid(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_speculative_config(value)
+        return value
+
+    def speculative(self) -> SpeculativeConfig | None:
+        """``--speculative-config`` parsed (None: not given)."""
+        given = self.speculative_config
+        return None if given is None else parse_speculative_config(given)
 
     def kv_events(self) -> KVEventsConfig | None:
         """``--kv-events-config`` parsed (None: not given)."""
@@ -368,6 +389,7 @@ def build_scheduler(config: WorkerConfig, kv_budget: KVBudget | None = None) -> 
     """The scheduler; ``kv_budget`` None only to check the config before the model loads
     (the worker's scheduler has the blocks its KV cache holds)."""
     capacity = GenCapacity(config.max_batch_size, config.max_num_active_requests)
+    spec = config.speculative()
     return GenScheduler.from_settings(
         config.preemption_settings(),
         capacity,
@@ -379,5 +401,6 @@ def build_scheduler(config: WorkerConfig, kv_budget: KVBudget | None = None) -> 
             prefill_order=config.prefill_order,
             enable_prefix_caching=config.enable_prefix_caching,
             record_kv_events=(events := config.kv_events()) is not None and events.is_publishing,
+            num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
         ),
     )

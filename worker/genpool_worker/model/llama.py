@@ -125,10 +125,13 @@ class LlamaModel:
         return self.prefill_many(cache, [PrefillSpan(blocks, token_ids, start)])[0]
 
     @torch.inference_mode()
-    def prefill_many(self, cache: KVCache, spans: Sequence[PrefillSpan]) -> torch.Tensor:
+    def prefill_many(
+        self, cache: KVCache, spans: Sequence[PrefillSpan], *, all_positions: bool = False
+    ) -> torch.Tensor:
         """Each span's prompt tokens into its blocks at positions ``start..start+n-1``, all
         in one forward (the linear layers over every token at once, attention per span);
-        float32 logits ``[spans, vocab]`` of each span's last token. ``start > 0``
+        float32 logits ``[spans, vocab]`` of each span's last token (``all_positions``:
+        ``[tokens, vocab]`` of every token, span by span: verifying drafts). ``start > 0``
         continues a chunked prefill: the chunk attends to the KV at positions ``< start``
         too. A layer's KV is written for every span before any span reads it, so a span
         may read blocks an earlier span fills in the same call (a prefix shared this pass)."""
@@ -150,7 +153,7 @@ class LlamaModel:
             attn = prefill_attention(qk[:, :nh], (keys, values), (k_cache, v_cache), at)
             x = self._residual(layer.o, attn.reshape(n, nh * d), x)
             x = self._mlp(x, layer)
-        return self._logits(x[at.last])
+        return self._logits(x if all_positions else x[at.last])
 
     @torch.inference_mode()
     def decode(

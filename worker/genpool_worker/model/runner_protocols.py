@@ -35,7 +35,9 @@ class DecodeModel(Protocol[_CacheIn]):
     @property
     def max_seq_len(self) -> int: ...
 
-    def prefill_many(self, cache: _CacheIn, spans: Sequence[PrefillSpan]) -> torch.Tensor: ...
+    def prefill_many(
+        self, cache: _CacheIn, spans: Sequence[PrefillSpan], *, all_positions: bool = False
+    ) -> torch.Tensor: ...
 
     def decode(
         self, cache: _CacheIn, block_tables: Tables, token_ids: list[int], positions: list[int]

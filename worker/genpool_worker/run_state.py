@@ -1,0 +1,54 @@
+"""A request's state in the model runner: what its next model step needs (prompt, block
+table, last token, position) and what its sampling carries from step to step (the
+seeded generator, penalty counts, the speculative drafter's history)."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+
+from genpool_worker.engine_io import Arrival
+from genpool_worker.model.sampler import SampleRow
+from genpool_worker.speculative import NgramDrafter
+
+
+@dataclass
+class RunState:
+    prompt_ids: list[int]
+    sample: SampleRow
+    blocks: tuple[int, ...] = ()  # the KV block table, from the plan that admitted it
+    num_output_tokens: int = 0
+    num_prefilled: int = 0  # prompt tokens whose KV is written (cached, or prefilled)
+    num_cached_blocks: int = 0  # its table's first blocks, shared from the prefix cache
+    last_token: int | None = field(default=None)
+    min_tokens: int = 0
+    # What may not end it before ``min_tokens`` (vLLM masks them): EOS unless ``ignore_eos``,
+    # and its stop tokens.
+    stop_ids: tuple[int, ...] = ()
+    # Speculative decoding's drafter over its prompt and output (None: it drafts nothing);
+    # kept while it is paused, so a resumed request drafts from its whole history.
+    drafter: NgramDrafter | None = None
+
+    def mask_stops(self) -> None:
+        """Before this pass's draw: EOS and stop tokens masked while short of min_tokens."""
+        self.sample.masked_ids = self.stop_ids if self.num_output_tokens < self.min_tokens else ()
+
+    def took(self, token: int) -> None:
+        self.last_token = token
+        self.num_output_tokens += 1
+        self.sample.took(token)
+        if self.drafter is not None:
+            self.drafter.extend((token,))
+
+
+def sample_row(arrival: Arrival) -> SampleRow:
+    params = arrival.sampling
+    generator = None
+    if not params.is_greedy:
+        # A stable seed (not hash()): every rank must draw the same tokens. The generator
+        # is a CPU one on every device: it only draws one uniform number per step.
+        seed = params.seed if params.seed is not None else zlib.crc32(arrival.request_id.encode())
+        generator = torch.Generator().manual_seed(seed)
+    return SampleRow(params, generator, arrival.prompt_ids, [])
