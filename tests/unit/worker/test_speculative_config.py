@@ -98,8 +98,8 @@ def test_the_worker_config_takes_the_flag_as_text_or_object_and_sizes_the_schedu
     from genpool_worker.worker_config import WorkerConfig, build_scheduler
 
     spec = {"method": "ngram", "num_speculative_tokens": 3}
-    for given in (spec, '{"method": "ngram", "num_speculative_tokens": 3}'):
-        config = WorkerConfig.model_validate({"model": "synthetic:x", "speculative_config": given})
+    for value in (spec, '{"method": "ngram", "num_speculative_tokens": 3}'):
+        config = WorkerConfig.model_validate({"model": "synthetic:x", "speculative_config": value})
         assert config.speculative() is not None
         assert build_scheduler(config).config.num_speculative_tokens == 3
     plain = WorkerConfig.model_validate({"model": "synthetic:x"})
