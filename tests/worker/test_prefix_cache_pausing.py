@@ -2,7 +2,8 @@
 prompt prefix, requests hold its cached blocks, some are paused in place while an
 at-risk waiter runs, and every request's greedy text equals a worker without caching.
 A cached block read before its KV was written, or overwritten while a paused request
-still shares it, would change the text."""
+still shares it, would change the text. The same overload with n-gram speculative
+decoding (issue 37) decodes the same text too."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from tests.worker.conftest import RunningWorker, complete
 from tests.worker.pd_support import metric
 
 Factory = Callable[..., RunningWorker]
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
+        "prompt_lookup_min": 1}  # fmt: skip
 SHARED = (
     "You are a patient maths tutor. Answer in digits only, one number after another, "
     "separated by commas, and never explain. "
@@ -56,6 +59,8 @@ def _overload(worker: RunningWorker) -> list[str]:
 
 
 def test_cached_prefixes_under_pausing_decode_the_uncached_text(worker_factory: Factory) -> None:
+    """Also with speculative decoding (issue 37): drafts verified over cached blocks and
+    across pauses and resumes leave every greedy text as it was."""
     cached = worker_factory(**WORKER)
     with_cache = _overload(cached)
     with cached.client() as client:
@@ -67,3 +72,7 @@ def test_cached_prefixes_under_pausing_decode_the_uncached_text(worker_factory: 
     without = _overload(uncached)
     assert metric(uncached.url, "vllm:prefix_cache_hits_total") == 0
     assert with_cache == without
+    drafting = worker_factory(speculative_config=SPEC, **WORKER)
+    assert _overload(drafting) == without
+    assert metric(drafting.url, "genpool_pauses_total") > 0
+    assert metric(drafting.url, "vllm:spec_decode_num_accepted_tokens_total") > 0

@@ -21,7 +21,9 @@ STATS = SchedulerStats(
 def scrape(stats: SchedulerStats) -> str:
     metrics = WorkerMetrics("test", is_synthetic=True)
     metrics.engine = SimpleNamespace(  # type: ignore[assignment]
-        snapshot=SimpleNamespace(stats=stats, tokens_total=0, shared_prefill_tokens_total=0)
+        snapshot=SimpleNamespace(
+            stats=stats, tokens_total=0, shared_prefill_tokens_total=0, spec_decode=None
+        )
     )
     metrics.max_batch_size = 4
     return generate_latest(metrics.registry).decode()

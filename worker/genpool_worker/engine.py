@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any
 
 from genpool_core.block_hash import extend_hashes
@@ -327,9 +328,11 @@ class GenEngine(RequestLifecycle):
         stats = self.scheduler.make_stats(now)
         recent = self._recent_stats
         stat = recent[-1] if recent else make_statline(stats, None)
+        speculating = self.scheduler.config.num_speculative_tokens > 0
+        spec = self.spec_decode.copy() if speculating else None
         return EngineSnapshot(
             stats, stat, self.config(), self._inflight, self._tokens_total, self._passes,
-            self._recent_stats,
+            self._recent_stats, spec,
         )  # fmt: skip
 
     def _tokens_of(self, request_id: str) -> list[int]:

@@ -20,6 +20,7 @@ from genpool_worker.detokenizer import IncrementalDetokenizer
 from genpool_worker.events import EngineEvent
 from genpool_worker.kv_connector import KVExecutionSide, KVTransfer
 from genpool_worker.sampling_params import SamplingParams, TokenLogprobs
+from genpool_worker.speculative import SpecDecodeCounts
 from genpool_worker.stop_strings import StopMatcher
 
 
@@ -226,6 +227,7 @@ class EngineSnapshot:
     tokens_total: int
     passes: int
     recent: tuple[StatLine, ...] = ()  # the last periodic lines, oldest first
+    spec_decode: SpecDecodeCounts | None = None  # drafts and acceptances (None: not speculating)
 
     @property
     def recent_lines(self) -> str:

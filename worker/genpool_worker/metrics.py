@@ -131,8 +131,8 @@ class WorkerMetrics(Collector):
         snap = self.engine.snapshot
         s = snap.stats
         yield from self.model_server_gauges(s)
-        if self.engine.scheduler.config.num_speculative_tokens:
-            yield from self.spec_decode_counters(self.engine.spec_decode)
+        if snap.spec_decode is not None:
+            yield from self.spec_decode_counters(snap.spec_decode)
         yield counter("genpool_tokens", "Output tokens produced", snap.tokens_total)
         yield gauge("genpool_kv_blocks_cached", "KV-cache blocks holding a cached prefix",
                     s.kv_blocks_cached)  # fmt: skip

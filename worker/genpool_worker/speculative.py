@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -135,6 +135,10 @@ class SpecDecodeCounts:
                 if position == len(self.accepted_per_position):
                     self.accepted_per_position.append(0)
                 self.accepted_per_position[position] += 1
+
+    def copy(self) -> SpecDecodeCounts:
+        """A copy that later counting leaves as it is (the engine's snapshot)."""
+        return replace(self, accepted_per_position=list(self.accepted_per_position))
 
     @property
     def acceptance_rate(self) -> float | None:

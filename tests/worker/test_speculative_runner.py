@@ -1,0 +1,226 @@
+"""Speculative decoding in the model runner, on small fake networks: drafts verified in one
+forward, what is emitted equal to decoding without speculation (greedy, penalised, and
+seeded sampling alike), rejection sampling keeping the target distribution (chi-square),
+stops ending a run, and a paused request's drafter kept in place (DESIGN.md 7.1)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from genpool_core.plan import GenPlan
+from genpool_core.preemption import GenCapacity
+from genpool_core.request import GenRequest
+from genpool_core.scheduler import GenScheduler, SchedulerConfig
+from genpool_worker.engine_io import Arrival, StepResult
+from genpool_worker.model.kv_cache import PrefillSpan
+from genpool_worker.model_runner import TorchModelRunner
+from genpool_worker.sampling_params import SamplingParams
+from genpool_worker.speculative import NgramDrafter, SpeculativeConfig
+from genpool_worker.synthetic import SyntheticKVCache
+
+VOCAB = 16
+EOS = 0
+
+
+class FakeNetwork:
+    """Logits of each input token: ``next_logits(token)`` (a function of that token only,
+    so a forward over drafts and one-token decodes give the same numbers). Counts the
+    forwards that verified drafts."""
+
+    name = "fake"
+    is_synthetic = True
+    eos_token_ids = (EOS,)
+    max_seq_len = 4096
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table  # [VOCAB, VOCAB]: row t is the logits after token t
+        self.kv = SyntheticKVCache(self.name, num_blocks=4, block_size=16)
+        self.draft_forwards = 0
+
+    def runner(self, speculative: SpeculativeConfig | None) -> TorchModelRunner[torch.Tensor]:
+        return TorchModelRunner(self, self.kv, speculative)
+
+    def prefill_many(
+        self, cache: torch.Tensor, spans: Sequence[PrefillSpan], *, all_positions: bool = False
+    ) -> torch.Tensor:
+        if all_positions:
+            self.draft_forwards += 1
+            return self.table[[t for span in spans for t in span.token_ids]]
+        return self.table[[span.token_ids[-1] for span in spans]]
+
+    def decode(self, cache: torch.Tensor, block_tables: Sequence[Sequence[int]],
+               token_ids: list[int], positions: list[int]) -> torch.Tensor:  # fmt: skip
+        return self.table[token_ids]
+
+
+def cycle_table() -> torch.Tensor:
+    """Greedy: 1 -> 2 -> ... -> 15 -> 1 (never EOS); every token has some probability."""
+    table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(0))
+    for token in range(VOCAB):
+        table[token, token % (VOCAB - 1) + 1] += 6.0
+    table[:, EOS] = -1e4  # requests end by length
+    return table
+
+
+def spec(k: int = 4, low: int = 1, high: int = 3) -> SpeculativeConfig:
+    return SpeculativeConfig(method="ngram", num_speculative_tokens=k, prompt_lookup_min=low,
+                             prompt_lookup_max=high)  # fmt: skip
+
+
+def generate(
+    network: FakeNetwork,
+    speculative: SpeculativeConfig | None,
+    arrivals: list[Arrival],
+) -> tuple[dict[str, list[int]], list[StepResult]]:
+    """Every arrival decoded to its end through the worker's scheduler and the runner, as
+    the engine drives them (no KV budget: the fake network keeps no KV)."""
+    k = 0 if speculative is None else speculative.num_speculative_tokens
+    scheduler = GenScheduler.from_settings(
+        {}, GenCapacity(8), SchedulerConfig(num_speculative_tokens=k)
+    )
+    runner = network.runner(speculative)
+    for arrival in arrivals:
+        runner.add_request(arrival)
+        scheduler.add_request(GenRequest(arrival.request_id, len(arrival.prompt_ids),
+                                         arrival.max_tokens, num_output_tokens=0), 0.0)  # fmt: skip
+    out: dict[str, list[int]] = {a.request_id: [] for a in arrivals}
+    results: list[StepResult] = []
+    now = 0.0
+    while scheduler.num_residents or scheduler.num_waiting:
+        plan = scheduler.step(now)
+        for request_id in plan.finished_ids:
+            runner.remove_request(request_id)
+        result = runner.execute(plan) if plan.batch_ids else StepResult({})
+        results.append(result)
+        counts, stops = {}, []
+        for request_id, token in result.tokens.items():
+            emitted = [*result.accepted.get(request_id, ()), token]
+            out[request_id] += emitted
+            counts[request_id] = len(emitted)
+            if token == EOS:
+                stops.append(request_id)
+        now += 1.0
+        scheduler.postprocess(plan, now, tuple(stops), counts)
+    return out, results
+
+
+def arrival(
+    request_id: str, prompt: list[int], max_tokens: int, min_tokens: int = 0, **sampling: object
+) -> Arrival:
+    return Arrival(request_id, prompt, max_tokens, SamplingParams(**sampling),  # type: ignore[arg-type]
+                   min_tokens=min_tokens)  # fmt: skip
+
+
+PROMPTS = {"a": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 1, 2],
+           "b": [7, 3, 9, 9, 4], "c": [5, 6, 7, 8, 5, 6]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [{"temperature": 0.0}, {"temperature": 0.0, "repetition_penalty": 1.3},
+     {"temperature": 1.0, "seed": 7}, {"temperature": 0.8, "top_p": 0.9, "seed": 3,
+                                       "frequency_penalty": 0.5}],
+    ids=["greedy", "greedy-penalised", "seeded", "seeded-filtered-penalised"],
+)  # fmt: skip
+def test_what_is_emitted_equals_decoding_without_speculation(sampling: dict[str, object]) -> None:
+    """Each position's draw is the request's own sampler's, one draw per emitted token,
+    so even a seeded sampled request emits exactly what it would without drafts."""
+    arrivals = [arrival(rid, prompt, 40, **sampling) for rid, prompt in PROMPTS.items()]
+    plain, _ = generate(FakeNetwork(cycle_table()), None, arrivals)
+    network = FakeNetwork(cycle_table())
+    drafted, results = generate(network, spec(), arrivals)
+    assert drafted == plain and all(len(t) == 40 for t in plain.values())
+    assert network.draft_forwards > 0
+    if sampling["temperature"] == 0.0 and "repetition_penalty" not in sampling:
+        # The cycle is in a's prompt: after its first token every draft is accepted.
+        steps = sum(1 for r in results if "a" in r.tokens)
+        assert steps <= 2 + math.ceil(39 / 5)
+
+
+def test_rejection_sampling_keeps_the_target_distribution() -> None:
+    """A network whose next-token distribution p ignores the context, drafts from a
+    prompt that keeps proposing a likely token: the emitted tokens, drafts accepted or
+    not, are distributed as p (chi-square, 15 degrees of freedom, p = 0.001)."""
+    logits = torch.linspace(2.0, -2.0, VOCAB)
+    logits[EOS] = -1e4  # never ends early
+    network = FakeNetwork(logits.repeat(VOCAB, 1))
+    prompt = [1, 2, 1, 2, 1, 2, 1, 2]
+    arrivals = [arrival(f"r{i}", prompt, 64, temperature=1.0, seed=i) for i in range(40)]
+    emitted, results = generate(network, spec(k=3, low=1, high=2), arrivals)
+    counts = Counter(t for tokens in emitted.values() for t in tokens)
+    total = sum(counts.values())
+    p = torch.softmax(logits, dim=-1)
+    chi2 = sum((counts[t] - total * float(p[t])) ** 2 / (total * float(p[t]))
+               for t in range(1, VOCAB))  # fmt: skip
+    assert chi2 < 37.7, f"chi-square {chi2:.1f} over {total} tokens"
+    assert sum(len(a) for r in results for a in r.accepted.values()) > total // 10
+
+
+def test_a_stop_token_ends_the_run_and_min_tokens_masks_it() -> None:
+    table = cycle_table()
+    table[5] = -1e4
+    table[5, EOS] = 10.0  # after 5 comes EOS
+    prompt = [1, 2, 3, 4, 5, EOS, 1, 2, 3]
+    network = FakeNetwork(table)
+    out, _ = generate(network, spec(), [arrival("a", prompt, 12, temperature=0.0)])
+    assert out["a"] == [4, 5, EOS]
+    out, _ = generate(network, spec(), [arrival("a", prompt, 8, temperature=0.0, min_tokens=4)])
+    plain, _ = generate(network, None, [arrival("a", prompt, 8, temperature=0.0, min_tokens=4)])
+    assert out == plain and EOS not in out["a"][:4]
+
+
+class ForgetfulRunner(TorchModelRunner[torch.Tensor]):
+    """The specification's bug: drafter state freed for every request missing from the
+    batch, so a resumed request drafts from an empty context, as a fresh arrival."""
+
+    def execute(self, plan: GenPlan, kv: object = None) -> StepResult:  # type: ignore[override]
+        for request_id in plan.paused_in_place_ids:
+            state = self._states[request_id]
+            if state.drafter is not None:
+                state.drafter = NgramDrafter([], 1, 3)
+        return super().execute(plan)
+
+
+def plan_of(batch: tuple[str, ...], prefill: tuple[str, ...], paused: tuple[str, ...],
+            limits: tuple[int, ...], admitted: tuple[str, ...] = ()) -> GenPlan:  # fmt: skip
+    return GenPlan(0.0, batch, tuple(range(len(batch))), prefill, paused,
+                   tuple(range(len(paused))), admitted, tuple(() for _ in admitted), (), (),
+                   (), (), draft_limits=limits)  # fmt: skip
+
+
+def resumed_run(runner_class: type[TorchModelRunner[torch.Tensor]]) -> tuple[int, int]:
+    """``a`` decodes a repeating pattern only its own output taught it, is paused for
+    three steps while ``b`` runs, and resumes: (drafts accepted in its first step back,
+    tokens its drafter held then)."""
+    table = torch.full((VOCAB, VOCAB), -1e4)
+    for token, following in ((9, 3), (3, 12), (12, 6), (6, 9)):  # 9 3 12 6 9 3 ...
+        table[token, following] = 0.0
+    table[14, 9] = 0.0
+    network = FakeNetwork(table)
+    runner = runner_class(network, network.kv, spec(k=3, low=2, high=2))
+    runner.add_request(arrival("a", [14], 60, temperature=0.0))
+    runner.add_request(arrival("b", [14], 60, temperature=0.0))
+    runner.execute(plan_of(("a",), ("a",), (), (0,), admitted=("a",)))
+    for _ in range(6):  # a's output 9 3 12 6 9 3 ...: its drafter learns the cycle from it
+        runner.execute(plan_of(("a",), (), (), (3,)))
+    runner.execute(plan_of(("b",), ("b",), ("a",), (0,), admitted=("b",)))
+    for _ in range(2):
+        runner.execute(plan_of(("b",), (), ("a",), (3,)))
+    state = runner._states["a"]
+    assert state.drafter is not None and state.num_output_tokens == 10  # 5 steps of 1, one of 4
+    held = state.drafter.num_tokens
+    back = runner.execute(plan_of(("a", "b"), (), (), (3, 3)))
+    return len(back.accepted.get("a", ())), held
+
+
+def test_a_resumed_request_drafts_from_its_history_before_the_pause() -> None:
+    # Back in the batch, it drafts 12 6 9 after its 9 3 at once: its prompt and its 10
+    # output tokens are all in its drafter.
+    assert resumed_run(TorchModelRunner) == (3, 11)
+    # The test catches the bug: a drafter reset while paused accepts nothing on return.
+    assert resumed_run(ForgetfulRunner) == (0, 0)
