@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import replace
 from typing import Any
 
 from genpool_core.block_hash import extend_hashes
