@@ -32,6 +32,7 @@ from tests.model.paged import (
     paged_runner,
     run_with_pauses,
 )
+from tests.model.scheduled import scheduled_greedy, speculating
 
 pytest.importorskip("transformers")
 
@@ -123,6 +124,19 @@ def test_greedy_with_pauses_paged_and_static_equal_transformers(
     static, _ = run_with_pauses(static_kv, BlockPool.of(static_kv, seed=None), PROMPTS,
                                 SCHEDULE_TOKENS)  # fmt: skip
     assert static == paged
+
+
+@torch.inference_mode()
+def test_greedy_with_drafts_equals_transformers(checkpoint: tuple[Path, Any]) -> None:
+    """n-gram speculative decoding through the worker's scheduler and runner: drafts
+    verified in one forward over scattered blocks (Mistral's and Qwen2's attention
+    included) leave each prompt's greedy tokens those of transformers."""
+    directory, hf = checkpoint
+    refs = transformers_greedy(hf, PROMPTS, SCHEDULE_TOKENS)
+    model = LlamaModel.from_hf_dir(directory, max_seq_len=MAX_LEN)
+    runner = speculating(paged_runner(model, SIZES["num_blocks"], BLOCK))
+    tokens, drafted = scheduled_greedy(runner, PROMPTS, SCHEDULE_TOKENS)
+    assert tokens == refs and drafted > 0
 
 
 def test_tokenizer_from_directory(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """P/D on real SmolLM2-135M weights (docs/pd.md): the decode worker's greedy text equals
 the colocated worker's, for completions (its prefill leg sharing prefix-cached blocks),
-chat and a prompt list with n choices, and the
+chat and a prompt list with n choices (the decode worker drafting: speculative decoding
+keeps the text), and the
 decode worker ran no prefill of its own for a pulled request (its engine's plans show
 none). The synthetic model's output ignores its KV, so only a real model shows that the
 pulled KV landed in the right blocks, in the right order."""
@@ -18,6 +19,8 @@ from tests.worker.pd_support import endpoint, metric, sidecar_exchange, wait_no_
 
 Factory = Callable[..., RunningWorker]
 REAL = {"model": "smollm2-135m", "max_batch_size": 4, "max_seq_len": 256}
+SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+        "prompt_lookup_min": 1}  # fmt: skip
 # Long enough for two full KV blocks of 16: the prefill leg for it finds them in the
 # prefill worker's prefix cache (its colocated reference computed them first).
 COMPLETION = {"prompt": "The history of the Roman Empire is long and eventful. It begins with"
@@ -53,8 +56,10 @@ def test_p_d_on_smollm2_decodes_the_colocated_text_without_a_prefill(
     # The prefill worker also serves plain requests whole: it is the colocated reference.
     prefill = worker_factory(role="prefill", **REAL)
     seen = PrefillsSeen()
+    # The decode worker also drafts (n-gram speculative decoding, issue 37): its text must
+    # still be the colocated one's, from the first token it decodes on the pulled KV.
     decode = worker_factory(role="decode", prefillers=endpoint(prefill.url), observer=seen,
-                            **REAL)  # fmt: skip
+                            speculative_config=SPEC, **REAL)  # fmt: skip
     for path, body in (("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT)):
         expected = prefill.client().post(path, json=body).json()
         _, reply = sidecar_exchange(prefill.url, decode.url, path, body)
@@ -73,3 +78,4 @@ def test_p_d_on_smollm2_decodes_the_colocated_text_without_a_prefill(
     assert metric(decode.url, "genpool_kv_transfers_total", side="import", outcome="ok") == 4
     wait_no_held_kv(prefill.url)
     wait_no_held_kv(decode.url)
+    assert metric(decode.url, "vllm:spec_decode_num_draft_tokens_total") > 0
