@@ -55,6 +55,10 @@ GENERATION_FIELD = "generation"  # PUT /config's version: a worker refuses an ol
 WORKER_PORT = 8000  # the worker's HTTP port (completions, /stats, /config, /drain)
 # Where a worker publishes its KV events (vLLM's default ZMQ port; llm-d's subscriber dials it)
 DEFAULT_KV_EVENTS_PORT = 5557
+# Speculative decoding's n-gram drafter (the worker's --speculative-config, the CRD's
+# engine.speculative): drafts a step, and n-gram sizes, at most.
+MAX_SPECULATIVE_TOKENS = 16
+MAX_PROMPT_LOOKUP = 64
 # P/D (docs/pd.md): the worker's --role values, and llm-d's pod label that carries them
 # (its picker selects prefill pods by it).
 BOTH_ROLE = "both"

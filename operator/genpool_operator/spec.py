@@ -253,6 +253,8 @@ class GenPoolSpec(Section):
         }
         if engine.max_prefill_tokens_per_pass is not None:
             config["max_prefill_tokens_per_pass"] = engine.max_prefill_tokens_per_pass
+        if engine.speculative is not None:
+            config["speculative_config"] = engine.speculative.worker_config()
         # The worker refuses both parameters at once: only the mode's own one goes in.
         if preemption.kind is PreemptionMode.TPOT_BUDGET:
             config["tpot_budget"] = preemption.tpot_budget

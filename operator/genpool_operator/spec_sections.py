@@ -20,6 +20,8 @@ from genpool_core.names import (
     DEFAULT_MAX_PAUSES_PER_REQUEST,
     DEFAULT_SLACK_S,
     DEFAULT_STAT_INTERVAL_S,
+    MAX_PROMPT_LOOKUP,
+    MAX_SPECULATIVE_TOKENS,
     WORKER_PORT,
     PreemptionMode,
 )
@@ -35,6 +37,9 @@ Mode = Literal["Off", "TpotBudget", "TargetOutputTps"]
 RESERVED_ENV_NAMES = frozenset({"POD_IP", "POD_NAME", "POD_NAMESPACE", "HOME"})
 RESERVED_ENV_PREFIX = "GENPOOL_"
 KV_CACHE_MEMORY_POSITIVE = "engine.kvCacheMemory must be at least 1 byte"
+LOOKUP_ORDER = (
+    "engine.speculative.promptLookupMin must not exceed engine.speculative.promptLookupMax"
+)
 ONE_KV_BUDGET = "engine.gpuMemoryUtilization is not allowed when engine.kvCacheMemory is set"
 
 
@@ -73,6 +78,27 @@ class KVEvents(Section):
         return value
 
 
+class Speculative(Section):
+    """n-gram speculative decoding: the worker's ``--speculative-config`` (vLLM's field
+    names; the worker checks the n-gram sizes' defaults and order)."""
+
+    method: Literal["ngram"] = "ngram"
+    num_speculative_tokens: int = Field(ge=1, le=MAX_SPECULATIVE_TOKENS)
+    prompt_lookup_max: int | None = Field(default=None, ge=1, le=MAX_PROMPT_LOOKUP)
+    prompt_lookup_min: int | None = Field(default=None, ge=1, le=MAX_PROMPT_LOOKUP)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Speculative:
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if low is not None and high is not None and low > high:
+            raise ValueError(LOOKUP_ORDER)
+        return self
+
+    def worker_config(self) -> dict[str, Any]:
+        """The worker's ``speculative_config`` object (vLLM's snake_case names)."""
+        return self.model_dump(exclude_none=True)
+
+
 class Engine(Section):
     max_batch_size: int = Field(default=16, ge=1, le=4096)
     max_num_active_requests: int | None = Field(default=None, ge=1, le=65536)
@@ -91,6 +117,8 @@ class Engine(Section):
     # Prefix caching (docs/design.md#prefix-caching): share cached prompt prefixes.
     enable_prefix_caching: bool = True
     kv_events: KVEvents = Field(default_factory=KVEvents)
+    # Speculative decoding (docs/worker.md#speculative-decoding); None: off.
+    speculative: Speculative | None = None
 
     @field_validator("kv_cache_memory")
     @classmethod

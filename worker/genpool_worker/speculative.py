@@ -20,9 +20,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from genpool_core.names import MAX_PROMPT_LOOKUP, MAX_SPECULATIVE_TOKENS
+
 FLAG = "--speculative-config"
-MAX_SPECULATIVE_TOKENS = 16
-MAX_LOOKUP = 64
 DEFAULT_LOOKUP = 5  # vLLM's, when neither size is given
 
 
@@ -33,8 +33,8 @@ class SpeculativeConfig(BaseModel):
 
     method: Literal["ngram"]
     num_speculative_tokens: int = Field(ge=1, le=MAX_SPECULATIVE_TOKENS)
-    prompt_lookup_max: int | None = Field(default=None, ge=1, le=MAX_LOOKUP)
-    prompt_lookup_min: int | None = Field(default=None, ge=1, le=MAX_LOOKUP)
+    prompt_lookup_max: int | None = Field(default=None, ge=1, le=MAX_PROMPT_LOOKUP)
+    prompt_lookup_min: int | None = Field(default=None, ge=1, le=MAX_PROMPT_LOOKUP)
 
     @model_validator(mode="after")
     def _lookup_range(self) -> SpeculativeConfig:

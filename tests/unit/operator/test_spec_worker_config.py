@@ -78,3 +78,25 @@ def test_kv_events_need_the_prefix_cache_and_reach_the_worker_as_its_flag() -> N
                 {"kvEvents": {"enabled": True, "port": 8000}}):  # fmt: skip
         with pytest.raises(GenPoolSpecError):
             GenPoolSpec.from_body({**CPU, "engine": bad})
+
+
+def test_speculative_decoding_reaches_the_worker_as_its_flag() -> None:
+    spec = GenPoolSpec.from_body(
+        {**CPU, "engine": {"speculative": {"numSpeculativeTokens": 3, "promptLookupMax": 4}}}
+    )
+    worker_json = spec.worker_config()
+    assert worker_json["speculative_config"] == {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4,
+    }  # fmt: skip
+    config = WorkerConfig.model_validate(worker_json)
+    speculative = config.speculative()
+    assert speculative is not None and speculative.lookup_range == (4, 4)
+    assert build_scheduler(config).config.num_speculative_tokens == 3
+    assert "speculative_config" not in GenPoolSpec.from_body(CPU).worker_config()
+    bad_sections = (
+        {}, {"numSpeculativeTokens": 0}, {"numSpeculativeTokens": 2, "method": "eagle"},
+        {"numSpeculativeTokens": 2, "promptLookupMin": 5, "promptLookupMax": 2},
+    )  # fmt: skip
+    for bad in bad_sections:
+        with pytest.raises(GenPoolSpecError):
+            GenPoolSpec.from_body({**CPU, "engine": {"speculative": bad}})
