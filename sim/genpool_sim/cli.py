@@ -130,6 +130,11 @@ def _base_config(ns: argparse.Namespace, trace: list[TraceRequest]) -> ClusterCo
                          colocated=ns.colocated, router=ns.router)  # fmt: skip
     if ns.kv_block_size is not None:
         base = replace(base, kv_block_size=ns.kv_block_size)
+    if (ns.speculative_tokens is None) != (ns.acceptance_rate is None):
+        raise UsageError("--speculative-tokens and --acceptance-rate go together: give both")
+    if ns.speculative_tokens is not None:
+        base = replace(base, num_speculative_tokens=ns.speculative_tokens,
+                       acceptance_rate=ns.acceptance_rate)  # fmt: skip
     if ns.conversations is not None:  # a turn is at most the context, whatever the trace
         check_conversation_budget(base, conversation_workload(ns, trace))
     else:

@@ -39,6 +39,17 @@ def _positive(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
     return parse
 
 
+def _fraction(text: str) -> float:
+    """A probability: a number in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1]: {text!r}")
+    return value
+
+
 def _add_positive(
     group: argparse._ActionsContainer,
     flag: str,
@@ -235,6 +246,18 @@ def _add_pool_options(sim: argparse.ArgumentParser) -> None:
         type=_positive(int),
         default=None,
         help=help_for(ClusterConfig, "kv_block_size", note="with --kv-blocks"),
+    )
+    sim.add_argument(
+        "--speculative-tokens",
+        type=_positive(int),
+        default=None,
+        help=help_for(ClusterConfig, "num_speculative_tokens", note="with --acceptance-rate"),
+    )
+    sim.add_argument(
+        "--acceptance-rate",
+        type=_fraction,
+        default=None,
+        help=help_for(ClusterConfig, "acceptance_rate", note="with --speculative-tokens"),
     )
 
 

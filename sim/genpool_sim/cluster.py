@@ -31,6 +31,7 @@ from genpool_sim.modes import SimMode
 from genpool_sim.recompute import evict_for_at_risk, requeue_evicted
 from genpool_sim.records import SimRequest
 from genpool_sim.replica import GenWorker, Tick
+from genpool_sim.speculation import emitted_counts
 
 _ARRIVAL, _CTX_DONE, _WORKER, _READY, _TICK, _PULLED = 0, 1, 2, 3, 4, 5
 
@@ -60,6 +61,7 @@ class Cluster:
             stat_interval_s=config.stat_interval_s,
             kv_budget=config.kv_budget,
             enable_prefix_caching=config.prefix_caching,
+            num_speculative_tokens=config.num_speculative_tokens,
         )
         capacity = GenCapacity(config.max_batch)
         return GenScheduler.from_settings(config.settings(), capacity, sched_config)
@@ -227,11 +229,13 @@ class Cluster:
     def _worker_pass(self, worker: GenWorker) -> None:
         now, scheduler = self.now, worker.scheduler
         if worker.plan is not None:
-            scheduler.postprocess(worker.plan, now)
+            emitted, worker.emitted = worker.emitted, {}
+            scheduler.postprocess(worker.plan, now, (), emitted)
             if self.config.prefix_caching:  # before the next pass releases the finished
                 fill_hashes(worker.plan, self.requests, self.config.kv_block_size)
             if worker.plan.batch_ids:
-                self.tokens_by_time.append((now, len(worker.plan.batch_ids)))
+                tokens = len(worker.plan.batch_ids) + sum(emitted.values()) - len(emitted)
+                self.tokens_by_time.append((now, tokens))
             worker.plan = None
         if self.config.kind is SimMode.RECOMPUTE:
             limit = self.config.max_evictions_per_request
@@ -247,6 +251,10 @@ class Cluster:
             self._retire_if_empty(worker)
             return
         worker.plan = plan
+        if plan.draft_limits:
+            requests = self.requests
+            gens = {rid: gen for rid in plan.batch_ids if (gen := requests[rid].gen) is not None}
+            worker.emitted = emitted_counts(plan, gens, self.config.acceptance_rate)
         step_s = pass_seconds(self.config.step_model, plan, self.requests,
                               worker.recompute_tokens)  # fmt: skip
         if self.kv_gauge is not None:

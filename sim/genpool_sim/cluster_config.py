@@ -64,6 +64,20 @@ class ClusterConfig:
             " KV budget): admissions share the cached blocks their prompt starts with"
         },
     )
+    num_speculative_tokens: int = field(
+        default=0,
+        metadata={
+            DESCRIPTION: "speculative decoding: drafts each decoding request verifies per step"
+            " (its plan's limit: at most this, and what its max_tokens leaves); 0: off"
+        },
+    )
+    acceptance_rate: float = field(
+        default=0.0,
+        metadata={
+            DESCRIPTION: "speculative decoding: the probability a draft is accepted, given the"
+            " drafts before it were (each step a request emits 1 + its accepted drafts)"
+        },
+    )
     router: str = field(
         default="least-loaded",
         metadata={
@@ -72,6 +86,14 @@ class ClusterConfig:
             " B/4 requests busier than the least loaded)"
         },
     )
+
+    def __post_init__(self) -> None:
+        if self.num_speculative_tokens < 0:
+            raise ValueError(
+                f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}"
+            )
+        if not 0.0 <= self.acceptance_rate <= 1.0:
+            raise ValueError(f"acceptance_rate must be in [0, 1], got {self.acceptance_rate}")
 
     @property
     def kv_budget(self) -> KVBudget | None:

@@ -2,7 +2,8 @@
 sends a request (docs/sim.md#prefix-caching).
 
 - **Cost**: a decode step for the batch members that decode (the step model's
-  ``t0 + c * active + k * context``), plus one prefill per prompt the pass computes: a
+  ``t0 + c * active + k * context``; with speculative decoding each member's drafted
+  rows count as rows too), plus one prefill per prompt the pass computes: a
   colocated worker's admissions (``plan.prefill_ids``), each charged only for its
   uncached tokens (``prompt - admitted_cached_tokens``: prefill starts after the
   cached prefix, as the worker's does), and the ``recompute`` baseline's rebuilt KV.
@@ -36,13 +37,14 @@ def pass_seconds(
     """The pass's time: its decode step, its prefills after their cached tokens, and the
     recomputed KV of re-admitted evictions (whose entries it takes)."""
     prefilled = set(plan.prefill_ids)
+    limits = plan.draft_limits or (0,) * len(plan.batch_ids)
     decoding, context = 0, 0
-    for request_id in plan.batch_ids:
+    for request_id, limit in zip(plan.batch_ids, limits, strict=True):
         if request_id not in prefilled:
             gen = requests[request_id].gen
             assert gen is not None
-            decoding += 1
-            context += gen.prompt_len + gen.num_output_tokens
+            decoding += 1 + limit  # its token's row and its drafts' (genpool_sim.speculation)
+            context += (1 + limit) * (gen.prompt_len + gen.num_output_tokens)
     seconds = model.decode_step_time(decoding, context) if decoding else 0.0
     cached = plan.admitted_cached_tokens or (0,) * len(plan.admitted_ids)
     for request_id, num_cached in zip(plan.admitted_ids, cached, strict=True):

@@ -25,6 +25,8 @@ class GenWorker:
     plan: GenPlan | None = None
     is_busy: bool = False
     recompute_tokens: dict[str, int] = field(default_factory=dict)
+    # Tokens each drafting member of ``plan`` emits (speculative decoding; others emit 1).
+    emitted: dict[str, int] = field(default_factory=dict)
     started_at: float = 0.0  # replica-seconds count from here (start-up included)
     is_ready: bool = True  # serving: it has loaded its model
     is_draining: bool = False  # removed: admits nothing new, finishes its residents

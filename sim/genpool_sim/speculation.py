@@ -1,0 +1,46 @@
+"""Speculative decoding in the simulator (docs/sim.md#speculative-decoding): how many
+tokens each batch member emits in a step, and what verifying its drafts costs.
+
+The worker drafts up to its plan's limit per member (``GenPlan.draft_limits``) and
+verifies the drafts in the step's one forward. Here each member drafts its whole limit
+``l`` and each draft is accepted with probability ``acceptance_rate`` given the ones
+before it were (the usual i.i.d. model: ``j`` accepted with probability ``a^j (1 - a)``
+for ``j < l``, ``a^l`` for ``j = l``), so a member emits ``1 + j`` tokens. The draw is a
+pure function of the request and its output so far, not of event order. Verifying costs
+what a decode step of every member's ``1 + l`` rows at its context costs: the step
+model's per-row and per-context terms grow with the drafted rows.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+from genpool_core.plan import GenPlan
+from genpool_core.request import GenRequest
+
+
+def emitted_counts(
+    plan: GenPlan, residents: Mapping[str, GenRequest], acceptance_rate: float
+) -> dict[str, int]:
+    """Tokens each drafting member emits this step (members without drafts: omitted, 1)."""
+    counts: dict[str, int] = {}
+    for request_id, limit in zip(plan.batch_ids, plan.draft_limits, strict=True):
+        if limit > 0:
+            at = residents[request_id].num_output_tokens
+            counts[request_id] = 1 + accepted(f"{request_id}:{at}", limit, acceptance_rate)
+    return counts
+
+
+def accepted(key: str, limit: int, acceptance_rate: float) -> int:
+    """Drafts accepted out of ``limit``, drawn from a generator seeded by ``key``."""
+    draw = random.Random(key)
+    count = 0
+    while count < limit and draw.random() < acceptance_rate:
+        count += 1
+    return count
+
+
+def expected_tokens_per_step(limit: int, acceptance_rate: float) -> float:
+    """Mean tokens a member emits per step: ``1 + a + a^2 + ... + a^limit``."""
+    return sum(acceptance_rate**j for j in range(limit + 1))
