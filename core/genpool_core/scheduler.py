@@ -165,11 +165,13 @@ class GenScheduler(SchedulerPhases):
         now: float,
         stop_ids: tuple[str, ...] = (),
         num_emitted: Mapping[str, int] | None = None,
+        num_drafted: Mapping[str, int] | None = None,
     ) -> None:
         """Each batch request produced its tokens at ``now``; ``stop_ids`` ended on a stop.
 
         ``num_emitted``: tokens per member when speculation made several (its accepted
-        drafts and its own; genpool_core.speculation), 1 for a member it omits. A request
+        drafts and its own; genpool_core.speculation), 1 for a member it omits;
+        ``num_drafted``: drafted tokens each member verified (the stat line's counts). A request
         admitted with ``num_output_tokens == 0`` (the worker does its own prefill) gets
         its first token from that prefill in its admission pass; the first token stamps
         ``first_token_time`` when no context server did.
@@ -199,6 +201,9 @@ class GenScheduler(SchedulerPhases):
                 self._pending_finish.setdefault(request_id, FinishReason.STOP)
             elif request.num_output_tokens >= request.max_tokens:
                 self._pending_finish.setdefault(request_id, FinishReason.LENGTH)
+        if num_drafted:
+            accepted = sum(emitted.get(r, 1) - 1 for r in num_drafted)
+            self._counts.count_drafts(sum(num_drafted.values()), accepted)
         if plan.prefill_chunks and self._prefill is not None:
             self._prefill.observe_pass(now - plan.now)
         if plan.batch_ids:

@@ -115,6 +115,8 @@ class SchedulerViews:
             arrivals=counts.arrivals,
             steps=counts.steps,
             batch_sum=counts.batch_sum,
+            drafted=counts.drafted,
+            accepted=counts.accepted,
             batch_seconds=counts.batch_seconds,
             pause_budget=self.pause_budget(now),
             ttft_counts=tuple(counts.ttft_counts),

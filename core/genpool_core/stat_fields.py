@@ -205,6 +205,11 @@ FIELDS: tuple[StatField, ...] = (
     # batch size x pass seconds over the window: decode position-seconds
     StatField("batch_s", ("batch_seconds",), Kind.FLOAT, 1, Shown.ARRIVALS,
               pools=(Pool("batch_seconds", Rule.SUM_PRESENT, _W),)),
+    # speculative decoding: drafted tokens verified and those emitted (their ratio over a
+    # window is its acceptance rate)
+    StatField("drafted", ("drafted_window", "drafted_total"), Kind.INT_PAIR, shown=Shown.SET),
+    StatField("accepted", ("accepted_window", "accepted_total"), Kind.INT_PAIR,
+              shown=Shown.SET),
     # for people; parsers read the histogram
     StatField("ttft_p90", ("ttft_p90",), Kind.FLOAT, 3, Shown.ARRIVALS, derived=True),
     StatField("ttft_hist", ("ttft_hist",), Kind.HISTOGRAM, shown=Shown.ARRIVALS,

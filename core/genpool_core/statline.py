@@ -61,6 +61,11 @@ class StatLine:
     ttft_hist: tuple[int, ...] = ()  # window counts per ttft_histogram bucket
     kv_used: float | None = None  # KV blocks held / the worker's blocks; None: no budget
     kv_paused: float | None = None  # the paused residents' blocks / the worker's blocks
+    # speculative decoding: drafted tokens verified, and those emitted (0: off)
+    drafted_window: int = 0
+    drafted_total: int = 0
+    accepted_window: int = 0
+    accepted_total: int = 0
 
     @property
     def ttft_p90(self) -> float | None:
@@ -124,6 +129,10 @@ def make_statline(cur: SchedulerStats, prev: SchedulerStats | None) -> StatLine:
         ttft_hist=ttft_histogram.window_counts(cur.ttft_counts, base.ttft_counts),
         kv_used=_ratio(cur.kv_blocks_used, cur.kv_blocks),
         kv_paused=_ratio(cur.kv_blocks_paused, cur.kv_blocks),
+        drafted_window=cur.drafted - base.drafted,
+        drafted_total=cur.drafted,
+        accepted_window=cur.accepted - base.accepted,
+        accepted_total=cur.accepted,
     )
 
 

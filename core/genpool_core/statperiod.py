@@ -26,9 +26,16 @@ class LoadCounters:
     # batch size x pass seconds, summed: decode position-seconds (the law's service time)
     batch_seconds: float = 0.0
     ttft_counts: list[int] = field(default_factory=lambda: [0] * ttft_histogram.NUM_BUCKETS)
+    # speculative decoding: drafted tokens verified, and those of them emitted
+    drafted: int = 0
+    accepted: int = 0
 
     def count_first_token(self, ttft_s: float) -> None:
         self.ttft_counts[ttft_histogram.bucket_of(ttft_s)] += 1
+
+    def count_drafts(self, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
 
     def count_step(self, batch_size: int, seconds: float) -> None:
         self.steps += 1

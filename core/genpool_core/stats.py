@@ -72,4 +72,8 @@ class SchedulerStats:
     # at-risk waiters pausing could admit now (free paused slots, pausable residents);
     # None with preemption off
     pause_budget: int | None = None
+    # speculative decoding (genpool_core.speculation): drafted tokens verified, and those
+    # of them emitted (cumulative); 0 with it off
+    drafted: int = 0
+    accepted: int = 0
     mode_stats: ModeStats = None  # the mode's own gauges (the policy's ``mode_stats``)

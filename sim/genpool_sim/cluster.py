@@ -31,7 +31,7 @@ from genpool_sim.modes import SimMode
 from genpool_sim.recompute import evict_for_at_risk, requeue_evicted
 from genpool_sim.records import SimRequest
 from genpool_sim.replica import GenWorker, Tick
-from genpool_sim.speculation import emitted_counts
+from genpool_sim.speculation import verified
 
 _ARRIVAL, _CTX_DONE, _WORKER, _READY, _TICK, _PULLED = 0, 1, 2, 3, 4, 5
 
@@ -229,8 +229,9 @@ class Cluster:
     def _worker_pass(self, worker: GenWorker) -> None:
         now, scheduler = self.now, worker.scheduler
         if worker.plan is not None:
-            emitted, worker.emitted = worker.emitted, {}
-            scheduler.postprocess(worker.plan, now, (), emitted)
+            emitted, drafted = worker.emitted, worker.drafted
+            worker.emitted, worker.drafted = {}, {}
+            scheduler.postprocess(worker.plan, now, (), emitted, drafted)
             if self.config.prefix_caching:  # before the next pass releases the finished
                 fill_hashes(worker.plan, self.requests, self.config.kv_block_size)
             if worker.plan.batch_ids:
@@ -254,7 +255,7 @@ class Cluster:
         if plan.draft_limits:
             requests = self.requests
             gens = {rid: gen for rid in plan.batch_ids if (gen := requests[rid].gen) is not None}
-            worker.emitted = emitted_counts(plan, gens, self.config.acceptance_rate)
+            worker.emitted, worker.drafted = verified(plan, gens, self.config.acceptance_rate)
         step_s = pass_seconds(self.config.step_model, plan, self.requests,
                               worker.recompute_tokens)  # fmt: skip
         if self.kv_gauge is not None:

@@ -27,6 +27,7 @@ class GenWorker:
     recompute_tokens: dict[str, int] = field(default_factory=dict)
     # Tokens each drafting member of ``plan`` emits (speculative decoding; others emit 1).
     emitted: dict[str, int] = field(default_factory=dict)
+    drafted: dict[str, int] = field(default_factory=dict)  # and the drafts each verified
     started_at: float = 0.0  # replica-seconds count from here (start-up included)
     is_ready: bool = True  # serving: it has loaded its model
     is_draining: bool = False  # removed: admits nothing new, finishes its residents

@@ -20,16 +20,19 @@ from genpool_core.plan import GenPlan
 from genpool_core.request import GenRequest
 
 
-def emitted_counts(
+def verified(
     plan: GenPlan, residents: Mapping[str, GenRequest], acceptance_rate: float
-) -> dict[str, int]:
-    """Tokens each drafting member emits this step (members without drafts: omitted, 1)."""
-    counts: dict[str, int] = {}
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Tokens each drafting member emits this step, and the drafts it verified (members
+    without drafts are in neither: they emit 1)."""
+    emitted: dict[str, int] = {}
+    drafted: dict[str, int] = {}
     for request_id, limit in zip(plan.batch_ids, plan.draft_limits, strict=True):
         if limit > 0:
             at = residents[request_id].num_output_tokens
-            counts[request_id] = 1 + accepted(f"{request_id}:{at}", limit, acceptance_rate)
-    return counts
+            emitted[request_id] = 1 + accepted(f"{request_id}:{at}", limit, acceptance_rate)
+            drafted[request_id] = limit
+    return emitted, drafted
 
 
 def accepted(key: str, limit: int, acceptance_rate: float) -> int:

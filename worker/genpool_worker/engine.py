@@ -85,8 +85,10 @@ class GenEngine(RequestLifecycle):
         self._configs: list[tuple[LiveUpdate, Future[dict[str, Any]]]] = []
         self._config_futures: list[Future[dict[str, Any]]] = []
         self._requests: dict[str, EngineRequest] = {}
-        # The last pass's plan, who ended on a stop, and who emitted more than one token.
-        self._pending: tuple[GenPlan, tuple[str, ...], dict[str, int]] | None = None
+        # The last pass's plan, who ended on a stop, who emitted more than one token, and
+        # the drafts each verified.
+        self._pending: tuple[GenPlan, tuple[str, ...], dict[str, int], dict[str, int]] | None
+        self._pending = None
         self._prev_end: float | None = None
         self._last_now = 0.0
         self._inflight = 0
@@ -218,10 +220,10 @@ class GenEngine(RequestLifecycle):
     def step(self, inputs: PassInputs) -> None:
         """One pass: finish the previous model step, apply inputs, schedule, run, stream."""
         if self._pending is not None:
-            previous, stops, counts = self._pending
+            previous, stops, counts, drafted = self._pending
             self._pending = None
             assert inputs.prev_end is not None
-            self.scheduler.postprocess(previous, inputs.prev_end, stops, counts)
+            self.scheduler.postprocess(previous, inputs.prev_end, stops, counts, drafted)
         self._apply(inputs)
         plan = self._schedule(inputs.now)
         started = time.perf_counter()
@@ -244,7 +246,7 @@ class GenEngine(RequestLifecycle):
         # The next pass postprocesses at this step's end (``prev_end``): no extra wait here.
         if tokens:
             counts = {rid: len(ids) for rid, ids in emitted.items() if len(ids) > 1}
-            self._pending = (plan, stops, counts)
+            self._pending = (plan, stops, counts, result.drafted)
         else:
             self.scheduler.postprocess(plan, inputs.now)
         self._tokens_total += sum(len(ids) for ids in emitted.values())

@@ -5,6 +5,7 @@ import pytest
 
 from genpool_core.request import FinishReason, GenRequest
 from genpool_core.scheduler import GenScheduler
+from genpool_core.statline import format_statline, make_statline, parse_statline
 from tests.unit.support import keyed, make_scheduler, unkeyed
 
 K = 4
@@ -90,3 +91,22 @@ def test_the_slo_rate_prior_is_per_emitted_token() -> None:
             now += step_s
         priors.append(scheduler.policy.prior_rate())  # type: ignore[attr-defined]
     assert priors[0] == pytest.approx(priors[1]) and priors[0] == pytest.approx(10.0)
+
+
+def test_the_stat_line_counts_drafted_and_emitted_drafts() -> None:
+    scheduler = make_scheduler(4, {}, num_speculative_tokens=K, stat_interval_s=1.0)
+    scheduler.add_request(unkeyed("a", max_tokens=100), 0.0)
+    now = 0.0
+    for _ in range(12):
+        plan = scheduler.step(now)
+        if plan.stat is not None:
+            line = plan.stat_line
+        scheduler.postprocess(plan, now + 0.25, num_emitted={"a": 3}, num_drafted={"a": 4})
+        now += 0.25
+    stats = scheduler.make_stats(now)
+    assert (stats.drafted, stats.accepted) == (48, 24)
+    assert line is not None and "drafted=16/32" in line and "accepted=8/16" in line
+    parsed = parse_statline(line)
+    assert parsed is not None and (parsed.drafted_total, parsed.accepted_window) == (32, 8)
+    off = make_scheduler(4, {}, stat_interval_s=1.0)
+    assert "drafted=" not in format_statline(make_statline(off.make_stats(0.0), None))
