@@ -38,6 +38,8 @@ def check_emitted(
 ) -> None:
     """``emitted`` (request id -> tokens this step) names batch members only, each with
     1 to ``1 + its draft limit`` tokens; raises ``ValueError`` before anything counts."""
+    if not emitted:  # every pass without speculation: nothing to check
+        return
     unknown = set(emitted).difference(batch_ids)
     if unknown:
         raise ValueError(f"emitted counts for requests not in this pass's batch: {sorted(unknown)}")

@@ -1,4 +1,4 @@
-"""Speculative decoding in the simulator (docs/sim.md#speculative-decoding): how many
+"""Speculative decoding in the simulator (docs/sim.md, Model): how many
 tokens each batch member emits in a step, and what verifying its drafts costs.
 
 The worker drafts up to its plan's limit per member (``GenPlan.draft_limits``) and

@@ -36,6 +36,8 @@ SIM_FLAGS: dict[str, tuple[type, str]] = {
     "--paused-cap-fraction": (ClusterConfig, "paused_cap_fraction"),
     "--kv-blocks": (ClusterConfig, "kv_blocks"),
     "--kv-block-size": (ClusterConfig, "kv_block_size"),
+    "--speculative-tokens": (ClusterConfig, "num_speculative_tokens"),
+    "--acceptance-rate": (ClusterConfig, "acceptance_rate"),
     "--concurrency": (Workload, "concurrency"),
     "--rate-phases": (Workload, "rate_phases"),
     "--phases": (Workload, "phases"),
