@@ -83,6 +83,16 @@ MEASURED: dict[str, tuple[str, ...]] = {
         *SERVING,
     ),
     "prefix_chat.json": (*KV_POOL, "bench/prefix_chat.py", "bench/prefix_report.py", *SERVING),
+    "speculative.json": (
+        "core/genpool_core/speculation.py",
+        "worker/genpool_worker/speculative.py",
+        "worker/genpool_worker/spec_verify.py",
+        "worker/genpool_worker/run_state.py",
+        "worker/genpool_worker/model_runner.py",
+        *FORWARD_PASSES,
+        "bench/speculative.py",
+        *SERVING,
+    ),
     "guidellm.json": (
         "bench/guidellm_bench.py",
         "worker/genpool_worker/chat_route.py",
