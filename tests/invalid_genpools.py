@@ -219,4 +219,17 @@ INVALID_GENPOOLS: list[InvalidGenPool] = [
                    {"prefill": {"resources": {"limits": {"memory": "lots"}}}},
                    "spec.prefill.resources.limits.memory in body should match",
                    "memory: 'lots' is not a resource quantity"),
+    _same("speculative-lookup-order",
+          {"engine": {"speculative": {"numSpeculativeTokens": 2, "promptLookupMin": 5,
+                                      "promptLookupMax": 2}}},
+          "engine.speculative.promptLookupMin must not exceed"
+          " engine.speculative.promptLookupMax"),
+    _same("speculative-too-many-drafts", {"engine": {"speculative": {"numSpeculativeTokens": 17}}},
+          "less than or equal to 16"),
+    InvalidGenPool("speculative-no-draft-count", {"engine": {"speculative": {}}},
+                   "spec.engine.speculative.numSpeculativeTokens: Required value",
+                   "spec.engine.speculative.numSpeculativeTokens: Field required"),
+    InvalidGenPool("speculative-draft-model",
+                   {"engine": {"speculative": {"numSpeculativeTokens": 2, "method": "eagle"}}},
+                   'Unsupported value: "eagle"', "spec.engine.speculative.method: Input should be"),
 ]  # fmt: skip
