@@ -68,10 +68,19 @@ def test_a_table_it_has_checked_is_not_walked_again() -> None:
     for step in range(5):
         check([a, b], [1, 2], [6 + step, 4], GEOMETRY, VOCAB)
     assert CountingTuple.walks == walked  # the same rows: no block walked
-    c = CountingTuple((2, 5))  # block 2 is still a's
+    c = CountingTuple((5, 2))  # block 2 is a's, and c writes into it
     with pytest.raises(ValueError, match="two rows"):
-        check([a, c], [1, 2], [6, 1], GEOMETRY, VOCAB)
+        check([a, c], [1, 2], [6, 5], GEOMETRY, VOCAB)
     d = CountingTuple((3, 5))  # b left, so its block 3 is free again
     check([a, d], [1, 2], [6, 1], GEOMETRY, VOCAB)
     with pytest.raises(ValueError, match="past the row's 2 KV blocks"):
         check([a, d], [1, 2], [6, 8], GEOMETRY, VOCAB)  # positions: checked every step
+
+
+@pytest.mark.parametrize("check", [check_decode, DecodeCheck()], ids=["full", "incremental"])
+def test_rows_may_read_a_shared_prefix_but_not_write_into_it(check: object) -> None:
+    """The prefix cache shares a prompt's full blocks: rows reading them decode together
+    (before, a shared block refused the batch and every row decoded alone)."""
+    a, b = (7, 0, 1), (7, 0, 2)  # blocks 7 and 0: one cached prefix; 1 and 2 their own
+    assert _outcome(check, [a, b], [9, 10]) == "ok"  # both write their third block
+    assert _outcome(check, [a, b], [5, 9]) == "refused"  # a writes block 0, b holds it

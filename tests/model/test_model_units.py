@@ -196,8 +196,9 @@ DECODE_CASES = [
     ([[-1]], [1], [0], "KV block -1 outside"),
     ([[], DUMMY], [1, 0], [0, 0], "at least one KV block"),
     ([[3, 5, 3]], [1], [7], "appears twice in one block table"),
-    ([[1], [1]], [1, 2], [0, 0], "a KV block is in two rows"),
-    ([[6, 2], DUMMY, [8, 2]], [1, 0, 2], [6, 0, 9], "a KV block is in two rows"),
+    ([[1], [1]], [1, 2], [0, 0], "a row writes is in two rows"),
+    ([[6, 2], DUMMY, [8, 2]], [1, 0, 2], [6, 0, 9], "a row writes is in two rows"),
+    ([[6, 2], [2, 8]], [1, 2], [6, 2], "a row writes is in two rows"),  # 2 is a prefix of b
     ([[0]], [1], [5], "position 5 is past the row's 1 KV blocks"),
     ([[7, 0, 1]], [1], [15], "position 15 is past the row's 3 KV blocks"),
     ([[0, 1, 2, 3]], [1], [16], r"position 16 outside \[0, 16\)"),

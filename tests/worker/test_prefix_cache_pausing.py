@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from tests.polling import wait_for, wait_for_async
 from tests.worker.conftest import RunningWorker, complete
@@ -76,3 +77,41 @@ def test_cached_prefixes_under_pausing_decode_the_uncached_text(worker_factory: 
     assert _overload(drafting) == without
     assert metric(drafting.url, "genpool_pauses_total") > 0
     assert metric(drafting.url, "vllm:spec_decode_num_accepted_tokens_total") > 0
+
+
+class DecodeBatches:
+    """The network, recording the batch size of every decode that ran (not raised)."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self.sizes: list[int] = []
+
+    def decode(self, cache: Any, tables: Any, tokens: list[int], positions: list[int]) -> Any:
+        logits = self._model.decode(cache, tables, tokens, positions)
+        self.sizes.append(len(tables))
+        return logits
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+def test_requests_sharing_cached_blocks_decode_in_one_batch(worker_factory: Factory) -> None:
+    """Rows that read the same cached prefix blocks are one decode batch: the block-table
+    check refuses only a row writing into a block another row holds. (It refused any
+    shared block, and every step fell back to one forward per row: about 7x slower at
+    batch 8 on SmolLM2.)"""
+    models: list[DecodeBatches] = []
+
+    def wrap(model: Any) -> DecodeBatches:
+        models.append(DecodeBatches(model))
+        return models[0]
+
+    worker = worker_factory(wrap_model=wrap, **{**WORKER, "max_batch_size": 4})
+
+    async def run() -> list[str]:
+        async with worker.async_client() as client:
+            return await asyncio.gather(*(complete(client, p, 12) for p in PROMPTS))
+
+    asyncio.run(run())
+    assert metric(worker.url, "vllm:prefix_cache_hits_total") >= 16  # they share a block
+    assert max(models[0].sizes) == 4, models[0].sizes

@@ -6,9 +6,14 @@ dummy block) silently; the engine relies on these raising before any tensor is t
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from .config import LlamaConfig
+
+# Decode writes one position per row: into a block only that row may hold. Rows reading
+# the same full blocks (a prefix the cache shares) is fine; writing into one is not.
+SHARED_WRITE = "a KV block a row writes is in two rows of one decode batch"
 
 
 def check_sizes(config: LlamaConfig, max_seq_len: int) -> None:
@@ -62,16 +67,27 @@ def check_decode(
     geometry: tuple[int, int, int],
     vocab_size: int,
 ) -> None:
-    """A row whose table is the dummy block alone is batch padding (at position 0)."""
+    """A row whose table is the dummy block alone is batch padding (at position 0).
+
+    Rows may share blocks (the prefix cache shares a prompt's full blocks, read-only),
+    but the block a row writes this step must be in no other row's table."""
     _check_rows(block_tables, token_ids, positions, geometry)
-    real: list[int] = []
+    held: Counter[int] = Counter()
     for table in block_tables:
         if not _is_padding(table, geometry[0]):
             _check_table(table, geometry)
-            real.extend(table)
-    if len(set(real)) != len(real):
-        raise ValueError("a KV block is in two rows of one decode batch")
+            held.update(table)
+    _check_writes(block_tables, positions, geometry, held)
     check_tokens(token_ids, vocab_size)
+
+
+def _check_writes(block_tables: Sequence[Sequence[int]], positions: list[int],
+                  geometry: tuple[int, int, int], held: Counter[int]) -> None:  # fmt: skip
+    """Each real row's written block (``table[position // block_size]``) is its alone."""
+    num_blocks, block_size = geometry[0], geometry[1]
+    for table, position in zip(block_tables, positions, strict=True):
+        if not _is_padding(table, num_blocks) and held[table[position // block_size]] != 1:
+            raise ValueError(SHARED_WRITE)
 
 
 def _is_padding(table: Sequence[int], num_blocks: int) -> bool:
@@ -91,14 +107,15 @@ def _check_table(table: Sequence[int], geometry: tuple[int, int, int]) -> None:
 class DecodeCheck:
     """``check_decode`` that remembers the block tables it has checked: a table it has
     seen (an immutable tuple, known by identity and kept alive here) is not walked
-    again, so a step costs the rows whose table changed, not every reserved block of
-    every row (about 65k at batch 128 with 8k-token contexts, a Python loop each step).
-    Positions, padding rows and token ids are checked every step. A table that is not a
-    tuple, or any error, falls back to the full check from scratch."""
+    again, so a step costs the rows whose table changed plus one lookup per row (its
+    written block), not every reserved block of every row (about 65k at batch 128 with
+    8k-token contexts, a Python loop each step). Positions, padding rows, written blocks
+    and token ids are checked every step. A table that is not a tuple, or any error,
+    falls back to the full check from scratch."""
 
     def __init__(self) -> None:
         self._tables: dict[int, tuple[int, ...]] = {}  # id -> a checked table (kept alive)
-        self._blocks: set[int] = set()  # the blocks of those tables (pairwise disjoint)
+        self._held: Counter[int] = Counter()  # how many of those tables hold each block
         self._geometry: tuple[int, int, int] | None = None
 
     def __call__(self, block_tables: Sequence[Sequence[int]], token_ids: list[int],
@@ -124,22 +141,20 @@ class DecodeCheck:
             self._geometry = geometry
         _check_rows(block_tables, token_ids, positions, geometry)
         current = {id(table): table for table in tables}
-        if len(current) != len(tables):
-            raise ValueError("a KV block is in two rows of one decode batch")
+        if len(current) != len(tables):  # one table in two rows: both write its block
+            raise ValueError(SHARED_WRITE)
         for key in [k for k in self._tables if k not in current]:  # rows that left
-            self._blocks.difference_update(self._tables.pop(key))
+            self._held.subtract(self._tables.pop(key))
         for key, table in current.items():
-            if key in self._tables:
-                continue
-            _check_table(table, geometry)
-            if not self._blocks.isdisjoint(table):
-                raise ValueError("a KV block is in two rows of one decode batch")
-            self._blocks.update(table)
-            self._tables[key] = table
+            if key not in self._tables:
+                _check_table(table, geometry)
+                self._held.update(table)
+                self._tables[key] = table
+        _check_writes(block_tables, positions, geometry, self._held)
         check_tokens(token_ids, vocab_size)
 
     def _forget(self) -> None:
-        self._tables, self._blocks, self._geometry = {}, set(), None
+        self._tables, self._held, self._geometry = {}, Counter(), None
 
 
 def _check_rows(block_tables: Sequence[Sequence[int]], token_ids: list[int],
