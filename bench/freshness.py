@@ -174,6 +174,29 @@ UNVERSIONED: dict[str, str] = {
 
 # Versioned, but the code they measure has changed since: why they stay.
 STALE: dict[str, str] = {
+    **dict.fromkeys(
+        ("sim/r1.json", "sim/demo_load.json", "sim/demo_load_slo0.3.json"),
+        (
+            "recorded at feed961; speculative decoding (off in these runs) changed the core "
+            "after it. The other eight simulator studies rerun at e35e916 came out identical "
+            "(r1's rerun was started and not finished for time)"
+        ),
+    ),
+    **dict.fromkeys(
+        ("cpu_decode.json", "batched_prefill.json"),
+        (
+            "recorded before speculative decoding and the decode check's fix (2026-12-06); "
+            "neither runs in these forwards (no drafts; one request per table), not rerun"
+        ),
+    ),
+    **dict.fromkeys(
+        ("chunked_prefill.json", "preemption_cost.json", "preemption_cost_synthetic.json"),
+        (
+            "recorded before speculative decoding (off in these runs) and the decode check's "
+            "fix (rows sharing cached blocks now decode in one batch, which can speed these "
+            "serving runs up); not rerun"
+        ),
+    ),
     "sim/autoscale_law.json": (
         "recorded at 0acac59; the prefix cache, the KV pool's rework "
         "and the prefill order came after, and the 2.5-hour study "
