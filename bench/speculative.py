@@ -1,22 +1,24 @@
-"""n-gram speculative decoding on one CPU core: SmolLM2 with and without drafts.
+"""Speculative decoding on one CPU core: SmolLM2 without drafts, with n-gram drafts, and
+with early-exit drafts (its first layers).
 
     .venv/bin/python -m bench.speculative [--quick] [--reps 2]
 
-Two real ``genpool-worker`` processes (SmolLM2-135M, CPU, ``OMP_NUM_THREADS=1``), both
-pinned to core 0, differing only in ``--speculative-config`` (``SPEC``); the bench's
-streaming ``openai`` clients run on core 1 and the setups take turns (the idle worker
-waits), alternating which goes first each repetition.
+Three real ``genpool-worker`` processes (SmolLM2-135M, CPU, ``OMP_NUM_THREADS=1``), all
+pinned to core 0, differing only in ``--speculative-config`` (``SPECS``); the bench's
+streaming ``openai`` clients run on core 1 and the setups take turns (the idle workers
+wait), the order reversed each repetition.
 
 1. **Per-request speed.** Three workloads of chat requests, greedy: ``code`` (rewrite a
    function with one rename: the reply copies its prompt), ``summary`` (summarise and
    quote a paragraph) and ``chat`` (open questions: little to copy). Each at batch 1
    (requests one after another) and batch 8 (eight at once). Per request: decode rate
    (tokens after the first over the time from first to last chunk) and the reply's
-   text. Reported per workload and batch: the rate's median per setup, their paired
-   ratio, whether every text is the same in both setups, and the acceptance rate
+   text. Reported per workload and batch: the rate's median per setup, each drafting
+   setup's paired ratio to plain, whether every text is the same in every setup, and
+   each drafting setup's acceptance rate
    (``vllm:spec_decode_num_accepted_tokens`` over ``_num_draft_tokens`` deltas) with
    the mean tokens a drafting request emitted per step.
-2. **The SLO mode at equal load.** Both workers restarted in ``target_output_tps`` mode
+2. **The SLO mode at equal load.** The workers restarted in ``target_output_tps`` mode
    (``SLO_T`` tokens/s, B = 4); the same open-loop schedule of ``SLO_REQUESTS`` mixed
    requests (Poisson, ``SLO_RATE`` a second, seeded: about 60 output tokens/s, above what
    the plain worker's batch of 4 decodes on one core, about 53) is sent to each.
@@ -52,10 +54,16 @@ QUICK_RESULTS = Path("/tmp/genpool-bench-speculative-quick.json")
 LOG = "/tmp/genpool-bench-speculative-{name}.log"
 WORKER_CORE, CLIENT_CORE = 0, 1
 MODEL = "smollm2-135m"
-WORKERS = {"plain": "127.1.0.51", "ngram": "127.1.0.52"}  # outside the pod runner's /16
-SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
-        "prompt_lookup_min": 2}  # fmt: skip
-FLAGS = {"plain": [], "ngram": ["--speculative-config", json.dumps(SPEC)]}
+# Outside the pod runner's /16.
+WORKERS = {"plain": "127.1.0.51", "ngram": "127.1.0.52", "early_exit": "127.1.0.53"}
+# early_exit: 24 of SmolLM2's 30 layers, 2 drafts (the fastest of 12-27 layers x 1-3
+# drafts in a batch-1 probe; every one was slower than plain decoding).
+SPECS = {"ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                   "prompt_lookup_min": 2},
+         "early_exit": {"method": "early_exit", "num_speculative_tokens": 2,
+                        "num_draft_layers": 24}}  # fmt: skip
+FLAGS = {"plain": [], **{name: ["--speculative-config", json.dumps(spec)]
+                         for name, spec in SPECS.items()}}  # fmt: skip
 WORKER_ARGS = ["--max-batch-size", "8", "--max-seq-len", "1024", "--stat-interval-s", "30"]
 REPLY_TOKENS = 96
 SLO_T, SLO_RATE, SLO_REQUESTS = 10.0, 0.8, 40
@@ -227,7 +235,7 @@ def speed(urls: dict[str, str], reps: int, count: int) -> dict[str, Any]:
         for batch in (1, 8):
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name in WORKERS}
             for rep in range(reps):
-                for name in WORKERS if rep % 2 == 0 else reversed(WORKERS):
+                for name in list(WORKERS)[:: 1 if rep % 2 == 0 else -1]:
                     runs[name].append(asyncio.run(speed_run(urls[name], workload, batch,
                                                             count)))  # fmt: skip
             cases[f"{workload}_batch{batch}"] = _case(runs)
@@ -235,15 +243,19 @@ def speed(urls: dict[str, str], reps: int, count: int) -> dict[str, Any]:
 
 
 def _case(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """One workload at one batch: both setups' runs, paired rep by rep."""
-    pairs = list(zip(runs["plain"], runs["ngram"], strict=True))
+    """One workload at one batch: every setup's runs, each drafting setup (those besides
+    plain) paired with plain rep by rep."""
+    drafting = [name for name in runs if name != "plain"]
+    pairs = {name: list(zip(runs["plain"], runs[name], strict=True)) for name in drafting}
     return {
         "rate_p50": {name: [r["rate_p50"] for r in rs] for name, rs in runs.items()},
-        "ratio_ngram_over_plain": [n["rate_p50"] / p["rate_p50"] for p, n in pairs
-                                   if p["rate_p50"] and n["rate_p50"]],
-        "acceptance_rate": [r["acceptance_rate"] for r in runs["ngram"]],
-        "tokens_per_drafting_step": [r["tokens_per_drafting_step"] for r in runs["ngram"]],
-        "texts_equal": all(_texts(p) == _texts(n) for p, n in pairs),
+        "ratio_over_plain": {name: [d["rate_p50"] / p["rate_p50"] for p, d in pairs[name]
+                                    if p["rate_p50"] and d["rate_p50"]] for name in drafting},
+        "acceptance_rate": {name: [r["acceptance_rate"] for r in runs[name]]
+                            for name in drafting},
+        "tokens_per_drafting_step": {name: [r["tokens_per_drafting_step"] for r in runs[name]]
+                                     for name in drafting},
+        "texts_equal": all(_texts(p) == _texts(d) for name in drafting for p, d in pairs[name]),
         "failed": sum(r["failed"] for rs in runs.values() for r in rs),
         "runs": runs,
     }  # fmt: skip
@@ -273,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {case: {k: v for k, v in c.items() if k != "runs"} for case, c in cases.items()}
     summary["slo"] = {name: {k: v for k, v in r.items() if k != "replies"}
                       for name, r in slo_result.items()}  # fmt: skip
-    setup = {"spec": SPEC, "reply_tokens": REPLY_TOKENS, "requests_per_run": count,
+    setup = {"specs": SPECS, "reply_tokens": REPLY_TOKENS, "requests_per_run": count,
              "slo_t": SLO_T, "slo_rate": SLO_RATE, "slo_args": SLO_ARGS}  # fmt: skip
     result = {**provenance("bench.speculative", argv), "summary": summary, "setup": setup,
               "cases": cases, "slo": slo_result}  # fmt: skip

@@ -40,6 +40,13 @@ KV_CACHE_MEMORY_POSITIVE = "engine.kvCacheMemory must be at least 1 byte"
 LOOKUP_ORDER = (
     "engine.speculative.promptLookupMin must not exceed engine.speculative.promptLookupMax"
 )
+DRAFT_LAYERS_NEEDED = "engine.speculative.numDraftLayers is required by method early_exit"
+DRAFT_LAYERS_EARLY_EXIT_ONLY = (
+    "engine.speculative.numDraftLayers is an option of method early_exit only"
+)
+LOOKUP_NGRAM_ONLY = (
+    "engine.speculative.promptLookupMin and promptLookupMax are options of method ngram only"
+)
 ONE_KV_BUDGET = "engine.gpuMemoryUtilization is not allowed when engine.kvCacheMemory is set"
 
 
@@ -79,19 +86,28 @@ class KVEvents(Section):
 
 
 class Speculative(Section):
-    """n-gram speculative decoding: the worker's ``--speculative-config`` (vLLM's field
-    names; the worker checks the n-gram sizes' defaults and order)."""
+    """Speculative decoding: the worker's ``--speculative-config`` (vLLM's field names;
+    the worker checks the n-gram sizes' defaults, and the draft layers against the model)."""
 
-    method: Literal["ngram"] = "ngram"
+    method: Literal["ngram", "early_exit"] = "ngram"
     num_speculative_tokens: int = Field(ge=1, le=MAX_SPECULATIVE_TOKENS)
     prompt_lookup_max: int | None = Field(default=None, ge=1, le=MAX_PROMPT_LOOKUP)
     prompt_lookup_min: int | None = Field(default=None, ge=1, le=MAX_PROMPT_LOOKUP)
+    num_draft_layers: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
-    def _ordered(self) -> Speculative:
+    def _method_options(self) -> Speculative:
+        """The CRD's rules, in its order (tests/invalid_genpools.py checks both alike)."""
         low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        early_exit = self.method == "early_exit"
         if low is not None and high is not None and low > high:
             raise ValueError(LOOKUP_ORDER)
+        if early_exit and self.num_draft_layers is None:
+            raise ValueError(DRAFT_LAYERS_NEEDED)
+        if not early_exit and self.num_draft_layers is not None:
+            raise ValueError(DRAFT_LAYERS_EARLY_EXIT_ONLY)
+        if early_exit and (low is not None or high is not None):
+            raise ValueError(LOOKUP_NGRAM_ONLY)
         return self
 
     def worker_config(self) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from genpool_worker.speculative import SpeculativeConfig
 
 NGRAM = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1,
                           prompt_lookup_max=2)  # fmt: skip
+# The test checkpoints have 2 layers: the first one drafts.
+EARLY_EXIT = SpeculativeConfig(method="early_exit", num_speculative_tokens=3, num_draft_layers=1)
 
 
 def speculating(runner: Any, config: SpeculativeConfig = NGRAM) -> TorchModelRunner[Any]:

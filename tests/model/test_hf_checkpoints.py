@@ -17,6 +17,7 @@ import torch
 
 from genpool_worker.model import LlamaModel, ModelLoadError, load_tokenizer
 from genpool_worker.model.hf_config import read_hf_config
+from genpool_worker.speculative import SpeculativeConfig
 from tests.model.hf_checkpoints import (
     ARCHS,
     PROMPTS,
@@ -32,7 +33,7 @@ from tests.model.paged import (
     paged_runner,
     run_with_pauses,
 )
-from tests.model.scheduled import scheduled_greedy, speculating
+from tests.model.scheduled import EARLY_EXIT, NGRAM, scheduled_greedy, speculating
 
 pytest.importorskip("transformers")
 
@@ -126,15 +127,19 @@ def test_greedy_with_pauses_paged_and_static_equal_transformers(
     assert static == paged
 
 
+@pytest.mark.parametrize("drafter", [NGRAM, EARLY_EXIT], ids=["ngram", "early_exit"])
 @torch.inference_mode()
-def test_greedy_with_drafts_equals_transformers(checkpoint: tuple[Path, Any]) -> None:
-    """n-gram speculative decoding through the worker's scheduler and runner: drafts
-    verified in one forward over scattered blocks (Mistral's and Qwen2's attention
-    included) leave each prompt's greedy tokens those of transformers."""
+def test_greedy_with_drafts_equals_transformers(
+    checkpoint: tuple[Path, Any], drafter: SpeculativeConfig
+) -> None:
+    """Speculative decoding (n-gram, and the first layer drafting) through the worker's
+    scheduler and runner: drafts verified in one forward over scattered blocks
+    (Mistral's and Qwen2's attention included) leave each prompt's greedy tokens those
+    of transformers."""
     directory, hf = checkpoint
     refs = transformers_greedy(hf, PROMPTS, SCHEDULE_TOKENS)
     model = LlamaModel.from_hf_dir(directory, max_seq_len=MAX_LEN)
-    runner = speculating(paged_runner(model, SIZES["num_blocks"], BLOCK))
+    runner = speculating(paged_runner(model, SIZES["num_blocks"], BLOCK), drafter)
     tokens, drafted = scheduled_greedy(runner, PROMPTS, SCHEDULE_TOKENS)
     assert tokens == refs and drafted > 0
 

@@ -2,8 +2,8 @@
 prompt prefix, requests hold its cached blocks, some are paused in place while an
 at-risk waiter runs, and every request's greedy text equals a worker without caching.
 A cached block read before its KV was written, or overwritten while a paused request
-still shares it, would change the text. The same overload with n-gram speculative
-decoding (issue 37) decodes the same text too."""
+still shares it, would change the text. The same overload with speculative decoding
+(issue 37; n-gram and early-exit drafts) decodes the same text too."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tests.worker.pd_support import metric
 Factory = Callable[..., RunningWorker]
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
         "prompt_lookup_min": 1}  # fmt: skip
+EARLY_EXIT = {"method": "early_exit", "num_speculative_tokens": 2, "num_draft_layers": 24}
 SHARED = (
     "You are a patient maths tutor. Answer in digits only, one number after another, "
     "separated by commas, and never explain. "
@@ -61,7 +62,8 @@ def _overload(worker: RunningWorker) -> list[str]:
 
 def test_cached_prefixes_under_pausing_decode_the_uncached_text(worker_factory: Factory) -> None:
     """Also with speculative decoding (issue 37): drafts verified over cached blocks and
-    across pauses and resumes leave every greedy text as it was."""
+    across pauses and resumes leave every greedy text as it was, whether prompt lookup
+    or the model's first 24 layers (whose KV pausing keeps in place) drafted them."""
     cached = worker_factory(**WORKER)
     with_cache = _overload(cached)
     with cached.client() as client:
@@ -73,10 +75,11 @@ def test_cached_prefixes_under_pausing_decode_the_uncached_text(worker_factory: 
     without = _overload(uncached)
     assert metric(uncached.url, "vllm:prefix_cache_hits_total") == 0
     assert with_cache == without
-    drafting = worker_factory(speculative_config=SPEC, **WORKER)
-    assert _overload(drafting) == without
-    assert metric(drafting.url, "genpool_pauses_total") > 0
-    assert metric(drafting.url, "vllm:spec_decode_num_accepted_tokens_total") > 0
+    for spec in (SPEC, EARLY_EXIT):
+        drafting = worker_factory(speculative_config=spec, **WORKER)
+        assert _overload(drafting) == without, spec["method"]
+        assert metric(drafting.url, "genpool_pauses_total") > 0
+        assert metric(drafting.url, "vllm:spec_decode_num_accepted_tokens_total") > 0
 
 
 class DecodeBatches:
@@ -110,7 +113,8 @@ def test_requests_sharing_cached_blocks_decode_in_one_batch(worker_factory: Fact
 
     async def run() -> list[str]:
         async with worker.async_client() as client:
-            return await asyncio.gather(*(complete(client, p, 12) for p in PROMPTS))
+            # 32 tokens each: long enough that all four are decoding at once on a slow day
+            return await asyncio.gather(*(complete(client, p, 32) for p in PROMPTS))
 
     asyncio.run(run())
     assert metric(worker.url, "vllm:prefix_cache_hits_total") >= 16  # they share a block

@@ -1,7 +1,8 @@
 """Speculative decoding in the model runner, on small fake networks: drafts verified in one
 forward, what is emitted equal to decoding without speculation (greedy, penalised, and
 seeded sampling alike), rejection sampling keeping the target distribution (chi-square),
-stops ending a run, and a paused request's drafter kept in place (DESIGN.md 7.1)."""
+stops ending a run, and a paused request's drafter kept in place (DESIGN.md 7.1); for
+both drafters, n-gram and early exit."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from genpool_core.plan import GenPlan
 from genpool_core.preemption import GenCapacity
 from genpool_core.request import GenRequest
 from genpool_core.scheduler import GenScheduler, SchedulerConfig
+from genpool_worker.drafters import next_draft_length
 from genpool_worker.engine_io import Arrival, StepResult
 from genpool_worker.model.kv_cache import PrefillSpan
 from genpool_worker.model_runner import TorchModelRunner
 from genpool_worker.sampling_params import SamplingParams
-from genpool_worker.speculative import NgramDrafter, SpeculativeConfig
+from genpool_worker.speculative import DrafterModelError, NgramDrafter, SpeculativeConfig
 from genpool_worker.synthetic import SyntheticKVCache
 
 VOCAB = 16
@@ -41,6 +43,7 @@ class FakeNetwork:
         self.table = table  # [VOCAB, VOCAB]: row t is the logits after token t
         self.kv = SyntheticKVCache(self.name, num_blocks=4, block_size=16)
         self.draft_forwards = 0
+        self.decodes = 0
 
     def runner(self, speculative: SpeculativeConfig | None) -> TorchModelRunner[torch.Tensor]:
         return TorchModelRunner(self, self.kv, speculative)
@@ -55,6 +58,7 @@ class FakeNetwork:
 
     def decode(self, cache: torch.Tensor, block_tables: Sequence[Sequence[int]],
                token_ids: list[int], positions: list[int]) -> torch.Tensor:  # fmt: skip
+        self.decodes += 1
         return self.table[token_ids]
 
 
@@ -158,7 +162,7 @@ def test_rejection_sampling_keeps_the_target_distribution() -> None:
     chi2 = sum((counts[t] - total * float(p[t])) ** 2 / (total * float(p[t]))
                for t in range(1, VOCAB))  # fmt: skip
     assert chi2 < 37.7, f"chi-square {chi2:.1f} over {total} tokens"
-    assert sum(len(a) for r in results for a in r.accepted.values()) > total // 10
+    assert sum(len(a) for r in results for a in r.accepted.values()) > total // 20
 
 
 def test_a_stop_token_ends_the_run_and_min_tokens_masks_it() -> None:
@@ -224,3 +228,127 @@ def test_a_resumed_request_drafts_from_its_history_before_the_pause() -> None:
     assert resumed_run(TorchModelRunner) == (3, 11)
     # The test catches the bug: a drafter reset while paused accepts nothing on return.
     assert resumed_run(ForgetfulRunner) == (0, 0)
+
+
+class LayeredFakeNetwork(FakeNetwork):
+    """A fake network whose first layers guess the next token from their own logits,
+    ``draft_table`` (the early-exit drafter's view: right after most tokens, wrong after
+    some). Counts the drafting forwards."""
+
+    num_layers = 4
+
+    def __init__(self, table: torch.Tensor, draft_table: torch.Tensor) -> None:
+        super().__init__(table)
+        self.draft_table = draft_table
+        self.draft_steps = 0
+
+    def decode(self, cache: torch.Tensor, block_tables: Sequence[Sequence[int]],
+               token_ids: list[int], positions: list[int], *,
+               num_layers: int | None = None) -> torch.Tensor:  # fmt: skip
+        if num_layers is None:
+            return self.table[token_ids]
+        assert num_layers == 2
+        self.draft_steps += 1
+        return self.draft_table[token_ids]
+
+
+def early_exit(k: int = 3, layers: int = 2) -> SpeculativeConfig:
+    return SpeculativeConfig(method="early_exit", num_speculative_tokens=k,
+                             num_draft_layers=layers)  # fmt: skip
+
+
+def shallow_guess(table: torch.Tensor) -> torch.Tensor:
+    """``table`` with the greedy follower of tokens 3 and 8 guessed wrong."""
+    guess = table.clone()
+    guess[3, 9] += 40.0
+    guess[8, 2] += 40.0
+    return guess
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [{"temperature": 0.0}, {"temperature": 0.0, "repetition_penalty": 1.3},
+     {"temperature": 0.8, "top_p": 0.9, "seed": 3, "frequency_penalty": 0.5}],
+    ids=["greedy", "greedy-penalised", "seeded-filtered-penalised"],
+)  # fmt: skip
+def test_early_exit_drafts_emit_what_decoding_without_speculation_does(
+    sampling: dict[str, object],
+) -> None:
+    arrivals = [arrival(rid, prompt, 40, **sampling) for rid, prompt in PROMPTS.items()]
+    plain, _ = generate(FakeNetwork(cycle_table()), None, arrivals)
+    network = LayeredFakeNetwork(cycle_table(), shallow_guess(cycle_table()))
+    drafted, results = generate(network, early_exit(), arrivals)
+    assert drafted == plain and network.draft_steps > 0 and network.draft_forwards > 0
+    num_drafted = sum(sum(r.drafted.values()) for r in results)
+    num_accepted = sum(len(a) for r in results for a in r.accepted.values())
+    assert 0 < num_accepted < num_drafted  # the wrong guesses are rejected, the others kept
+
+
+def test_early_exit_rejection_sampling_keeps_the_target_distribution() -> None:
+    """Drafts from a distribution unlike the target's (the first layers' argmax, always
+    token 15): the emitted tokens are still distributed as the target's p."""
+    logits = torch.linspace(2.0, -2.0, VOCAB)
+    logits[EOS] = -1e4
+    guess = torch.zeros(VOCAB, VOCAB)
+    guess[:, 1] = 1.0  # the likeliest token: accepted often, rejected often too
+    network = LayeredFakeNetwork(logits.repeat(VOCAB, 1), guess)
+    arrivals = [arrival(f"r{i}", [3, 4], 64, temperature=1.0, seed=i) for i in range(40)]
+    emitted, results = generate(network, early_exit(), arrivals)
+    counts = Counter(t for tokens in emitted.values() for t in tokens)
+    total = sum(counts.values())
+    p = torch.softmax(logits, dim=-1)
+    chi2 = sum((counts[t] - total * float(p[t])) ** 2 / (total * float(p[t]))
+               for t in range(1, VOCAB))  # fmt: skip
+    assert chi2 < 37.7, f"chi-square {chi2:.1f} over {total} tokens"
+    assert sum(len(a) for r in results for a in r.accepted.values()) > total // 20
+
+
+def test_early_exit_needs_a_layered_network_with_layers_to_spare() -> None:
+    with pytest.raises(DrafterModelError, match="needs a layered network"):
+        FakeNetwork(cycle_table()).runner(early_exit())
+    network = LayeredFakeNetwork(cycle_table(), cycle_table())
+    with pytest.raises(DrafterModelError, match="below the model's 4 layers, got 4"):
+        network.runner(early_exit(layers=4))
+
+
+def test_a_pass_with_drafts_is_one_forward_for_every_member() -> None:
+    """``a`` drafts (its prompt holds the cycle), ``b`` finds nothing to look up, and
+    ``c`` asks for logprobs: ``b`` rides in the drafts' forward as a one-token row, and
+    only ``c`` decodes on its own."""
+    network = FakeNetwork(cycle_table())
+    runner = network.runner(spec())
+    runner.add_request(arrival("a", PROMPTS["a"], 20, temperature=0.0))
+    runner.add_request(arrival("b", [7, 3, 9, 9, 4], 20, temperature=0.0))
+    runner.add_request(arrival("c", [7, 3, 9, 9, 4], 20, temperature=0.0, num_logprobs=1))
+    everyone = ("a", "b", "c")
+    runner.execute(plan_of(everyone, everyone, (), (0, 0, 0), admitted=everyone))
+    network.decodes = 0
+    result = runner.execute(plan_of(everyone, (), (), (4, 4, 4)))
+    assert set(result.tokens) == set(everyone) and network.draft_forwards == 1
+    assert result.drafted == {"a": 4} and len(result.accepted["a"]) == 4
+    assert network.decodes == 1 and set(result.logprobs) == {"c"}
+    result = runner.execute(plan_of(("b",), (), (), (4,)))  # alone and draftless: a decode
+    assert network.decodes == 2 and not result.drafted
+
+
+@pytest.mark.parametrize(
+    ("length", "drafted", "accepted", "after"),
+    [(4, 4, 4, 4), (2, 2, 2, 4), (1, 1, 1, 3), (3, 3, 2, 2), (1, 1, 0, 1), (4, 0, 0, 4)],
+)
+def test_a_draft_length_climbs_on_success_and_falls_on_a_miss(
+    length: int, drafted: int, accepted: int, after: int
+) -> None:
+    assert next_draft_length(length, drafted, accepted, k=4) == after
+
+
+def test_failing_drafts_shrink_to_one_a_step() -> None:
+    """A target that draws uniformly: prompt lookup's drafts are accepted about one time
+    in fifteen, so the request soon drafts about one token a step instead of k."""
+    logits = torch.zeros(VOCAB)
+    logits[EOS] = -1e4
+    network = FakeNetwork(logits.repeat(VOCAB, 1))
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+    request = arrival("a", prompt, 60, temperature=1.0, seed=1)
+    _, results = generate(network, spec(k=4, low=1, high=1), [request])
+    drafted = [r.drafted["a"] for r in results if "a" in r.drafted]
+    assert drafted[0] == 4 and 1 in drafted and sum(drafted) / len(drafted) < 2, drafted

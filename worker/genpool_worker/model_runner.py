@@ -2,7 +2,7 @@
 
 The loop hands it each pass's plan; it returns one sampled token per batch member, and
 with speculative decoding the drafts each verified and accepted before it
-(``spec_verify``; a member's drafts in one forward, up to its plan's limit).
+(``speculator``: drafts up to the plan's limits, verified in one forward).
 It keeps what the model step needs per request (prompt, last token, position,
 sampling parameters and the seeded generator), so the loop never touches a tensor.
 It holds a network (``DecodeModel``: layers, no state between calls) and the KV cache
@@ -28,8 +28,8 @@ from genpool_worker.model.sampler import sample
 from genpool_worker.request_faults import RequestFaults
 from genpool_worker.run_state import RunState, sample_row
 from genpool_worker.sampling_params import TokenLogprobs
-from genpool_worker.spec_verify import Verified, verify
 from genpool_worker.speculative import NgramDrafter, SpeculativeConfig
+from genpool_worker.speculator import Speculator
 
 SHARED_PREFIX_FAILED = "a prefix it shares was being computed by a request that failed"
 CacheT = TypeVar("CacheT")  # the KV cache's type (the owner's, which the network takes)
@@ -44,10 +44,15 @@ class TorchModelRunner(Generic[CacheT]):
         kv: KVCacheOwner[CacheT],
         speculative: SpeculativeConfig | None = None,
     ) -> None:
-        """``speculative``: draft and verify tokens (``--speculative-config``; None: off)."""
+        """``speculative``: draft and verify tokens (``--speculative-config``; None: off);
+        a ``DrafterModelError`` when the network cannot run its drafter."""
         self.model = model
         self.kv = kv
         self.speculative = speculative
+        self._states: dict[str, RunState] = {}
+        self._speculator: Speculator[CacheT] | None = None
+        if speculative is not None:
+            self._speculator = Speculator(speculative, model, kv.cache, self._states)
         vocab_size = getattr(model, "vocab_size", None)
         self.info = ModelInfo(
             name=model.name,
@@ -58,18 +63,19 @@ class TorchModelRunner(Generic[CacheT]):
             num_kv_blocks=kv.num_blocks,
             kv_block_size=kv.block_size,
         )
-        self._states: dict[str, RunState] = {}
 
     def add_request(self, arrival: Arrival) -> None:
         eos = () if arrival.ignore_eos else self.info.eos_token_ids
         spec = self.speculative
         # Logprobs are reported per step's token: a request that asks for them drafts nothing.
-        drafter = None
-        if spec is not None and arrival.sampling.num_logprobs is None:
-            drafter = NgramDrafter(arrival.prompt_ids, *spec.lookup_range)
+        drafting = spec is not None and arrival.sampling.num_logprobs is None
+        ngram = None
+        if drafting and spec is not None and spec.method == "ngram":
+            ngram = NgramDrafter(arrival.prompt_ids, *spec.lookup_range)
         self._states[arrival.request_id] = RunState(
             list(arrival.prompt_ids), sample_row(arrival), min_tokens=arrival.min_tokens,
-            stop_ids=(*eos, *arrival.stop_token_ids), drafter=drafter,
+            stop_ids=(*eos, *arrival.stop_token_ids), is_drafting=drafting, drafter=ngram,
+            num_draft_tokens=spec.num_speculative_tokens if drafting and spec else 0,
         )  # fmt: skip
 
     def remove_request(self, request_id: str) -> None:
@@ -108,9 +114,9 @@ class TorchModelRunner(Generic[CacheT]):
         if order:
             rows.append(torch.stack([prefilled[rid] for rid in order]))
         decoding = [r for r in plan.batch_ids if r not in prefill and r not in faults.failed]
-        drafts = self._drafts(plan, decoding)
-        verified = self._verify(drafts, faults)
-        decoding = [r for r in decoding if r not in drafts]
+        verified, drafted = ({}, {}) if self._speculator is None else (
+            self._speculator.step(plan, decoding, faults))  # fmt: skip
+        decoding = [r for r in decoding if r not in verified and r not in faults.failed]
         if decoding:
             kept, decoded = faults.retry_alone(
                 decoding, self._decode_rows, lambda r: self._decode_rows([r])
@@ -122,7 +128,6 @@ class TorchModelRunner(Generic[CacheT]):
         drawn = {rid: t for rid, (t, _) in tokens.items()}
         drawn.update({rid: v.token for rid, v in verified.items()})
         accepted = {rid: v.accepted for rid, v in verified.items() if v.accepted}
-        drafted = {rid: len(drafts[rid]) for rid in verified}
         return StepResult(drawn, logprobs, faults.failed, accepted, drafted)
 
     def _prefill_all(
@@ -210,51 +215,6 @@ class TorchModelRunner(Generic[CacheT]):
             state.num_prefilled = end
         return logits
 
-    def _drafts(self, plan: GenPlan, decoding: list[str]) -> dict[str, list[int]]:
-        """Each decoding member's drafts, up to its plan's limit (none without a drafter)."""
-        if not plan.draft_limits:
-            return {}
-        limits = dict(zip(plan.batch_ids, plan.draft_limits, strict=True))
-        drafts: dict[str, list[int]] = {}
-        for request_id in decoding:
-            drafter = self._states[request_id].drafter
-            if drafter is not None and limits[request_id] > 0:
-                proposed = drafter.propose(limits[request_id])
-                if proposed:
-                    drafts[request_id] = proposed
-        return drafts
-
-    def _verify(self, drafts: dict[str, list[int]], faults: RequestFaults) -> dict[str, Verified]:
-        """The drafting rows' last token and drafts through the network in one forward
-        (positions written like a chunk's; the rejected ones' KV is past the request's
-        length, masked, and overwritten by its next step), then verified (``spec_verify``)."""
-        if not drafts:
-            return {}
-        kept, forwards = faults.retry_alone(
-            list(drafts),
-            lambda ids: self._draft_forward(ids, drafts),
-            lambda r: self._draft_forward([r], drafts),
-        )
-        logits: dict[str, torch.Tensor] = {}
-        for forward in forwards:
-            logits.update(forward)
-        states = {rid: self._states[rid] for rid in kept}
-        return verify(states, drafts, logits, faults)
-
-    def _draft_forward(
-        self, request_ids: Sequence[str], drafts: dict[str, list[int]]
-    ) -> dict[str, torch.Tensor]:
-        spans = []
-        for request_id in request_ids:
-            state = self._states[request_id]
-            assert state.last_token is not None and state.drafter is not None
-            position = len(state.prompt_ids) + state.num_output_tokens - 1
-            tokens = [state.last_token, *drafts[request_id]]
-            spans.append(PrefillSpan(state.blocks, tokens, position))
-        logits = self.model.prefill_many(self.kv.cache, spans, all_positions=True)
-        rows = torch.split(logits, [len(span.token_ids) for span in spans])
-        return dict(zip(request_ids, rows, strict=True))
-
     def _decode_rows(self, request_ids: Sequence[str]) -> torch.Tensor:
         tables, last, positions = [], [], []
         for request_id in request_ids:
@@ -262,7 +222,7 @@ class TorchModelRunner(Generic[CacheT]):
             assert state.last_token is not None, f"{request_id} decodes before its prefill"
             tables.append(state.blocks)
             last.append(state.last_token)
-            positions.append(len(state.prompt_ids) + state.num_output_tokens - 1)
+            positions.append(state.position)
         return self.decode(tables, last, positions)
 
     # ---- one pass of the network over the cache (what execute runs; benchmarks too) ----

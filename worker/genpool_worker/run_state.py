@@ -27,9 +27,19 @@ class RunState:
     # What may not end it before ``min_tokens`` (vLLM masks them): EOS unless ``ignore_eos``,
     # and its stop tokens.
     stop_ids: tuple[int, ...] = ()
-    # Speculative decoding's drafter over its prompt and output (None: it drafts nothing);
-    # kept while it is paused, so a resumed request drafts from its whole history.
+    # Speculative decoding: whether it drafts (speculation on, and no logprobs asked), and
+    # the n-gram drafter's index over its prompt and output (method ngram). Both kept while
+    # it is paused, so a resumed request drafts from its whole history (early_exit's
+    # drafter state is its own KV, pinned with its blocks).
+    is_drafting: bool = False
     drafter: NgramDrafter | None = None
+    # How many drafts it asks for next (drafters.next_draft_length), at most k.
+    num_draft_tokens: int = 0
+
+    @property
+    def position(self) -> int:
+        """Where its last token goes (its KV not yet written): its length less one."""
+        return len(self.prompt_ids) + self.num_output_tokens - 1
 
     def mask_stops(self) -> None:
         """Before this pass's draw: EOS and stop tokens masked while short of min_tokens."""

@@ -1,7 +1,8 @@
-"""Speculative decoding's drafter (docs/worker.md#speculative-decoding): n-gram prompt
-lookup, vLLM's ``ngram`` method, and ``--speculative-config``.
+"""Speculative decoding's configuration (``--speculative-config``) and its n-gram drafter
+(docs/worker.md#speculative-decoding): prompt lookup, vLLM's ``ngram`` method. The other
+drafter, ``early_exit`` (the target's first layers), is ``drafters.py``'s.
 
-The drafter proposes the tokens that followed the latest earlier occurrence of the
+The n-gram drafter proposes the tokens that followed the latest earlier occurrence of the
 request's last n tokens (n from ``prompt_lookup_max`` down to ``prompt_lookup_min``),
 in its prompt and output so far. It needs no model and is a pure function of the
 token history, so every tensor-parallel rank drafts the same tokens without an
@@ -27,17 +28,28 @@ DEFAULT_LOOKUP = 5  # vLLM's, when neither size is given
 
 
 class SpeculativeConfig(BaseModel):
-    """vLLM's ``--speculative-config`` fields for ``method: ngram``; others are refused."""
+    """vLLM's ``--speculative-config`` fields: ``method: ngram`` with its lookup sizes, or
+    ``method: early_exit`` (self-speculation) with ``num_draft_layers``, the target's
+    first layers that draft (fewer than it has: checked when the model loads)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    method: Literal["ngram"]
+    method: Literal["ngram", "early_exit"]
     num_speculative_tokens: int = Field(ge=1, le=MAX_SPECULATIVE_TOKENS)
     prompt_lookup_max: int | None = Field(default=None, ge=1, le=MAX_PROMPT_LOOKUP)
     prompt_lookup_min: int | None = Field(default=None, ge=1, le=MAX_PROMPT_LOOKUP)
+    num_draft_layers: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
-    def _lookup_range(self) -> SpeculativeConfig:
+    def _method_options(self) -> SpeculativeConfig:
+        if self.method == "early_exit":
+            if self.num_draft_layers is None:
+                raise ValueError("method early_exit needs num_draft_layers")
+            if self.prompt_lookup_min is not None or self.prompt_lookup_max is not None:
+                raise ValueError("prompt_lookup_min/max are options of method ngram only")
+            return self
+        if self.num_draft_layers is not None:
+            raise ValueError("num_draft_layers is an option of method early_exit only")
         low, high = self.lookup_range
         if low > high:
             raise ValueError(f"prompt_lookup_min ({low}) is above prompt_lookup_max ({high})")
@@ -50,6 +62,10 @@ class SpeculativeConfig(BaseModel):
         if low is None and high is None:
             return DEFAULT_LOOKUP, DEFAULT_LOOKUP
         return (low or high or DEFAULT_LOOKUP), (high or low or DEFAULT_LOOKUP)
+
+
+class DrafterModelError(ValueError):
+    """The configured drafter cannot run on the loaded model (known once it is read)."""
 
 
 def parse_speculative_config(text: str) -> SpeculativeConfig:

@@ -23,6 +23,7 @@ from genpool_worker.engine_io import Tokenizer
 from genpool_worker.kv_events import KVEventsSocketError, start_kv_events
 from genpool_worker.metrics import WorkerMetrics
 from genpool_worker.serving import ServerProcess, drain_timeout_s, read_kv_secret
+from genpool_worker.speculative import DrafterModelError
 from genpool_worker.termination_log import report_fatal
 from genpool_worker.worker_config import (
     SYNTHETIC_PREFIX,
@@ -167,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _config_error([str(exc)])
     try:
         return _run(config, scheduler)
-    except (MaxSeqLenError, KVEventsSocketError) as exc:  # known once the model is read
+    except (MaxSeqLenError, KVEventsSocketError, DrafterModelError) as exc:  # known once read
         return _config_error([str(exc)])
     except Exception as exc:  # model load, engine set-up: the cause goes to the pod's status
         log.exception("worker failed")

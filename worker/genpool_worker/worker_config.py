@@ -160,8 +160,9 @@ class WorkerConfig(PDFlags):
         default=None,
         description="speculative decoding: vLLM's --speculative-config JSON object, e.g."
         ' \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,'
-        ' "prompt_lookup_min": 2}\'; n-gram prompt lookup drafts up to'
-        " num_speculative_tokens tokens a step, verified in one forward"
+        ' "prompt_lookup_min": 2}\' (n-gram prompt lookup) or \'{"method": "early_exit",'
+        ' "num_speculative_tokens": 3, "num_draft_layers": 12}\' (the model\'s first layers'
+        " draft); up to num_speculative_tokens drafts a step, verified in one forward"
         " (docs/worker.md#speculative-decoding); unset: off",
     )
     max_prefill_tokens_per_pass: int | None = Field(

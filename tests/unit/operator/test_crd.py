@@ -25,7 +25,14 @@ from genpool_operator.spec import (
     GenPoolSpec,
     GenPoolSpecError,
 )
-from genpool_operator.spec_sections import KV_CACHE_MEMORY_POSITIVE, LOOKUP_ORDER, ONE_KV_BUDGET
+from genpool_operator.spec_sections import (
+    DRAFT_LAYERS_EARLY_EXIT_ONLY,
+    DRAFT_LAYERS_NEEDED,
+    KV_CACHE_MEMORY_POSITIVE,
+    LOOKUP_NGRAM_ONLY,
+    LOOKUP_ORDER,
+    ONE_KV_BUDGET,
+)
 
 CRD_PATH = Path(__file__).parents[3] / "crds" / "genpool.dev_genpools.yaml"
 
@@ -243,7 +250,9 @@ def test_the_kv_budget_rules_have_the_models_messages(crd: dict[str, Any]) -> No
     assert GPU_SHARE_NEEDS_GPU in rule_messages(spec_schema(crd))
     assert KV_EVENTS_NEED_CACHING in rule_messages(spec_schema(crd))
     speculative = engine_schema(crd)["properties"]["speculative"]
-    assert rule_messages(speculative) == [LOOKUP_ORDER]
+    assert rule_messages(speculative) == [
+        LOOKUP_ORDER, DRAFT_LAYERS_NEEDED, DRAFT_LAYERS_EARLY_EXIT_ONLY, LOOKUP_NGRAM_ONLY,
+    ]  # fmt: skip
 
 
 @cache

@@ -93,9 +93,16 @@ def test_speculative_decoding_reaches_the_worker_as_its_flag() -> None:
     assert speculative is not None and speculative.lookup_range == (4, 4)
     assert build_scheduler(config).config.num_speculative_tokens == 3
     assert "speculative_config" not in GenPoolSpec.from_body(CPU).worker_config()
+    early_exit = {"numSpeculativeTokens": 3, "method": "early_exit", "numDraftLayers": 12}
+    early_json = GenPoolSpec.from_body({**CPU, "engine": {"speculative": early_exit}})
+    early_config = WorkerConfig.model_validate(early_json.worker_config()).speculative()
+    assert early_config is not None and early_config.num_draft_layers == 12
     bad_sections = (
         {}, {"numSpeculativeTokens": 0}, {"numSpeculativeTokens": 2, "method": "eagle"},
         {"numSpeculativeTokens": 2, "promptLookupMin": 5, "promptLookupMax": 2},
+        {"numSpeculativeTokens": 2, "method": "early_exit"},
+        {"numSpeculativeTokens": 2, "numDraftLayers": 4},
+        {**early_exit, "promptLookupMax": 4}, {**early_exit, "numDraftLayers": 0},
     )  # fmt: skip
     for bad in bad_sections:
         with pytest.raises(GenPoolSpecError):

@@ -23,7 +23,11 @@ def test_a_case_pairs_the_setups_rep_by_rep_and_compares_their_texts() -> None:
                 "tokens_per_drafting_step": None, "failed": 0}  # fmt: skip
 
     same = _case({"plain": [run(10.0, "a", None), run(12.0, "a", None)],
-                  "ngram": [run(25.0, "a", 0.7), run(24.0, "a", 0.7)]})  # fmt: skip
-    assert same["ratio_ngram_over_plain"] == [2.5, 2.0] and same["texts_equal"]
-    differ = _case({"plain": [run(10.0, "a", None)], "ngram": [run(10.0, "b", 0.1)]})
+                  "ngram": [run(25.0, "a", 0.7), run(24.0, "a", 0.7)],
+                  "early_exit": [run(5.0, "a", 0.3), run(6.0, "a", 0.4)]})  # fmt: skip
+    assert same["ratio_over_plain"] == {"ngram": [2.5, 2.0], "early_exit": [0.5, 0.5]}
+    assert same["acceptance_rate"] == {"ngram": [0.7, 0.7], "early_exit": [0.3, 0.4]}
+    assert same["texts_equal"]
+    differ = _case({"plain": [run(10.0, "a", None)], "ngram": [run(10.0, "a", 0.1)],
+                    "early_exit": [run(10.0, "b", 0.1)]})  # fmt: skip
     assert not differ["texts_equal"]

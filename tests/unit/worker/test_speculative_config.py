@@ -60,6 +60,8 @@ def test_config_defaults_and_lookup_sizes_follow_vllm() -> None:
     both = ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 4,'
             ' "prompt_lookup_min": 2}')  # fmt: skip
     assert parse_speculative_config(both).lookup_range == (2, 4)
+    early = '{"method": "early_exit", "num_speculative_tokens": 3, "num_draft_layers": 10}'
+    assert parse_speculative_config(early).num_draft_layers == 10
 
 
 @pytest.mark.parametrize(
@@ -68,7 +70,16 @@ def test_config_defaults_and_lookup_sizes_follow_vllm() -> None:
         ("{", "is not valid JSON"),
         ("[]", "must be a JSON object"),
         ('{"num_speculative_tokens": 2}', "method: Field required"),
-        ('{"method": "eagle", "num_speculative_tokens": 2}', "method: Input should be 'ngram'"),
+        ('{"method": "eagle", "num_speculative_tokens": 2}',
+         "method: Input should be 'ngram' or 'early_exit'"),
+        ('{"method": "early_exit", "num_speculative_tokens": 2}',
+         "early_exit needs num_draft_layers"),
+        ('{"method": "early_exit", "num_speculative_tokens": 2, "num_draft_layers": 0}',
+         "num_draft_layers: Input should be greater than or equal to 1"),
+        ('{"method": "early_exit", "num_speculative_tokens": 2, "num_draft_layers": 3,'
+         ' "prompt_lookup_max": 2}', "prompt_lookup_min/max are options of method ngram only"),
+        ('{"method": "ngram", "num_speculative_tokens": 2, "num_draft_layers": 3}',
+         "num_draft_layers is an option of method early_exit only"),
         ('{"method": "ngram"}', "num_speculative_tokens: Field required"),
         ('{"method": "ngram", "num_speculative_tokens": 0}', "greater than or equal to 1"),
         ('{"method": "ngram", "num_speculative_tokens": 99}', "less than or equal to 16"),

@@ -12,6 +12,7 @@ out of the batch) keeps its KV bit-for-bit, which is what pausing in place relie
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,7 @@ class LlamaModel:
         self.name = name or config.name
         self.eos_token_id = config.eos_token_id  # the primary EOS
         self.eos_token_ids = config.eos_token_ids  # every id that ends a generation
-        self.vocab_size = config.vocab_size
+        self.vocab_size, self.num_layers = config.vocab_size, config.num_layers
         self.max_seq_len = max_seq_len
         self.device = rank_device(torch.device(device), tp_rank)
         if dtype is None:
@@ -156,21 +157,22 @@ class LlamaModel:
         return self._logits(x if all_positions else x[at.last])
 
     @torch.inference_mode()
-    def decode(
-        self, cache: KVCache, block_tables: Tables, token_ids: list[int], positions: list[int]
-    ) -> torch.Tensor:
+    def decode(self, cache: KVCache, block_tables: Tables, token_ids: list[int],
+               positions: list[int], *, num_layers: int | None = None) -> torch.Tensor:  # fmt: skip
         """One token per row at ``positions`` (its current length), written into the row's
         block table; logits ``[B, vocab]``. Each row attends to positions ``0..position``
         of its own blocks only. A row ``[dummy_block]`` at position 0 is batch padding
         (repeatable); its logits are meaningless. The torch path: on CUDA the runner
-        replays ``decode_step`` instead (``cache_engine.CacheEngine.decode_graphs``)."""
+        replays ``decode_step`` instead (``cache_engine.CacheEngine.decode_graphs``).
+        ``num_layers``: only the first layers, then the head (early-exit drafts)."""
         self._checks(block_tables, token_ids, positions, self._geometry(cache), self.vocab_size)
         nh, nkv, d = self._heads, self.kv_heads, self.config.head_dim
         b, length = len(block_tables), max(positions) + 1
         at = cache.decode_rows(block_tables, positions)
         x = F.embedding(torch.tensor(token_ids, device=self.device), self._embed)
         cos, sin = self._cos[at.positions, None], self._sin[at.positions, None]
-        for layer, k_cache, v_cache in zip(self._layers, cache.k, cache.v, strict=True):
+        layers = zip(self._layers, cache.k, cache.v, strict=True)
+        for layer, k_cache, v_cache in itertools.islice(layers, num_layers):
             qkv = layer.qkv(self._norm(x, layer.attn_norm)).view(b, nh + 2 * nkv, d)
             qk = apply_rope(qkv[:, : nh + nkv], cos, sin)
             k_rows, v_rows = k_cache.view(nkv, -1, d), v_cache.view(nkv, -1, d)
