@@ -39,6 +39,13 @@ def test_tensor_parallel_size_the_model_refuses_names_its_kv_heads(log_file: Pat
     assert "tensor_parallel_size=2" in first and "3 KV heads" in first
 
 
+def test_a_drafter_the_model_cannot_run_is_a_refused_configuration(log_file: Path) -> None:
+    early_exit = '{"method": "early_exit", "num_speculative_tokens": 2, "num_draft_layers": 4}'
+    assert main(["--model", "synthetic:x", "--speculative-config", early_exit]) == 2
+    first = log_file.read_text().splitlines()[0]
+    assert first.startswith("invalid worker configuration: speculative method early_exit")
+
+
 def test_a_model_that_fails_to_load_is_reported_with_its_traceback(
     log_file: Path, tmp_path: Path
 ) -> None:
