@@ -146,6 +146,21 @@ def test_what_is_emitted_equals_decoding_without_speculation(sampling: dict[str,
         assert steps <= 2 + math.ceil(39 / 5)
 
 
+def assert_distributed_as(
+    logits: torch.Tensor, emitted: dict[str, list[int]], results: list[StepResult]
+) -> None:
+    """The emitted tokens are distributed as ``softmax(logits)`` (chi-square, 15 degrees
+    of freedom, p = 0.001), and enough drafts were accepted that verification's accept
+    and reject paths both ran."""
+    counts = Counter(t for tokens in emitted.values() for t in tokens)
+    total = sum(counts.values())
+    p = torch.softmax(logits, dim=-1)
+    chi2 = sum((counts[t] - total * float(p[t])) ** 2 / (total * float(p[t]))
+               for t in range(1, VOCAB))  # fmt: skip
+    assert chi2 < 37.7, f"chi-square {chi2:.1f} over {total} tokens"
+    assert sum(len(a) for r in results for a in r.accepted.values()) > total // 20
+
+
 def test_rejection_sampling_keeps_the_target_distribution() -> None:
     """A network whose next-token distribution p ignores the context, drafts from a
     prompt that keeps proposing a likely token: the emitted tokens, drafts accepted or
@@ -156,13 +171,7 @@ def test_rejection_sampling_keeps_the_target_distribution() -> None:
     prompt = [1, 2, 1, 2, 1, 2, 1, 2]
     arrivals = [arrival(f"r{i}", prompt, 64, temperature=1.0, seed=i) for i in range(40)]
     emitted, results = generate(network, spec(k=3, low=1, high=2), arrivals)
-    counts = Counter(t for tokens in emitted.values() for t in tokens)
-    total = sum(counts.values())
-    p = torch.softmax(logits, dim=-1)
-    chi2 = sum((counts[t] - total * float(p[t])) ** 2 / (total * float(p[t]))
-               for t in range(1, VOCAB))  # fmt: skip
-    assert chi2 < 37.7, f"chi-square {chi2:.1f} over {total} tokens"
-    assert sum(len(a) for r in results for a in r.accepted.values()) > total // 20
+    assert_distributed_as(logits, emitted, results)
 
 
 def test_a_stop_token_ends_the_run_and_min_tokens_masks_it() -> None:
@@ -286,7 +295,7 @@ def test_early_exit_drafts_emit_what_decoding_without_speculation_does(
 
 def test_early_exit_rejection_sampling_keeps_the_target_distribution() -> None:
     """Drafts from a distribution unlike the target's (the first layers' argmax, always
-    token 15): the emitted tokens are still distributed as the target's p."""
+    token 1): the emitted tokens are still distributed as the target's p."""
     logits = torch.linspace(2.0, -2.0, VOCAB)
     logits[EOS] = -1e4
     guess = torch.zeros(VOCAB, VOCAB)
@@ -294,13 +303,7 @@ def test_early_exit_rejection_sampling_keeps_the_target_distribution() -> None:
     network = LayeredFakeNetwork(logits.repeat(VOCAB, 1), guess)
     arrivals = [arrival(f"r{i}", [3, 4], 64, temperature=1.0, seed=i) for i in range(40)]
     emitted, results = generate(network, early_exit(), arrivals)
-    counts = Counter(t for tokens in emitted.values() for t in tokens)
-    total = sum(counts.values())
-    p = torch.softmax(logits, dim=-1)
-    chi2 = sum((counts[t] - total * float(p[t])) ** 2 / (total * float(p[t]))
-               for t in range(1, VOCAB))  # fmt: skip
-    assert chi2 < 37.7, f"chi-square {chi2:.1f} over {total} tokens"
-    assert sum(len(a) for r in results for a in r.accepted.values()) > total // 20
+    assert_distributed_as(logits, emitted, results)
 
 
 def test_early_exit_needs_a_layered_network_with_layers_to_spare() -> None:
