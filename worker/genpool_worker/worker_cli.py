@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from genpool_core.kv_blocks import KVBudget
+from genpool_core.names import ADMIN_TOKEN_ENV
 from genpool_core.preemption import GenPreemptionConfigError
 from genpool_core.scheduler import GenScheduler
 from genpool_worker.engine import GenEngine
@@ -25,15 +26,12 @@ from genpool_worker.metrics import WorkerMetrics
 from genpool_worker.serving import ServerProcess, drain_timeout_s, read_kv_secret
 from genpool_worker.speculative import DrafterModelError
 from genpool_worker.termination_log import report_fatal
+from genpool_worker.worker_args import ConfigEnvError, build_parser, config_from_env, parse_config
 from genpool_worker.worker_config import (
     SYNTHETIC_PREFIX,
-    ConfigEnvError,
     MaxSeqLenError,
     WorkerConfig,
-    build_parser,
     build_scheduler,
-    config_from_env,
-    parse_config,
     resolve_max_seq_len,
 )
 
@@ -252,7 +250,7 @@ def _serve(engine: GenEngine, tokenizer: Tokenizer, metrics: WorkerMetrics,
         engine,
         tokenizer,
         metrics,
-        admin_token=os.environ.get("GENPOOL_ADMIN_TOKEN") or None,
+        admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None,
         stamp_arrival=config.stamp_arrival,
         max_arrival_age_s=config.max_arrival_age_s,
         kv_transfer=kv_transfer,

@@ -1,19 +1,16 @@
 """The worker's configuration: ``WorkerConfig`` (every field a flag, its help the field's
-description with unit and default, ``genpool_core.field_help``), read from
-GENPOOL_WORKER_CONFIG and the command line, and the scheduler it builds. No torch
-here, so ``genpool-worker --help`` and config errors are fast."""
+description with unit and default, ``genpool_core.field_help``) and the scheduler it
+builds; :mod:`genpool_worker.worker_args` reads it from GENPOOL_WORKER_CONFIG and the
+command line. No torch here, so ``genpool-worker --help`` and config errors are fast."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from genpool_core.field_help import describe, help_for
+from genpool_core.field_help import describe
 from genpool_core.kv_blocks import KVBudget
 from genpool_core.model_catalogue import known_shape
 from genpool_core.names import (
@@ -36,8 +33,6 @@ from genpool_worker.kv_events_config import KVEventsConfig, parse_kv_events_conf
 from genpool_worker.pd.flags import PDFlags
 from genpool_worker.speculative import SpeculativeConfig, parse_speculative_config
 
-DESCRIPTION = "One GEN worker process: model, engine and HTTP API."
-CONFIG_ENV = "GENPOOL_WORKER_CONFIG"
 Mode = Literal["off", "tpot_budget", "target_output_tps"]
 # --max-seq-len unset: the model's context, at most this (tokens). Off CUDA the default KV
 # cache is B + max headroom requests of it, so the CPU cap keeps that memory bounded.
@@ -339,51 +334,6 @@ class WorkerConfig(PDFlags):
         elif self.mode is PreemptionMode.TPOT_BUDGET:
             settings["tpot_budget"] = self.tpot_budget
         return settings
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="genpool-worker", description=DESCRIPTION)
-    # The inherited flags come first in model_fields; --help lists the engine's first.
-    inherited = PDFlags.model_fields
-    fields = WorkerConfig.model_fields.items()
-    for name, field in sorted(fields, key=lambda item: item[0] in inherited):
-        flag = "--" + name.replace("_", "-")
-        text = help_for(WorkerConfig, name)
-        if field.annotation is bool:
-            parser.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=None, help=text
-            )
-        else:
-            parser.add_argument(flag, default=None, help=text)
-    return parser
-
-
-class ConfigEnvError(ValueError):
-    """GENPOOL_WORKER_CONFIG is not a JSON object."""
-
-
-def config_from_env(environ: Mapping[str, str]) -> dict[str, object]:
-    """The base config from GENPOOL_WORKER_CONFIG (the operator's worker.json), or {}."""
-    raw = environ.get(CONFIG_ENV, "").strip()
-    if not raw:
-        return {}
-    try:
-        loaded = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ConfigEnvError(f"{CONFIG_ENV} is not valid JSON: {exc}") from None
-    if not isinstance(loaded, dict):
-        raise ConfigEnvError(f"{CONFIG_ENV} must be a JSON object, got {type(loaded).__name__}")
-    return loaded
-
-
-def parse_config(
-    argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
-) -> WorkerConfig:
-    """GENPOOL_WORKER_CONFIG first, then the flags given on the command line over it."""
-    base = config_from_env(os.environ if environ is None else environ)
-    ns = build_parser().parse_args(argv)
-    given = {k: v for k, v in vars(ns).items() if v is not None}
-    return WorkerConfig.model_validate({**base, **given})
 
 
 def build_scheduler(config: WorkerConfig, kv_budget: KVBudget | None = None) -> GenScheduler:

@@ -25,8 +25,8 @@ from genpool_sim.cluster import ClusterConfig
 from genpool_sim.conversations import ConversationSettings
 from genpool_sim.experiment import Workload
 from genpool_sim.pool_control import TuneConfig
+from genpool_worker.worker_args import build_parser as worker_parser
 from genpool_worker.worker_config import WorkerConfig
-from genpool_worker.worker_config import build_parser as worker_parser
 
 # `genpool sim` flags and the field each one sets.
 SIM_FLAGS: dict[str, tuple[type, str]] = {

@@ -18,7 +18,8 @@ from genpool_worker.arrival_key import (
     arrival_key,
 )
 from genpool_worker.http_common import ApiError
-from genpool_worker.worker_config import WorkerConfig, build_parser
+from genpool_worker.worker_args import build_parser
+from genpool_worker.worker_config import WorkerConfig
 
 NOW = 1_800_000_000.0
 

@@ -10,13 +10,13 @@ from genpool_operator.spec import GenPoolSpec
 from genpool_worker.engine_io import Arrival, EngineRequest
 from genpool_worker.events import EngineEvent, Finished, TokenDelta
 from genpool_worker.output_processor import OutputProcessor
+from genpool_worker.worker_args import build_parser
 from genpool_worker.worker_config import (
     MAX_SEQ_LEN_CAP,
     MAX_SEQ_LEN_CAP_CUDA,
     SYNTHETIC_MAX_SEQ_LEN,
     MaxSeqLenError,
     WorkerConfig,
-    build_parser,
     resolve_max_seq_len,
 )
 

@@ -10,7 +10,8 @@ from pydantic import ValidationError
 
 from genpool_worker.kv_events import local_endpoint
 from genpool_worker.kv_events_config import KVEventsConfig, binds, parse_kv_events_config
-from genpool_worker.worker_config import WorkerConfig, parse_config
+from genpool_worker.worker_args import parse_config
+from genpool_worker.worker_config import WorkerConfig
 
 LLMD = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557",
         "topic": "kv@10.0.0.7:8000@Qwen/Qwen3-8B"}  # fmt: skip
