@@ -71,10 +71,6 @@ ROLE_LABEL = "llm-d.ai/role"
 KV_SECRET_FILE_ENV = "GENPOOL_KV_SECRET_FILE"
 KV_SECRET_KEY = "secret"  # the Secret's key, the mounted file's name
 KV_SECRET_MOUNT_PATH = "/var/run/genpool/kv-secret"
-# The worker pod's environment the operator sets: the worker's config (the pool's
-# worker.json ConfigMap key) and the admin token its admin endpoints require.
-WORKER_CONFIG_ENV = "GENPOOL_WORKER_CONFIG"
-ADMIN_TOKEN_ENV = "GENPOOL_ADMIN_TOKEN"
 OPERATOR_METRICS_PORT = 8081  # the operator's Prometheus /metrics (kopf's /healthz is 8080)
 
 # The GenPool API.

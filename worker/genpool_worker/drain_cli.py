@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 
-from genpool_core.names import ADMIN_TOKEN_ENV, WORKER_PORT
+from genpool_core.names import WORKER_PORT
 
 DEFAULT_TIMEOUT_S = 110.0
 # The HTTP wait may outlast the server's own deadline by this much (connect, response).
@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.timeout <= 3600:
         parser.error("--timeout must be in (0, 3600]")
-    drained, detail = drain(args.url, args.timeout, environ.get(ADMIN_TOKEN_ENV) or None)
+    drained, detail = drain(args.url, args.timeout, environ.get("GENPOOL_ADMIN_TOKEN") or None)
     print(f"genpool-worker-drain: {'drained' if drained else 'not drained'}: {detail}")
     return 0 if drained else 1
 
