@@ -117,6 +117,23 @@ MEASURED: dict[str, tuple[str, ...]] = {
     "sim/prefix.json": (*SIM, "bench/sim_prefix.py"),
     "sim/demo_load.json": (*SIM, *DEMO, "bench/sim_demo_load.py"),
     "sim/demo_load_slo0.3.json": (*SIM, *DEMO, "bench/sim_demo_load.py"),
+    **dict.fromkeys(
+        (
+            "sim.json",
+            "sim/cap_curve.json",
+            "sim/classes.json",
+            "sim/classes_floors_only.json",
+            "sim/kv_headroom.json",
+            "sim/open_loop_rate15.json",
+            "sim/prefix.json",
+            "sim/tune.json",
+        ),
+        (
+            "recorded before speculative decoding's drafts moved into the plan (2026-12-06); "
+            "speculation is off in these runs, where the plan's new fields stay empty and "
+            "every decision is the same; not rerun"
+        ),
+    ),
     "sim/autoscale_law.json": (*SIM, "bench/autoscale_study.py", "bench/autoscale_cases.py"),
     "sim.json": (*SIM, "bench/sim.py"),
     "sim/r1.json": SIM_STUDY,

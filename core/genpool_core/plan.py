@@ -36,9 +36,10 @@ class GenPlan:
     ``finish_reasons`` is aligned with ``finished_ids``; ``held_ids``: those finished
     requests whose blocks stay held (their KV is exported) instead of going back.
     ``released_held_ids``: held requests whose blocks went back since the previous pass
-    (before this pass admitted anyone). ``draft_limits`` (speculative decoding only,
-    else empty; aligned with ``batch_ids``): how many drafted tokens each member may
-    verify this step (genpool_core.speculation). ``stat`` is the pass's stat line, when one is due.
+    (before this pass admitted anyone). ``drafts`` and ``output_lengths``
+    (speculative decoding only, else empty; aligned with ``batch_ids``): the drafted
+    tokens each member verifies this step, and its output tokens so far (what earlier
+    steps accepted; genpool_core.speculation). ``stat`` is the pass's stat line, when one is due.
     """
 
     now: float
@@ -59,7 +60,8 @@ class GenPlan:
     imported_ids: tuple[str, ...] = ()
     held_ids: tuple[str, ...] = ()
     released_held_ids: tuple[str, ...] = ()
-    draft_limits: tuple[int, ...] = ()
+    drafts: tuple[tuple[int, ...], ...] = ()
+    output_lengths: tuple[int, ...] = ()
 
     @property
     def stat_line(self) -> str | None:

@@ -86,6 +86,8 @@ class GenRequest:
     slot: int | None = None
     blocks: tuple[int, ...] = ()  # KV blocks held from admission (genpool_core.kv_account)
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
+    # Speculative decoding: drafts proposed for its next step (kept while it is paused).
+    draft_token_ids: tuple[int, ...] = ()
     resident_since: float | None = None
     tokens_at_admission: int = 0
     first_gen_token_time: float | None = None

@@ -9,7 +9,7 @@ then ``postprocess(plan, now, stop_ids)`` with the tokens it produced.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from genpool_core.admission import AdaptiveTarget, AdmissionQueue
@@ -33,7 +33,7 @@ from genpool_core.request import FinishReason, GenRequest, RequestStatus, is_val
 from genpool_core.scheduler_phases import SchedulerPhases
 from genpool_core.scheduler_views import UnknownRequestError as UnknownRequestError
 from genpool_core.slots import SlotPool
-from genpool_core.speculation import check_emitted, draft_limits
+from genpool_core.speculation import check_emitted, scheduled_drafts, store_drafts
 from genpool_core.statline import StatLine
 from genpool_core.statperiod import LoadCounters, StatCadence
 
@@ -166,12 +166,14 @@ class GenScheduler(SchedulerPhases):
         stop_ids: tuple[str, ...] = (),
         num_emitted: Mapping[str, int] | None = None,
         num_drafted: Mapping[str, int] | None = None,
+        drafts: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         """Each batch request produced its tokens at ``now``; ``stop_ids`` ended on a stop.
 
         ``num_emitted``: tokens per member when speculation made several (its accepted
         drafts and its own; genpool_core.speculation), 1 for a member it omits;
-        ``num_drafted``: drafted tokens each member verified (the stat line's counts). A request
+        ``num_drafted``: drafted tokens each member verified (the stat line's counts);
+        ``drafts``: each member's drafts for its next step (genpool_core.speculation). A request
         admitted with ``num_output_tokens == 0`` (the worker does its own prefill) gets
         its first token from that prefill in its admission pass; the first token stamps
         ``first_token_time`` when no context server did.
@@ -184,7 +186,12 @@ class GenScheduler(SchedulerPhases):
             unknown = sorted(stops.difference(plan.batch_ids))
             raise ValueError(f"stop ids not in this pass's batch: {unknown}")
         emitted = num_emitted or {}
-        check_emitted(plan.batch_ids, plan.draft_limits, emitted)
+        check_emitted(plan.batch_ids, plan.drafts, emitted)
+        if self.config.num_speculative_tokens > 0:
+            members = {request_id: self._active[request_id] for request_id in plan.batch_ids}
+            store_drafts(members, drafts or {}, self.config.num_speculative_tokens)
+        elif drafts:
+            raise ValueError("drafts given with speculative decoding off")
         self._last_plan = None
         for request_id in plan.batch_ids:
             request = self._active[request_id]
@@ -258,6 +265,9 @@ class GenScheduler(SchedulerPhases):
         active = self._active
         paused_now = list(self.pausing)
         released, self._released_held = self._released_held, []
+        drafts, output_lengths = scheduled_drafts(
+            active.values(), prefill_ids, self.config.num_speculative_tokens
+        )
         plan = GenPlan(
             now=now,
             batch_ids=tuple(active),  # keys are the request ids, in batch order
@@ -280,9 +290,8 @@ class GenScheduler(SchedulerPhases):
             imported_ids=tuple(i for i in admitted_ids if self._residents[i].tokens_at_admission),
             held_ids=tuple(held),
             released_held_ids=tuple(released),
-            draft_limits=draft_limits(
-                active.values(), prefill_ids, self.config.num_speculative_tokens
-            ),
+            drafts=drafts,
+            output_lengths=output_lengths,
         )
         self._last_plan = plan
         return plan

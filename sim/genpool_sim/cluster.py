@@ -31,7 +31,7 @@ from genpool_sim.modes import SimMode
 from genpool_sim.recompute import evict_for_at_risk, requeue_evicted
 from genpool_sim.records import SimRequest
 from genpool_sim.replica import GenWorker, Tick
-from genpool_sim.speculation import verified
+from genpool_sim.speculation import proposed, verified
 
 _ARRIVAL, _CTX_DONE, _WORKER, _READY, _TICK, _PULLED = 0, 1, 2, 3, 4, 5
 
@@ -231,7 +231,8 @@ class Cluster:
         if worker.plan is not None:
             emitted, drafted = worker.emitted, worker.drafted
             worker.emitted, worker.drafted = {}, {}
-            scheduler.postprocess(worker.plan, now, (), emitted, drafted)
+            drafts = proposed(worker.plan, self.config.num_speculative_tokens)
+            scheduler.postprocess(worker.plan, now, (), emitted, drafted, drafts)
             if self.config.prefix_caching:  # before the next pass releases the finished
                 fill_hashes(worker.plan, self.requests, self.config.kv_block_size)
             if worker.plan.batch_ids:
@@ -252,7 +253,7 @@ class Cluster:
             self._retire_if_empty(worker)
             return
         worker.plan = plan
-        if plan.draft_limits:
+        if plan.drafts:
             requests = self.requests
             gens = {rid: gen for rid in plan.batch_ids if (gen := requests[rid].gen) is not None}
             worker.emitted, worker.drafted = verified(plan, gens, self.config.acceptance_rate)

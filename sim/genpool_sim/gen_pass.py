@@ -37,7 +37,7 @@ def pass_seconds(
     """The pass's time: its decode step, its prefills after their cached tokens, and the
     recomputed KV of re-admitted evictions (whose entries it takes)."""
     prefilled = set(plan.prefill_ids)
-    limits = plan.draft_limits or (0,) * len(plan.batch_ids)
+    limits = [len(drafts) for drafts in plan.drafts] or [0] * len(plan.batch_ids)
     decoding, context = 0, 0
     for request_id, limit in zip(plan.batch_ids, limits, strict=True):
         if request_id not in prefilled:

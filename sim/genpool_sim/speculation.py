@@ -1,11 +1,14 @@
 """Speculative decoding in the simulator (docs/sim.md, Model): how many
 tokens each batch member emits in a step, and what verifying its drafts costs.
 
-The worker drafts up to its plan's limit per member (``GenPlan.draft_limits``) and
-verifies the drafts in the step's one forward. Here each member drafts its whole limit
-``l`` and each draft is accepted with probability ``acceptance_rate`` given the ones
-before it were (the usual i.i.d. model: ``j`` accepted with probability ``a^j (1 - a)``
-for ``j < l``, ``a^l`` for ``j = l``), so a member emits ``1 + j`` tokens. The draw is a
+The worker proposes each member's drafts at the end of its step, and the next plan that
+batches it states them, cut to what it may still emit (``GenPlan.drafts``); they are
+verified in that step's one forward. Here every member proposes ``k`` drafts (token ids
+the simulator never reads: only how many the plan keeps counts), so it verifies
+``l = min(k, remaining - 1)`` of them, and each draft is accepted with probability
+``acceptance_rate`` given the ones before it were (the usual i.i.d. model: ``j``
+accepted with probability ``a^j (1 - a)`` for ``j < l``, ``a^l`` for ``j = l``), so a
+member emits ``1 + j`` tokens. The draw is a
 pure function of the request and its output so far, not of event order. Verifying costs
 what a decode step of every member's ``1 + l`` rows at its context costs: the step
 model's per-row and per-context terms grow with the drafted rows.
@@ -27,12 +30,21 @@ def verified(
     without drafts are in neither: they emit 1)."""
     emitted: dict[str, int] = {}
     drafted: dict[str, int] = {}
-    for request_id, limit in zip(plan.batch_ids, plan.draft_limits, strict=True):
-        if limit > 0:
+    for request_id, drafts in zip(plan.batch_ids, plan.drafts, strict=True):
+        if limit := len(drafts):
             at = residents[request_id].num_output_tokens
             emitted[request_id] = 1 + accepted(f"{request_id}:{at}", limit, acceptance_rate)
             drafted[request_id] = limit
     return emitted, drafted
+
+
+def proposed(plan: GenPlan, num_speculative_tokens: int) -> dict[str, tuple[int, ...]]:
+    """Each batch member's drafts for its next step: ``k`` placeholder tokens (none when
+    speculation is off)."""
+    if num_speculative_tokens <= 0:
+        return {}
+    drafts = (0,) * num_speculative_tokens
+    return dict.fromkeys(plan.batch_ids, drafts)
 
 
 def accepted(key: str, limit: int, acceptance_rate: float) -> int:

@@ -31,10 +31,11 @@ def speculating(runner: Any, config: SpeculativeConfig = NGRAM) -> TorchModelRun
 
 def scheduled_greedy(
     runner: TorchModelRunner[Any], prompts: Sequence[list[int]], max_tokens: int,
-    max_batch_size: int = 3,
+    max_batch_size: int = 3, digests: list[str] | None = None,
 ) -> tuple[list[list[int]], int]:  # fmt: skip
     """Each prompt's greedy tokens (``max_tokens``, or up to EOS), all submitted at once;
-    and how many drafted tokens were verified."""
+    and how many drafted tokens were verified. ``digests`` gets every plan's digest (its
+    drafts included)."""
     speculative = runner.speculative
     k = 0 if speculative is None else speculative.num_speculative_tokens
     budget = KVBudget(runner.kv.num_blocks, runner.kv.block_size)
@@ -53,6 +54,8 @@ def scheduled_greedy(
     drafted, now = 0, 0.0
     while scheduler.num_residents or scheduler.num_waiting:
         plan = scheduler.step(now)
+        if digests is not None:
+            digests.append(plan.digest())
         for request_id in plan.finished_ids:
             runner.remove_request(request_id)
         result = runner.execute(plan) if plan.batch_ids else StepResult({})
@@ -66,5 +69,6 @@ def scheduled_greedy(
             if token in eos:
                 stops.append(request_id)
         now += 1.0
-        scheduler.postprocess(plan, now, tuple(stops), counts)
+        drafts = {rid: d for rid, d in result.drafts.items() if rid in result.tokens}
+        scheduler.postprocess(plan, now, tuple(stops), counts, drafts=drafts)
     return [out[f"r{i}"] for i in range(len(prompts))], drafted

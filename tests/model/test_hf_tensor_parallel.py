@@ -45,11 +45,16 @@ def _rank_main(rank: int, world: int, directory: str, refs: list[list[int]]) -> 
     out, _ = run_with_pauses(shard, BlockPool.of(shard, seed=5), PROMPTS, SCHEDULE_TOKENS)
     assert out == refs, rank
     # Drafted and verified on every rank alike (n-gram drafts need no exchange; early
-    # exit's argmax reads logits that are whole on every rank).
+    # exit's argmax reads logits that are whole on every rank): every pass's plan, the
+    # drafts it states included, equals the single-rank run's.
     for drafter in (NGRAM, EARLY_EXIT):
+        plans: list[str] = []
         drafted, num_drafts = scheduled_greedy(speculating(shard, drafter), PROMPTS,
-                                               SCHEDULE_TOKENS)  # fmt: skip
+                                               SCHEDULE_TOKENS, digests=plans)  # fmt: skip
         assert drafted == refs and num_drafts > 0, (rank, drafter.method)
+        single: list[str] = []
+        scheduled_greedy(speculating(ref, drafter), PROMPTS, SCHEDULE_TOKENS, digests=single)
+        assert plans == single, (rank, drafter.method)
 
 
 # smollm2: the SmolLM2-style tied checkpoint, as the GGUF (9 heads) cannot shard 2 ways.

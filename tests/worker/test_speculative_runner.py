@@ -109,7 +109,8 @@ def generate(
             if token == EOS:
                 stops.append(request_id)
         now += 1.0
-        scheduler.postprocess(plan, now, tuple(stops), counts)
+        drafts = {rid: d for rid, d in result.drafts.items() if rid in result.tokens}
+        scheduler.postprocess(plan, now, tuple(stops), counts, drafts=drafts)
     return out, results
 
 
@@ -199,44 +200,63 @@ class ForgetfulRunner(TorchModelRunner[torch.Tensor]):
         return super().execute(plan)
 
 
-def plan_of(batch: tuple[str, ...], prefill: tuple[str, ...], paused: tuple[str, ...],
-            limits: tuple[int, ...], admitted: tuple[str, ...] = ()) -> GenPlan:  # fmt: skip
-    return GenPlan(0.0, batch, tuple(range(len(batch))), prefill, paused,
-                   tuple(range(len(paused))), admitted, tuple(() for _ in admitted), (), (),
-                   (), (), draft_limits=limits)  # fmt: skip
+Ids = tuple[str, ...]
 
 
-def resumed_run(runner_class: type[TorchModelRunner[torch.Tensor]]) -> tuple[int, int]:
+class HandDriven:
+    """A runner driven by hand-made plans, each stating the drafts the runner proposed for
+    its members after their last step, as the scheduler does."""
+
+    def __init__(self, runner: TorchModelRunner[torch.Tensor]) -> None:
+        self.runner = runner
+        self.proposed: dict[str, list[int]] = {}
+
+    def run(
+        self, batch: Ids, prefill: Ids = (), paused: Ids = (), admitted: Ids = ()
+    ) -> StepResult:
+        drafts = tuple(() if r in prefill else tuple(self.proposed.get(r, ())) for r in batch)
+        plan = GenPlan(0.0, batch, tuple(range(len(batch))), prefill, paused,
+                       tuple(range(len(paused))), admitted, tuple(() for _ in admitted), (),
+                       (), (), (), drafts=drafts)  # fmt: skip
+        result = self.runner.execute(plan)
+        self.proposed.update({r: result.drafts.get(r, []) for r in batch})
+        return result
+
+
+def resumed_run(runner_class: type[TorchModelRunner[torch.Tensor]]) -> tuple[int, int, int]:
     """``a`` decodes a repeating pattern only its own output taught it, is paused for
-    three steps while ``b`` runs, and resumes: (drafts accepted in its first step back,
-    tokens its drafter held then)."""
+    three steps while ``b`` runs, and resumes: (drafts accepted in its first and second
+    steps back, tokens its drafter held when it resumed)."""
     table = torch.full((VOCAB, VOCAB), -1e4)
     for token, following in ((9, 3), (3, 12), (12, 6), (6, 9)):  # 9 3 12 6 9 3 ...
         table[token, following] = 0.0
     table[14, 9] = 0.0
     network = FakeNetwork(table)
-    runner = runner_class(network, network.kv, spec(k=3, low=2, high=2))
-    runner.add_request(arrival("a", [14], 60, temperature=0.0))
-    runner.add_request(arrival("b", [14], 60, temperature=0.0))
-    runner.execute(plan_of(("a",), ("a",), (), (0,), admitted=("a",)))
+    driven = HandDriven(runner_class(network, network.kv, spec(k=3, low=2, high=2)))
+    driven.runner.add_request(arrival("a", [14], 60, temperature=0.0))
+    driven.runner.add_request(arrival("b", [14], 60, temperature=0.0))
+    driven.run(("a",), prefill=("a",), admitted=("a",))
     for _ in range(6):  # a's output 9 3 12 6 9 3 ...: its drafter learns the cycle from it
-        runner.execute(plan_of(("a",), (), (), (3,)))
-    runner.execute(plan_of(("b",), ("b",), ("a",), (0,), admitted=("b",)))
+        driven.run(("a",))
+    driven.run(("b",), prefill=("b",), paused=("a",), admitted=("b",))
     for _ in range(2):
-        runner.execute(plan_of(("b",), (), ("a",), (3,)))
-    state = runner._states["a"]
-    assert state.drafter is not None and state.num_output_tokens == 10  # 5 steps of 1, one of 4
+        driven.run(("b",), paused=("a",))
+    state = driven.runner._states["a"]
+    assert state.drafter is not None
     held = state.drafter.num_tokens
-    back = runner.execute(plan_of(("a", "b"), (), (), (3, 3)))
-    return len(back.accepted.get("a", ())), held
+    first = driven.run(("a", "b"))  # the drafts proposed before its pause
+    second = driven.run(("a", "b"))  # drafts proposed from its drafter, after the pause
+    return len(first.accepted.get("a", ())), len(second.accepted.get("a", ())), held
 
 
 def test_a_resumed_request_drafts_from_its_history_before_the_pause() -> None:
-    # Back in the batch, it drafts 12 6 9 after its 9 3 at once: its prompt and its 10
-    # output tokens are all in its drafter.
-    assert resumed_run(TorchModelRunner) == (3, 11)
-    # The test catches the bug: a drafter reset while paused accepts nothing on return.
-    assert resumed_run(ForgetfulRunner) == (0, 0)
+    # Back in the batch, it verifies the drafts proposed before its pause, then drafts
+    # from its drafter, which holds its prompt and its whole output.
+    accepted_first, accepted_second, held = resumed_run(TorchModelRunner)
+    assert (accepted_first, accepted_second) == (3, 3) and held > 8
+    # The test catches the bug: a drafter reset while paused proposes nothing on return
+    # (its pre-pause drafts, kept by the scheduler, are still verified).
+    assert resumed_run(ForgetfulRunner) == (3, 0, 0)
 
 
 class LayeredFakeNetwork(FakeNetwork):
@@ -319,18 +339,20 @@ def test_a_pass_with_drafts_is_one_forward_for_every_member() -> None:
     ``c`` asks for logprobs: ``b`` rides in the drafts' forward as a one-token row, and
     only ``c`` decodes on its own."""
     network = FakeNetwork(cycle_table())
-    runner = network.runner(spec())
-    runner.add_request(arrival("a", PROMPTS["a"], 20, temperature=0.0))
-    runner.add_request(arrival("b", [7, 3, 9, 9, 4], 20, temperature=0.0))
-    runner.add_request(arrival("c", [7, 3, 9, 9, 4], 20, temperature=0.0, num_logprobs=1))
+    driven = HandDriven(network.runner(spec()))
+    driven.runner.add_request(arrival("a", PROMPTS["a"], 20, temperature=0.0))
+    driven.runner.add_request(arrival("b", [7, 3, 9, 9, 4], 20, temperature=0.0))
+    driven.runner.add_request(arrival("c", [7, 3, 9, 9, 4], 20, temperature=0.0,
+                                      num_logprobs=1))  # fmt: skip
     everyone = ("a", "b", "c")
-    runner.execute(plan_of(everyone, everyone, (), (0, 0, 0), admitted=everyone))
+    first = driven.run(everyone, prefill=everyone, admitted=everyone)
+    assert set(first.drafts) == {"a"}  # b has nothing to look up, c asks for logprobs
     network.decodes = 0
-    result = runner.execute(plan_of(everyone, (), (), (4, 4, 4)))
+    result = driven.run(everyone)
     assert set(result.tokens) == set(everyone) and network.draft_forwards == 1
     assert result.drafted == {"a": 4} and len(result.accepted["a"]) == 4
     assert network.decodes == 1 and set(result.logprobs) == {"c"}
-    result = runner.execute(plan_of(("b",), (), (), (4,)))  # alone and draftless: a decode
+    result = driven.run(("b",))  # alone and draftless: a decode
     assert network.decodes == 2 and not result.drafted
 
 

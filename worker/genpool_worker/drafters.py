@@ -120,13 +120,10 @@ def make_drafter(spec: SpeculativeConfig, model: object, cache: object) -> Draft
     return EarlyExitDrafts(model, cache, spec.num_draft_layers)
 
 
-def draft_rows(
-    states: Mapping[str, RunState], decoding: Sequence[str], limits: Mapping[str, int]
-) -> dict[str, int]:
-    """The decoding members that draft this step, each with the fewer of its plan's limit
-    and its own draft length."""
-    rows = {rid: min(limits[rid], states[rid].num_draft_tokens) for rid in decoding
-            if states[rid].is_drafting}  # fmt: skip
+def draft_rows(states: Mapping[str, RunState], members: Sequence[str]) -> dict[str, int]:
+    """The members that draft for their next step, each with how many it may
+    (``RunState.max_drafts``)."""
+    rows = {rid: states[rid].max_drafts for rid in members if states[rid].is_drafting}
     return {rid: limit for rid, limit in rows.items() if limit > 0}
 
 

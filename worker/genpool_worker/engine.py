@@ -50,6 +50,9 @@ log = logging.getLogger("genpool.worker")
 IDLE_PASS_S = 0.25  # an idle worker still passes, so its stat line keeps coming
 
 
+_Pending = tuple[GenPlan, tuple[str, ...], dict[str, int], dict[str, int], dict[str, list[int]]]
+
+
 class GenEngine(RequestLifecycle):
     def __init__(
         self,
@@ -85,10 +88,9 @@ class GenEngine(RequestLifecycle):
         self._configs: list[tuple[LiveUpdate, Future[dict[str, Any]]]] = []
         self._config_futures: list[Future[dict[str, Any]]] = []
         self._requests: dict[str, EngineRequest] = {}
-        # The last pass's plan, who ended on a stop, who emitted more than one token, and
-        # the drafts each verified.
-        self._pending: tuple[GenPlan, tuple[str, ...], dict[str, int], dict[str, int]] | None
-        self._pending = None
+        # The last pass's plan, who ended on a stop, who emitted more than one token, the
+        # drafts each verified, and the drafts proposed for each one's next step.
+        self._pending: _Pending | None = None
         self._prev_end: float | None = None
         self._last_now = 0.0
         self._inflight = 0
@@ -220,10 +222,10 @@ class GenEngine(RequestLifecycle):
     def step(self, inputs: PassInputs) -> None:
         """One pass: finish the previous model step, apply inputs, schedule, run, stream."""
         if self._pending is not None:
-            previous, stops, counts, drafted = self._pending
+            previous, stops, counts, drafted, drafts = self._pending
             self._pending = None
             assert inputs.prev_end is not None
-            self.scheduler.postprocess(previous, inputs.prev_end, stops, counts, drafted)
+            self.scheduler.postprocess(previous, inputs.prev_end, stops, counts, drafted, drafts)
         self._apply(inputs)
         plan = self._schedule(inputs.now)
         started = time.perf_counter()
@@ -246,7 +248,8 @@ class GenEngine(RequestLifecycle):
         # The next pass postprocesses at this step's end (``prev_end``): no extra wait here.
         if tokens:
             counts = {rid: len(ids) for rid, ids in emitted.items() if len(ids) > 1}
-            self._pending = (plan, stops, counts, result.drafted)
+            drafts = {rid: d for rid, d in result.drafts.items() if rid in emitted}
+            self._pending = (plan, stops, counts, result.drafted, drafts)
         else:
             self.scheduler.postprocess(plan, inputs.now)
         self._tokens_total += sum(len(ids) for ids in emitted.values())

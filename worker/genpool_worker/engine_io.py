@@ -59,6 +59,8 @@ class StepResult:
     # token in ``tokens`` (absent: none were accepted).
     accepted: dict[str, list[int]] = field(default_factory=dict)
     drafted: dict[str, int] = field(default_factory=dict)  # drafts each verified this pass
+    # Drafts proposed for each member's next step (the next plan states them).
+    drafts: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

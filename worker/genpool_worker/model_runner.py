@@ -76,6 +76,7 @@ class TorchModelRunner(Generic[CacheT]):
             list(arrival.prompt_ids), sample_row(arrival), min_tokens=arrival.min_tokens,
             stop_ids=(*eos, *arrival.stop_token_ids), is_drafting=drafting, drafter=ngram,
             num_draft_tokens=spec.num_speculative_tokens if drafting and spec else 0,
+            max_tokens=arrival.max_tokens,
         )  # fmt: skip
 
     def remove_request(self, request_id: str) -> None:
@@ -124,11 +125,12 @@ class TorchModelRunner(Generic[CacheT]):
             rows.extend(decoded)
             order.extend(kept)
         tokens = self._sample(order, torch.cat(rows), faults) if order else {}
+        drafts = {} if self._speculator is None else self._speculator.propose(plan, faults)
         logprobs = {rid: lp for rid, (_, lp) in tokens.items() if lp is not None}
-        drawn = {rid: t for rid, (t, _) in tokens.items()}
-        drawn.update({rid: v.token for rid, v in verified.items()})
+        drawn = {rid: t for rid, (t, _) in tokens.items() if rid not in faults.failed}
+        drawn.update({rid: v.token for rid, v in verified.items() if rid not in faults.failed})
         accepted = {rid: v.accepted for rid, v in verified.items() if v.accepted}
-        return StepResult(drawn, logprobs, faults.failed, accepted, drafted)
+        return StepResult(drawn, logprobs, faults.failed, accepted, drafted, drafts)
 
     def _prefill_all(
         self, work: list[tuple[str, int]], faults: RequestFaults

@@ -35,11 +35,20 @@ class RunState:
     drafter: NgramDrafter | None = None
     # How many drafts it asks for next (drafters.next_draft_length), at most k.
     num_draft_tokens: int = 0
+    max_tokens: int | None = None  # its output's limit (None: the context's)
 
     @property
     def position(self) -> int:
         """Where its last token goes (its KV not yet written): its length less one."""
         return len(self.prompt_ids) + self.num_output_tokens - 1
+
+    @property
+    def max_drafts(self) -> int:
+        """Drafts its next step could verify: its draft length, within what it may still
+        emit besides its own token (the plan cuts them the same way)."""
+        if self.max_tokens is None:
+            return self.num_draft_tokens
+        return max(0, min(self.num_draft_tokens, self.max_tokens - self.num_output_tokens - 1))
 
     def mask_stops(self) -> None:
         """Before this pass's draw: EOS and stop tokens masked while short of min_tokens."""

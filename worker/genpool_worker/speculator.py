@@ -1,10 +1,12 @@
 """One pass's speculative decoding for the model runner (docs/worker.md#speculative-decoding):
-each decoding member's drafts (``drafters``), one forward over them, verification
-(``spec_verify``), and each member's next draft length.
+the drafts the plan states, one forward over them, verification (``spec_verify``), each
+member's next draft length, and, once the pass's tokens are drawn, each member's drafts
+for its next step (``drafters``), which the engine hands to the scheduler for the next
+plan to state (genpool_core.speculation: so every rank verifies the same tokens).
 
-A pass where anyone drafts verifies every member that could draft in that one forward,
-those without drafts as one-token rows, so it never pays a second forward for the rest
-(members asking for logprobs excepted: the runner decodes them as before).
+A pass where anyone has drafts verifies every member that could draft in that one
+forward, those without drafts as one-token rows, so it never pays a second forward for
+the rest (members asking for logprobs excepted: the runner decodes them as before).
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ class Speculator(Generic[CacheT]):
     ) -> tuple[dict[str, Verified], dict[str, int]]:
         """What each member verified this pass emits, and how many drafts each verified
         (members with drafts only). A member absent from both decodes as usual."""
-        drafts = self._drafts(plan, decoding, faults)
-        if not drafts:
+        drafts = {rid: list(d) for rid, d in zip(plan.batch_ids, plan.drafts, strict=True) if d}
+        if not drafts.keys() & set(decoding):
             return {}, {}
         drafts = {r: drafts.get(r, []) for r in decoding
                   if r not in faults.failed and self._states[r].is_drafting}  # fmt: skip
@@ -61,16 +63,13 @@ class Speculator(Generic[CacheT]):
             )  # fmt: skip
         return verified, drafted
 
-    def _drafts(
-        self, plan: GenPlan, decoding: list[str], faults: RequestFaults
-    ) -> dict[str, list[int]]:
-        """Each decoding member's drafts, up to its plan's limit and its draft length; a
-        row that breaks the drafter fails alone."""
-        if not plan.draft_limits:
+    def propose(self, plan: GenPlan, faults: RequestFaults) -> dict[str, list[int]]:
+        """After the pass's tokens are drawn: each batch member's drafts for its next step,
+        up to its draft length and what it may still emit (a row that breaks the drafter
+        fails alone)."""
+        limits = draft_rows(self._states, [r for r in plan.batch_ids if r not in faults.failed])
+        if not limits:
             return {}
-        limits = draft_rows(
-            self._states, decoding, dict(zip(plan.batch_ids, plan.draft_limits, strict=True))
-        )
         _, proposals = faults.retry_alone(
             list(limits),
             lambda ids: self._drafter.propose(self._states, {r: limits[r] for r in ids}),
