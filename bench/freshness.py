@@ -117,23 +117,6 @@ MEASURED: dict[str, tuple[str, ...]] = {
     "sim/prefix.json": (*SIM, "bench/sim_prefix.py"),
     "sim/demo_load.json": (*SIM, *DEMO, "bench/sim_demo_load.py"),
     "sim/demo_load_slo0.3.json": (*SIM, *DEMO, "bench/sim_demo_load.py"),
-    **dict.fromkeys(
-        (
-            "sim.json",
-            "sim/cap_curve.json",
-            "sim/classes.json",
-            "sim/classes_floors_only.json",
-            "sim/kv_headroom.json",
-            "sim/open_loop_rate15.json",
-            "sim/prefix.json",
-            "sim/tune.json",
-        ),
-        (
-            "recorded before speculative decoding's drafts moved into the plan (2026-12-06); "
-            "speculation is off in these runs, where the plan's new fields stay empty and "
-            "every decision is the same; not rerun"
-        ),
-    ),
     "sim/autoscale_law.json": (*SIM, "bench/autoscale_study.py", "bench/autoscale_cases.py"),
     "sim.json": (*SIM, "bench/sim.py"),
     "sim/r1.json": SIM_STUDY,
@@ -213,6 +196,27 @@ STALE: dict[str, str] = {
             "fix (rows sharing cached blocks now decode in one batch, which can speed these "
             "serving runs up); not rerun"
         ),
+    ),
+    **dict.fromkeys(
+        (
+            "sim.json",
+            "sim/cap_curve.json",
+            "sim/classes.json",
+            "sim/classes_floors_only.json",
+            "sim/kv_headroom.json",
+            "sim/open_loop_rate15.json",
+            "sim/prefix.json",
+            "sim/tune.json",
+        ),
+        (
+            "recorded before speculative decoding's drafts moved into the plan (2026-12-06); "
+            "speculation is off in these runs, where the plan's new fields stay empty and "
+            "every decision is the same; not rerun"
+        ),
+    ),
+    "worker.json": (
+        "recorded at 8d116cf; the model runner's one change after it is speculative "
+        "decoding's proposal step, off in these runs; not rerun"
     ),
     "sim/autoscale_law.json": (
         "recorded at 0acac59; the prefix cache, the KV pool's rework "
