@@ -42,7 +42,7 @@ def run_world(
     return sorted(out, key=lambda r: r[0])
 
 
-def check_identical(model: str) -> None:
+def check_identical(model: str, *, against_one_rank: bool = True) -> None:
     ranks = run_world(3, model)
     digests = [r[1] for r in ranks]
     assert all(r[4] is None for r in ranks), [r[4] for r in ranks]
@@ -50,17 +50,21 @@ def check_identical(model: str) -> None:
     assert digests[0] == digests[1] == digests[2]  # every pass planned identically
     assert ranks[0][3] > 0, "the run must pause and resume requests"
     assert ranks[0][2] == ranks[1][2] == ranks[2][2]
-    single = run_world(1, model)[0]
-    assert ranks[0][2] == single[2]  # the same tokens as one rank, request by request
+    if against_one_rank:
+        single = run_world(1, model)[0]
+        assert ranks[0][2] == single[2]  # the same tokens as one rank, request by request
 
 
 def test_three_ranks_plan_identically_and_match_one_rank_synthetic() -> None:
     check_identical(SYNTHETIC)
 
 
-def test_three_ranks_of_smollm2_plan_identically_and_match_one_rank() -> None:
-    """Sharded by heads and MLP columns: the all-reduced logits give the same greedy tokens."""
-    check_identical("smollm2-135m")
+def test_three_ranks_of_smollm2_plan_identically() -> None:
+    """Sharded by heads and MLP columns, through the engine: every rank plans every pass
+    alike and emits the same tokens. That the sharded model's greedy tokens are one
+    rank's, with pauses, is the model tier's (tests/model/test_tensor_parallel.py, against
+    transformers): a fourth SmolLM2 run here cost about 25 s of the suite's budget."""
+    check_identical("smollm2-135m", against_one_rank=False)
 
 
 def test_unsupported_tensor_parallel_sizes_are_rejected() -> None:
