@@ -92,7 +92,10 @@ class TorchModelRunner(Generic[CacheT]):
         earlier one computes in the same pass. The whole batch is sampled in one call; a
         request still mid-prefill has no row. What one request causes fails it alone
         (``StepResult.failed``; request_faults.py), and so does a request sharing blocks
-        whose prefill failed this pass."""
+        whose prefill failed this pass. With speculative decoding the members verify the
+        drafts the plan states, and, once the pass's tokens are drawn, each member's
+        drafts for its next step are proposed (``StepResult.drafts``: the engine hands
+        them to the scheduler, whose next plan states them)."""
         faults = RequestFaults()
         cached = plan.admitted_cached_tokens or (0,) * len(plan.admitted_ids)
         imported = set(plan.imported_ids)
