@@ -10,8 +10,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from genpool_core.field_help import help_for
-from genpool_worker.pd.flags import PDFlags
-from genpool_worker.worker_config import WorkerConfig
+from genpool_worker.worker_config import INHERITED_FLAGS, WorkerConfig
 
 DESCRIPTION = "One GEN worker process: model, engine and HTTP API."
 CONFIG_ENV = "GENPOOL_WORKER_CONFIG"
@@ -20,9 +19,8 @@ CONFIG_ENV = "GENPOOL_WORKER_CONFIG"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="genpool-worker", description=DESCRIPTION)
     # The inherited flags come first in model_fields; --help lists the engine's first.
-    inherited = PDFlags.model_fields
     fields = WorkerConfig.model_fields.items()
-    for name, field in sorted(fields, key=lambda item: item[0] in inherited):
+    for name, field in sorted(fields, key=lambda item: item[0] in INHERITED_FLAGS):
         flag = "--" + name.replace("_", "-")
         text = help_for(WorkerConfig, name)
         if field.annotation is bool:

@@ -91,6 +91,10 @@ def _preemption(name: str) -> str:
     return describe(GenPreemptionSettings, name)
 
 
+# The fields WorkerConfig inherits (the KV transfer's): --help lists them after the engine's.
+INHERITED_FLAGS = frozenset(PDFlags.model_fields)
+
+
 class WorkerConfig(PDFlags):
     """Everything the CRD's engine and preemption sections can set, checked once. A field
     that is also a ``GenCapacity`` or ``GenPreemptionSettings`` field has its description.
