@@ -9,8 +9,8 @@ The rule, checked by ``make test`` (tests/unit/test_results_freshness.py) and by
    page names exists.
 2. Every JSON says what produced it: its ``commit`` (in this branch's history) and its
    ``command``, from a clean tree (``dirty`` false). Results measured before JSONs
-   recorded that are listed in ``UNVERSIONED`` with when and how, and every section
-   citing one says "unversioned".
+   recorded that are listed in ``UNVERSIONED`` (``bench/freshness_marks.py``, with
+   ``STALE``) with when and how, and every section citing one says "unversioned".
 3. A JSON is stale when a file it measures (``MEASURED``: the bench's own code and the
    product modules whose behaviour its figures report) changed after its commit (its
    code: a Python file's syntax tree, so comments and docstrings do not count). A
@@ -29,6 +29,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from bench.freshness_marks import STALE, UNVERSIONED
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = "bench/results"
@@ -158,70 +160,6 @@ MEASURED: dict[str, tuple[str, ...]] = {
         "bench/faults.py",
         "bench/fault_load.py",
         "bench/fault_pool.py",
-    ),
-}
-
-
-# Measured before JSONs recorded their commit: what they ran, and when. When one is rerun
-# it moves to MEASURED; gpu_check.json will measure ("worker/genpool_worker/model",
-# "bench/gpu_check.py", "bench/gpu_check_models.py", "bench/gpu_check_paged.py",
-# "bench/gpu_check_residents.py", "bench/gpu_check_host.py", "bench/decode_support.py").
-UNVERSIONED: dict[str, str] = {
-    "gpu_check.json": (
-        "bench/gpu_check.py on one H200, 2026-11-30: the static-slot kernel, which no longer ships"
-    ),
-}
-
-# Versioned, but the code they measure has changed since: why they stay.
-STALE: dict[str, str] = {
-    **dict.fromkeys(
-        ("sim/r1.json", "sim/demo_load.json", "sim/demo_load_slo0.3.json"),
-        (
-            "recorded at feed961; speculative decoding (off in these runs) changed the core "
-            "after it. The other eight simulator studies rerun at e35e916 came out identical "
-            "(r1's rerun was started and not finished for time)"
-        ),
-    ),
-    **dict.fromkeys(
-        ("cpu_decode.json", "batched_prefill.json"),
-        (
-            "recorded before speculative decoding and the decode check's fix (2026-12-06); "
-            "neither runs in these forwards (no drafts; one request per table), not rerun"
-        ),
-    ),
-    **dict.fromkeys(
-        ("chunked_prefill.json", "preemption_cost.json", "preemption_cost_synthetic.json"),
-        (
-            "recorded before speculative decoding (off in these runs) and the decode check's "
-            "fix (rows sharing cached blocks now decode in one batch, which can speed these "
-            "serving runs up); not rerun"
-        ),
-    ),
-    **dict.fromkeys(
-        (
-            "sim.json",
-            "sim/cap_curve.json",
-            "sim/classes.json",
-            "sim/classes_floors_only.json",
-            "sim/kv_headroom.json",
-            "sim/open_loop_rate15.json",
-            "sim/prefix.json",
-            "sim/tune.json",
-        ),
-        (
-            "recorded before speculative decoding's drafts moved into the plan (2026-12-06); "
-            "speculation is off in these runs, where the plan's new fields stay empty and "
-            "every decision is the same; not rerun"
-        ),
-    ),
-    "worker.json": (
-        "recorded at 8d116cf; the model runner's one change after it is speculative "
-        "decoding's proposal step, off in these runs; not rerun"
-    ),
-    "sim/autoscale_law.json": (
-        "recorded at 0acac59; the prefix cache, the KV pool's rework "
-        "and the prefill order came after, and the 2.5-hour study "
-        "has not been rerun"
     ),
 }
 

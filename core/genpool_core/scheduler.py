@@ -181,18 +181,47 @@ class GenScheduler(SchedulerPhases):
         if plan is not self._last_plan:
             raise ValueError("postprocess takes the latest plan, once")
         self._check_time(now)
-        stops = set(stop_ids)
-        if stops and not stops.issubset(plan.batch_ids):
-            unknown = sorted(stops.difference(plan.batch_ids))
-            raise ValueError(f"stop ids not in this pass's batch: {unknown}")
-        emitted = num_emitted or {}
-        check_emitted(plan.batch_ids, plan.drafts, emitted)
+        stops, emitted = set(stop_ids), num_emitted or {}
+        self._check_outputs(plan, stops, emitted, drafts)
         if self.config.num_speculative_tokens > 0:
             members = {request_id: self._active[request_id] for request_id in plan.batch_ids}
             store_drafts(members, drafts or {}, self.config.num_speculative_tokens)
-        elif drafts:
-            raise ValueError("drafts given with speculative decoding off")
         self._last_plan = None
+        self._advance_batch(plan, now, stops, emitted)
+        if num_drafted:
+            accepted = sum(emitted.get(r, 1) - 1 for r in num_drafted)
+            self._counts.count_drafts(sum(num_drafted.values()), accepted)
+        if plan.prefill_chunks and self._prefill is not None:
+            self._prefill.observe_pass(now - plan.now)
+        if plan.batch_ids:
+            seconds, batch = now - plan.now, len(plan.batch_ids)
+            self._counts.count_step(batch, seconds)
+            # The policy's rate prior is per emitted token: a step that emitted more
+            # than one token per member is that much shorter per token.
+            tokens = batch + sum(emitted.values()) - len(emitted)
+            self.policy.on_step_time(seconds * batch / tokens)
+
+    def _check_outputs(
+        self,
+        plan: GenPlan,
+        stops: set[str],
+        emitted: Mapping[str, int],
+        drafts: Mapping[str, Sequence[int]] | None,
+    ) -> None:
+        """What ``postprocess`` was told names this pass's batch, within its plan; raises
+        ``ValueError`` before anything counts."""
+        if stops and not stops.issubset(plan.batch_ids):
+            unknown = sorted(stops.difference(plan.batch_ids))
+            raise ValueError(f"stop ids not in this pass's batch: {unknown}")
+        check_emitted(plan.batch_ids, plan.drafts, emitted)
+        if drafts and self.config.num_speculative_tokens <= 0:
+            raise ValueError("drafts given with speculative decoding off")
+
+    def _advance_batch(
+        self, plan: GenPlan, now: float, stops: set[str], emitted: Mapping[str, int]
+    ) -> None:
+        """Each member's tokens counted at ``now``; a stop, or its last permitted token,
+        ends it at the next pass."""
         for request_id in plan.batch_ids:
             request = self._active[request_id]
             request.num_output_tokens += emitted.get(request_id, 1)
@@ -208,18 +237,6 @@ class GenScheduler(SchedulerPhases):
                 self._pending_finish.setdefault(request_id, FinishReason.STOP)
             elif request.num_output_tokens >= request.max_tokens:
                 self._pending_finish.setdefault(request_id, FinishReason.LENGTH)
-        if num_drafted:
-            accepted = sum(emitted.get(r, 1) - 1 for r in num_drafted)
-            self._counts.count_drafts(sum(num_drafted.values()), accepted)
-        if plan.prefill_chunks and self._prefill is not None:
-            self._prefill.observe_pass(now - plan.now)
-        if plan.batch_ids:
-            seconds, batch = now - plan.now, len(plan.batch_ids)
-            self._counts.count_step(batch, seconds)
-            # The policy's rate prior is per emitted token: a step that emitted more
-            # than one token per member is that much shorter per token.
-            tokens = batch + sum(emitted.values()) - len(emitted)
-            self.policy.on_step_time(seconds * batch / tokens)
 
     @property
     def knobs(self) -> Knobs:
