@@ -118,7 +118,12 @@ def test_a_crash_looping_worker_backs_off_and_the_pool_says_why(
     )
     assert status.last_state.terminated.exit_code != 0
     (pod,) = _pods(kube_api, namespace)
-    assert "BackOff" in _reasons(kube_api, namespace, pod.metadata.name)
+    # The kubelet records its Events apart from the pod's status, and a little later.
+    wait_for(
+        lambda: "BackOff" in _reasons(kube_api, namespace, pod.metadata.name),
+        "the kubelet's BackOff Event",
+        timeout=60,
+    )
     degraded = _wait_degraded(kube_api, namespace, "broken", "the crash-looping worker", timeout=60)
     assert degraded["message"] == (
         f"pod broken-worker-0: GGUFLoadError: GGUF file not found: {MISSING_MODEL}"

@@ -21,6 +21,11 @@ from genpool_worker.worker_config import WorkerConfig
 log = logging.getLogger("genpool.worker")
 SHUTDOWN_MARGIN_S = 1.0  # past the drain timeout: the engine's last pass and the replies
 DRAIN_POLL_S = 0.05
+# How long an idle keep-alive connection stays open. It must outlast the idle expiry of
+# every pool that reuses connections to the worker (Go's http.Transport in llm-d's sidecar
+# and routers: 90 s; httpx: 5 s, uvicorn's own default too): a server that closes first
+# races the client's next request on that connection, which then fails with a reset.
+KEEP_ALIVE_S = 120.0
 
 
 def read_kv_secret(config: WorkerConfig, environ: Mapping[str, str]) -> str | None:
@@ -67,6 +72,7 @@ class ServerProcess:
         self._engine, self._drain_timeout_s = engine, drain_timeout_s
         # uvicorn's own cut-off only backs ours up: ours ends the requests cleanly first.
         config.timeout_graceful_shutdown = drain_timeout_s + SHUTDOWN_MARGIN_S
+        config.timeout_keep_alive = KEEP_ALIVE_S
         self._server = Server(config)
         self._cutter: threading.Thread | None = None
 
