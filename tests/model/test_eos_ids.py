@@ -15,13 +15,8 @@ import pytest
 
 from genpool_worker.model import LlamaConfig, LlamaModel, ModelLoadError
 from genpool_worker.model.config import parse_eos_ids
-from genpool_worker.model.gguf_weights import (
-    GGUFLoadError,
-    _open,
-    find_smollm2_gguf,
-    gguf_context,
-    read_config,
-)
+from genpool_worker.model.gguf_file import GGUFLoadError, read_gguf
+from genpool_worker.model.gguf_weights import find_smollm2_gguf, gguf_context, read_config
 from genpool_worker.model.hf_config import hf_context, read_hf_config, tokenizer_eos_id
 from tests.model.hf_checkpoints import edit_config, make_checkpoint
 
@@ -108,7 +103,7 @@ def test_an_hf_context_is_max_position_embeddings_or_a_shorter_window(tmp_path: 
 
 def test_smollm2_gguf_eos_and_context_from_its_metadata() -> None:
     path = find_smollm2_gguf()
-    config = read_config(_open(path))
+    config = read_config(read_gguf(path))
     assert (config.eos_token_id, config.eos_token_ids) == (2, (2,))  # <|im_end|>, no eot key
     assert gguf_context(path) == (config.context_length, "llama.context_length")
     assert config.context_length == 8192
@@ -116,7 +111,7 @@ def test_smollm2_gguf_eos_and_context_from_its_metadata() -> None:
 
 def _write_metadata_gguf(path: Path, **token_ids: int) -> None:
     """A llama GGUF header without tensors: every key read_config reads, a vocabulary (a
-    string array the context scan skips), a float and a bool among them."""
+    string array whose length alone is read), a float and a bool among them."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -144,15 +139,15 @@ def _write_metadata_gguf(path: Path, **token_ids: int) -> None:
 def test_a_gguf_with_end_of_turn_ids_stops_on_each(tmp_path: Path) -> None:
     path = tmp_path / "tiny.gguf"
     _write_metadata_gguf(path, eos=2, eot=7, eom=8)
-    config = read_config(_open(path))
+    config = read_config(read_gguf(path))
     assert (config.eos_token_id, config.eos_token_ids) == (2, (2, 7, 8))
     assert config.vocab_size == 12  # from the token list: the key is absent
     assert gguf_context(path) == (1024, "llama.context_length")
     _write_metadata_gguf(path, eos=2, eot=2)
-    assert read_config(_open(path)).eos_token_ids == (2,)
+    assert read_config(read_gguf(path)).eos_token_ids == (2,)
 
 
-def test_the_gguf_context_scan_falls_back_to_the_readers_error(tmp_path: Path) -> None:
+def test_a_file_that_is_not_gguf_is_refused_naming_it(tmp_path: Path) -> None:
     not_gguf = tmp_path / "model.gguf"
     not_gguf.write_bytes(b"not a gguf file at all")
     with pytest.raises(GGUFLoadError, match="is not a readable GGUF file"):

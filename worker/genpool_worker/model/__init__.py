@@ -3,7 +3,8 @@ network (``LlamaModel``) and the paged KV cache the runner owns for it (``CacheE
 
 from .cache_engine import CacheEngine
 from .config import LlamaConfig, ModelLoadError, RopeScaling
-from .gguf_weights import GGUFLoadError, find_smollm2_gguf, load_gguf
+from .gguf_file import GGUFLoadError
+from .gguf_weights import find_smollm2_gguf, load_gguf
 from .hf_weights import load_hf_checkpoint
 from .kv_cache import KVCache, PrefillSpan
 from .kv_sizing import KVSizing

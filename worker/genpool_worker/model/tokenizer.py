@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ModelLoadError
-from .gguf_weights import GGUFLoadError
+from .gguf_file import GGUFLoadError
 
 log = logging.getLogger(__name__)
 
