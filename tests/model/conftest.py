@@ -40,7 +40,7 @@ def gguf_path() -> Path:
 
 @pytest.fixture(scope="session")
 def gguf_weights(gguf_path: Path) -> tuple[Any, dict[str, Any]]:
-    """The GGUF's config and float32 weights, read once (~10 s of dequantising): the
+    """The GGUF's config and float32 weights, read once (~2 s, mostly dequantising): the
     paged model, the static-layout one and the tensor-parallel ranks share them."""
     from genpool_worker.model import load_gguf
 

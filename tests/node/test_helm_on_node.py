@@ -98,7 +98,7 @@ def test_helm_install_genpool_load_scale_delete(
     # A window without completions has no below-T: wait for one that has.
     columns = wait_for(
         lambda: (c := _printer_columns(kubectl, namespace))["BELOW-T"] and c,
-        timeout=60,
+        timeout=120,  # two 30 s windows and more: a slow hour's first replies come late
         what="a Below-T value in kubectl get gp",
     )
     assert columns["READY"] == "2/2" and columns["MODE"] == "TargetOutputTps"

@@ -37,7 +37,7 @@ PROMPTS = ["The capital of France is", "One, two, three,", "Water boils at", "de
 def script(long_tokens: int) -> list[tuple[float, str, list[int] | str, int]]:
     """(delay before, id, prompt, max_tokens): warm-up, then an overload that pauses."""
     steps: list[tuple[float, str, list[int] | str, int]] = [
-        (0.0, f"w{i}", PROMPTS[i % 4], 2) for i in range(34)
+        (0.0, f"w{i}", PROMPTS[i % 4], 1) for i in range(34)
     ]
     steps += [(0.1, "long0", PROMPTS[0], long_tokens), (0.0, "long1", PROMPTS[1], long_tokens)]
     steps += [(0.05, f"s{i}", PROMPTS[(i + 2) % 4], 8) for i in range(6)]
@@ -81,7 +81,7 @@ def run_rank(
     if rank == 0:
         engine.start()
         try:
-            drive(engine, recorder, tokenizer, 120 if runner.info.is_synthetic else 40)
+            drive(engine, recorder, tokenizer, 120 if runner.info.is_synthetic else 20)
         except AssertionError as exc:  # a wait timed out: stop cleanly, then report it
             failure = exc
         engine.stop(timeout=60)

@@ -24,7 +24,7 @@ SHARED = (
     "separated by commas, and never explain. "
 )  # about 30 tokens: one full block of 16 shared, and the start of another
 PROMPTS = [f"{SHARED}Count from {i} upwards: {i}," for i in range(1, 5)]
-LENGTHS = [48, 48, 8, 8]
+LENGTHS = [24, 24, 8, 8]
 # X <= slack_s (0.5 s): a keyed waiter is at risk as soon as it waits, so the short
 # requests pause the long ones whatever the machine's speed (X learned from the warm-ups
 # could otherwise exceed the long requests' whole run, and nothing would pause).
