@@ -1,9 +1,9 @@
 """Chunked prefill's greedy text equals whole prefill's (issue 25 item 6); prompts that
 share a prefix share its cached blocks (issue 34) and decode what each would alone.
 
-The passes: a prompt run in chunks of 7 (``prefill(..., start)``) into scattered blocks
+The passes: a prompt run in chunks of 11 (``prefill(..., start)``) into scattered blocks
 decodes exactly the tokens of the same prompt prefilled whole. The runner under the
-scheduler: requests of 30..100 tokens prefilled 7 tokens a pass, while others decode,
+scheduler: requests of 30..100 tokens prefilled 11 tokens a pass, while others decode,
 produce the tokens they produce with whole prefills; with prefix caching, prompts that
 share a prefix hold its cached blocks and decode the same text.
 """
@@ -24,7 +24,7 @@ from genpool_worker.model import PrefillSpan
 from genpool_worker.model_runner import TorchModelRunner
 from tests.model.paged import BlockPool
 
-CHUNK = 7
+CHUNK = 11  # no divisor of the block size (16) nor of any prompt length
 NEW_TOKENS = 12
 TEXT = (
     "The history of the Roman Empire begins with the founding of the city, and over "
@@ -118,7 +118,7 @@ def test_prefix_caching_shares_prompts_and_decodes_the_same_text(
 ) -> None:
     """Prompts that extend one another (a conversation's turns) and repeat, one arriving
     each pass: with caching each later prompt's leading full blocks come from the cache
-    and its prefill (whole, or in chunks of 7) starts after them; greedy text equal."""
+    and its prefill (whole, or in chunks of 11) starts after them; greedy text equal."""
     prompts = [*_prompts(tokenizer), *_prompts(tokenizer)[::-1]]
     plain, none = _serve(runner, prompts, budget)
     cached, hits = _serve(runner, prompts, budget, caching=True)
