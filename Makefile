@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.genpool-dev-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit node-setup test-model test-worker test-cluster test-e2e test-node lint format bench clean \
+.PHONY: setup test unit node-setup computing-tiers waiting-tiers test-model test-worker test-cluster test-e2e test-node lint format bench clean \
 	devcluster demo inferencepool-crd interop-llm-d interop-llm-d-prefix
 
 $(STAMP): pyproject.toml
@@ -26,10 +26,22 @@ UNIT_PURE := GENPOOL_UNIT_PURE=1
 
 # Everything (CI): lint beside the unit tier on its own (blocked imports; both pure and
 # single-threaded, so on 2 cores they share the machine without slowing each other) and the
-# images (unchanged: seconds), then every other tier. --output-sync keeps each one's output together.
+# images (unchanged: seconds), then every other tier in two chains side by side: the tiers
+# that compute beside the tiers that mostly wait on a control plane (docs/architecture.md,
+# "Two chains side by side"). -k: a failing chain does not stop the other; --output-sync
+# keeps each one's output together.
 test: setup
 	$(MAKE) --no-print-directory -j3 --output-sync=target lint unit node-setup
-	$(PY) -m pytest -q --durations=10 -m 'not unit' tests $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory -k -j2 --output-sync=target computing-tiers waiting-tiers
+
+# The model and worker tiers: torch on one thread each, so that the two cores are shared
+# with the other chain, not oversubscribed (which costs more than the second thread gives).
+computing-tiers: setup
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=10 -m 'model or worker' tests $(PYTEST_ARGS)
+
+# The cluster tier on its control plane, then the e2e and node tiers on the real node.
+waiting-tiers: setup
+	$(PY) -m pytest -q --durations=10 -m 'cluster or e2e or node' tests $(PYTEST_ARGS)
 
 # The real node's set-up (docs/devcluster.md#the-real-node): host packages (apt), kubelet,
 # kube-scheduler and kube-proxy, and the worker and operator images from the shipped
