@@ -34,14 +34,17 @@ test: setup
 	$(MAKE) --no-print-directory -j3 --output-sync=target lint unit node-setup
 	$(MAKE) --no-print-directory -k -j2 --output-sync=target computing-tiers waiting-tiers
 
-# The model and worker tiers: torch on one thread each, so that the two cores are shared
-# with the other chain, not oversubscribed (which costs more than the second thread gives).
+# The worker tier, then the model tier: torch on one thread, so that the two cores are
+# shared with the other chain, not oversubscribed (which costs more than the second thread
+# gives). The worker tier first: it also runs processes of its own (ranks, clients), and the
+# node tier's SmolLM2 pods, at the other chain's end, get a core beside the model tier.
 computing-tiers: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=10 -m 'model or worker' tests $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=10 tests/worker tests/model $(PYTEST_ARGS)
 
 # The cluster tier on its control plane, then the e2e and node tiers on the real node.
 waiting-tiers: setup
-	$(PY) -m pytest -q --durations=10 -m 'cluster or e2e or node' tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=10 tests/chart tests/integration tests/e2e tests/node \
+		$(PYTEST_ARGS)
 
 # The real node's set-up (docs/devcluster.md#the-real-node): host packages (apt), kubelet,
 # kube-scheduler and kube-proxy, and the worker and operator images from the shipped

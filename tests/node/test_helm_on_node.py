@@ -29,7 +29,9 @@ from tests.integration.operator_harness import get_pool, ready_pods
 from tests.polling import wait_for
 
 POOL = "smollm2"
-LOAD_S = 75
+# Long enough that stats windows with completions come while the checks below read them
+# on a slow hour too (a window without completions has no Below-T).
+LOAD_S = 120
 # The demo's pool (two SmolLM2 CPU workers, TargetOutputTps), with faster stats rounds.
 POOL_SPEC: dict[str, Any] = {**DEMO_SPEC, "tuning": {"intervalSeconds": 6, "cooldownIntervals": 1}}
 

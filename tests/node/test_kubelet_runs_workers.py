@@ -117,13 +117,11 @@ def test_a_crash_looping_worker_backs_off_and_the_pool_says_why(
         timeout=180,
     )
     assert status.last_state.terminated.exit_code != 0
-    (pod,) = _pods(kube_api, namespace)
-    # The kubelet records its Events apart from the pod's status, and a little later.
-    wait_for(
-        lambda: "BackOff" in _reasons(kube_api, namespace, pod.metadata.name),
-        "the kubelet's BackOff Event",
-        timeout=60,
-    )
+    assert len(_pods(kube_api, namespace)) == 1
+    # The back-off is read from the pod's status, not from a BackOff Event: the kubelet's
+    # recorder drops a pod's Events past a burst of 25 (client-go's spam filter, one
+    # bucket per pod), and on this node every sync of the pod also records
+    # MissingClusterDNS, so on a slow hour the burst is spent before the back-off starts.
     degraded = _wait_degraded(kube_api, namespace, "broken", "the crash-looping worker", timeout=60)
     assert degraded["message"] == (
         f"pod broken-worker-0: GGUFLoadError: GGUF file not found: {MISSING_MODEL}"
