@@ -29,22 +29,22 @@ UNIT_PURE := GENPOOL_UNIT_PURE=1
 # images (unchanged: seconds), then every other tier in two chains side by side: the tiers
 # that compute beside the tiers that mostly wait on a control plane (docs/architecture.md,
 # "Two chains side by side"). -k: a failing chain does not stop the other; --output-sync
-# keeps each one's output together.
+# keeps each one's output together. Then the node tier alone: its SmolLM2 pods under load
+# need the machine (beside either chain, a stats window with completions came too late).
 test: setup
 	$(MAKE) --no-print-directory -j3 --output-sync=target lint unit node-setup
-	$(MAKE) --no-print-directory -k -j2 --output-sync=target computing-tiers waiting-tiers
+	$(MAKE) --no-print-directory -k -j2 --output-sync=target computing-tiers waiting-tiers; \
+	chains=$$?; $(PY) -m pytest -q --durations=10 tests/node $(PYTEST_ARGS) && exit $$chains
 
 # The worker tier, then the model tier: torch on one thread, so that the two cores are
 # shared with the other chain, not oversubscribed (which costs more than the second thread
-# gives). The worker tier first: it also runs processes of its own (ranks, clients), and the
-# node tier's SmolLM2 pods, at the other chain's end, get a core beside the model tier.
+# gives). The worker tier first: the heavier, with processes of its own (ranks, clients).
 computing-tiers: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=10 tests/worker tests/model $(PYTEST_ARGS)
 
-# The cluster tier on its control plane, then the e2e and node tiers on the real node.
+# The cluster tier on its control plane, then the e2e tier on the real node.
 waiting-tiers: setup
-	$(PY) -m pytest -q --durations=10 tests/chart tests/integration tests/e2e tests/node \
-		$(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=10 tests/chart tests/integration tests/e2e $(PYTEST_ARGS)
 
 # The real node's set-up (docs/devcluster.md#the-real-node): host packages (apt), kubelet,
 # kube-scheduler and kube-proxy, and the worker and operator images from the shipped
