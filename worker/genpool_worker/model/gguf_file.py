@@ -65,12 +65,16 @@ class _Cursor:
     def __init__(self, buffer: mmap.mmap) -> None:
         self.buffer, self.offset = buffer, 0
 
-    def read(self, fmt: str) -> Any:
-        size = struct.calcsize(fmt)
-        if self.offset + size > len(self.buffer):
+    def _take(self, size: int) -> int:
+        """Moves past ``size`` bytes that must lie in the file; where they start."""
+        start = self.offset
+        if start + size > len(self.buffer):
             raise ValueError("the header is truncated")
-        (value,) = struct.unpack_from(fmt, self.buffer, self.offset)
         self.offset += size
+        return start
+
+    def read(self, fmt: str) -> Any:
+        (value,) = struct.unpack_from(fmt, self.buffer, self._take(struct.calcsize(fmt)))
         return value
 
     def count(self) -> int:
@@ -78,11 +82,8 @@ class _Cursor:
 
     def string(self) -> str:
         size = self.count()
-        if self.offset + size > len(self.buffer):
-            raise ValueError("the header is truncated")
-        raw = self.buffer[self.offset : self.offset + size]
-        self.offset += size
-        return raw.decode("utf-8", errors="replace")
+        start = self._take(size)
+        return self.buffer[start : start + size].decode("utf-8", errors="replace")
 
     def skip(self, kind: int, count: int) -> None:
         """Past ``count`` values of type ``kind``."""
