@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.genpool-dev-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit node-setup computing-tiers waiting-tiers test-model test-worker test-cluster test-e2e test-node lint format bench clean \
+.PHONY: setup test unit node-setup computing-tiers checks-then-waiting-tiers waiting-tiers test-model test-worker test-cluster test-e2e test-node lint format bench clean \
 	devcluster demo inferencepool-crd interop-llm-d interop-llm-d-prefix
 
 $(STAMP): pyproject.toml
@@ -24,17 +24,19 @@ setup: $(STAMP)
 # kopf blocked (tests/unit/conftest.py), so it proves it needs none of them.
 UNIT_PURE := GENPOOL_UNIT_PURE=1
 
-# Everything (CI): lint beside the unit tier on its own (blocked imports; both pure and
-# single-threaded, so on 2 cores they share the machine without slowing each other) and the
-# images (unchanged: seconds), then every other tier in two chains side by side: the tiers
-# that compute beside the tiers that mostly wait on a control plane (docs/architecture.md,
-# "Two chains side by side"). -k: a failing chain does not stop the other; --output-sync
-# keeps each one's output together. Then the node tier alone: its SmolLM2 pods under load
-# need the machine (beside either chain, a stats window with completions came too late).
+# Everything (CI): two chains side by side (docs/architecture.md, "Two chains side by
+# side"): the tiers that compute (torch on one thread: one core) from the start, beside
+# lint, the unit tier (blocked imports) and the images (unchanged: seconds), one after
+# another, then the tiers that mostly wait on a control plane. -k: a failing step does
+# not stop the rest; --output-sync keeps each chain's output together. Then the node tier
+# alone: its SmolLM2 pods under load need the machine (beside either chain, a stats
+# window with completions came too late).
 test: setup
-	$(MAKE) --no-print-directory -j3 --output-sync=target lint unit node-setup
-	$(MAKE) --no-print-directory -k -j2 --output-sync=target computing-tiers waiting-tiers; \
+	$(MAKE) --no-print-directory -k -j2 --output-sync=target computing-tiers checks-then-waiting-tiers; \
 	chains=$$?; $(PY) -m pytest -q --durations=10 tests/node $(PYTEST_ARGS) && exit $$chains
+
+checks-then-waiting-tiers: setup
+	$(MAKE) --no-print-directory -k lint unit node-setup waiting-tiers
 
 # The worker tier, then the model tier: torch on one thread, so that the two cores are
 # shared with the other chain, not oversubscribed (which costs more than the second thread
