@@ -57,13 +57,10 @@ STALE: dict[str, str] = {
             "every decision is the same; not rerun"
         ),
     ),
-    **dict.fromkeys(
-        ("fuzz.json", "faults.json", "speculative.json"),
-        (
-            "recorded before the worker's own GGUF reader and its 120 s keep-alive "
-            "(2026-12-06, third session): model loading and idle connections only, "
-            "neither in what these runs measure; rerun pending"
-        ),
+    "speculative.json": (
+        "recorded before the worker's own GGUF reader and its 120 s keep-alive "
+        "(2026-12-06, third session): model loading and idle connections only, "
+        "neither in what this run measures; rerun pending"
     ),
     "worker.json": (
         "recorded at 8d116cf; the model runner's one change after it is speculative "
