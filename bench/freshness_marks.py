@@ -57,11 +57,6 @@ STALE: dict[str, str] = {
             "every decision is the same; not rerun"
         ),
     ),
-    "speculative.json": (
-        "recorded before the worker's own GGUF reader and its 120 s keep-alive "
-        "(2026-12-06, third session): model loading and idle connections only, "
-        "neither in what this run measures; rerun pending"
-    ),
     "worker.json": (
         "recorded at 8d116cf; the model runner's one change after it is speculative "
         "decoding's proposal step, off in these runs; not rerun"
