@@ -32,14 +32,14 @@ from tests.polling import wait_for
 
 POOL = "auto"
 SLO_TTFT_S = 0.5
-# A closed-loop user keeps a batch position busy only for its duty cycle: the request's
+# A closed-loop user keeps a batch position busy only for its duty cycle: its request's
 # service over its whole loop, client and HTTP included. Nine users of 0.8 s requests kept
-# 8.8 positions busy on an idle machine but few enough on a loaded one (CI, 2026-12-06)
-# that two replicas held them at the learned capacity, and the plateau consolidated to two
-# during the restart check. Ten users of 1.3 s requests keep about 9.5 positions busy:
-# more than two replicas of four hold at any learned capacity, with a lagging level (up
-# to the forecast's 10 % rise) and a duty cycle down to 0.85 both counted; three hold
-# them with two positions to spare for the round-robin's imbalance. Two users need one.
+# 8.8 positions busy on an idle machine, and on a loaded one (CI, 2026-12-06) few enough
+# that the plateau consolidated to two during the restart check. Ten users of 1.3 s
+# requests keep about ten busy (10.2 in a window measured beside the model tier): more
+# than two replicas of four hold at any learned capacity once the scaler's level has
+# caught up with the step (the restart check waits for that), and three hold them with
+# two positions to spare for the round-robin's imbalance. Two users need one.
 HIGH_CLIENTS, LOW_CLIENTS = 10, 2
 UP_REASONS = ("up-forecast", "up-backlog", "up-tail")
 MAX_TOKENS = 40  # about 1.3 s of decode per request at the synthetic model's step time
