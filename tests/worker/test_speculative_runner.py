@@ -188,6 +188,17 @@ def test_a_stop_token_ends_the_run_and_min_tokens_masks_it() -> None:
     assert out == plain and EOS not in out["a"][:4]
 
 
+def test_a_request_its_stop_token_ended_drafts_nothing_more() -> None:
+    table = cycle_table()
+    table[5] = -1e4
+    table[5, EOS] = 10.0  # after 5 comes EOS
+    prompt = [1, 2, 3, 4, 5, EOS, 1, 2, 3]
+    _, results = generate(FakeNetwork(table), spec(), [arrival("a", prompt, 12, temperature=0.0)])
+    (ended,) = [r for r in results if r.tokens.get("a") == EOS]
+    assert "a" in results[0].drafts  # it drafted while running
+    assert "a" not in ended.drafts
+
+
 class ForgetfulRunner(TorchModelRunner[torch.Tensor]):
     """The specification's bug: drafter state freed for every request missing from the
     batch, so a resumed request drafts from an empty context, as a fresh arrival."""
