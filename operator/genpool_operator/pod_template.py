@@ -10,10 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from genpool_core.names import (
+    ADMIN_TOKEN_ENV,
     CONFIG_HASH_ANNOTATION,
+    DRAIN_TIMEOUT_ENV,
     KV_SECRET_FILE_ENV,
     KV_SECRET_KEY,
     KV_SECRET_MOUNT_PATH,
+    WORKER_CONFIG_ENV,
     WORKER_PORT,
 )
 from genpool_core.termination import DEFAULT_TERMINATION_LOG
@@ -145,11 +148,11 @@ def _env(spec: GenPoolSpec, refs: PodRefs) -> list[dict[str, Any]]:
         {"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
         {"name": "HOME", "value": HOME_DIR},
         {
-            "name": "GENPOOL_WORKER_CONFIG",
+            "name": WORKER_CONFIG_ENV,
             "valueFrom": {"configMapKeyRef": {"name": refs.configmap_name, "key": refs.config_key}},
         },
         {
-            "name": "GENPOOL_ADMIN_TOKEN",
+            "name": ADMIN_TOKEN_ENV,
             "valueFrom": {
                 # optional: an operator without a token makes no Secret (see build_children).
                 "secretKeyRef": {
@@ -159,7 +162,7 @@ def _env(spec: GenPoolSpec, refs: PodRefs) -> list[dict[str, Any]]:
                 }
             },
         },
-        {"name": "GENPOOL_DRAIN_TIMEOUT_S", "value": str(spec.drain.timeout_seconds)},
+        {"name": DRAIN_TIMEOUT_ENV, "value": str(spec.drain.timeout_seconds)},
         {"name": KV_SECRET_FILE_ENV, "value": f"{KV_SECRET_MOUNT_PATH}/{KV_SECRET_KEY}"},
     ]
     taken = {var["name"] for var in ours}
