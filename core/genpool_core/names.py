@@ -71,10 +71,6 @@ ROLE_LABEL = "llm-d.ai/role"
 KV_SECRET_FILE_ENV = "GENPOOL_KV_SECRET_FILE"
 KV_SECRET_KEY = "secret"  # the Secret's key, the mounted file's name
 KV_SECRET_MOUNT_PATH = "/var/run/genpool/kv-secret"
-# The worker pod's environment, set by the operator's pod template, read by the worker.
-WORKER_CONFIG_ENV = "GENPOOL_WORKER_CONFIG"  # the ConfigMap's worker config (JSON)
-ADMIN_TOKEN_ENV = "GENPOOL_ADMIN_TOKEN"  # PUT /config and /drain's bearer token
-DRAIN_TIMEOUT_ENV = "GENPOOL_DRAIN_TIMEOUT_S"  # the preStop drain's limit
 OPERATOR_METRICS_PORT = 8081  # the operator's Prometheus /metrics (kopf's /healthz is 8080)
 
 # The GenPool API.

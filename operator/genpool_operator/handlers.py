@@ -17,7 +17,6 @@ import httpx
 import kopf
 
 from genpool_core.names import (
-    ADMIN_TOKEN_ENV,
     API_GROUP,
     API_PLURAL,
     API_VERSION,
@@ -84,7 +83,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # Concurrency is bounded by WorkerClient's semaphore (64); httpx's default pool
     # (100 connections) covers it.
     http = httpx.AsyncClient()
-    token = os.environ.get(ADMIN_TOKEN_ENV) or None
+    token = os.environ.get("GENPOOL_ADMIN_TOKEN") or None
     memo.runtime = Runtime(
         kube=Kube(load_config()),
         workers=WorkerClient(http, token),

@@ -10,13 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from genpool_core.names import (
-    ADMIN_TOKEN_ENV,
     CONFIG_HASH_ANNOTATION,
-    DRAIN_TIMEOUT_ENV,
     KV_SECRET_FILE_ENV,
     KV_SECRET_KEY,
     KV_SECRET_MOUNT_PATH,
-    WORKER_CONFIG_ENV,
     WORKER_PORT,
 )
 from genpool_core.termination import DEFAULT_TERMINATION_LOG
@@ -148,11 +145,11 @@ def _env(spec: GenPoolSpec, refs: PodRefs) -> list[dict[str, Any]]:
         {"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
         {"name": "HOME", "value": HOME_DIR},
         {
-            "name": WORKER_CONFIG_ENV,
+            "name": "GENPOOL_WORKER_CONFIG",
             "valueFrom": {"configMapKeyRef": {"name": refs.configmap_name, "key": refs.config_key}},
         },
         {
-            "name": ADMIN_TOKEN_ENV,
+            "name": "GENPOOL_ADMIN_TOKEN",
             "valueFrom": {
                 # optional: an operator without a token makes no Secret (see build_children).
                 "secretKeyRef": {
@@ -162,7 +159,7 @@ def _env(spec: GenPoolSpec, refs: PodRefs) -> list[dict[str, Any]]:
                 }
             },
         },
-        {"name": DRAIN_TIMEOUT_ENV, "value": str(spec.drain.timeout_seconds)},
+        {"name": "GENPOOL_DRAIN_TIMEOUT_S", "value": str(spec.drain.timeout_seconds)},
         {"name": KV_SECRET_FILE_ENV, "value": f"{KV_SECRET_MOUNT_PATH}/{KV_SECRET_KEY}"},
     ]
     taken = {var["name"] for var in ours}
