@@ -23,12 +23,6 @@ from genpool_core.request import GenRequest
 Drafts = tuple[tuple[int, ...], ...]  # a plan's drafts, aligned with its batch
 
 
-def draft_room(max_tokens: int, num_output_tokens: int) -> int:
-    """How many drafts a member may verify in one step: what it may still emit, less
-    the token of its own that every step emits (so no member overshoots ``max_tokens``)."""
-    return max(0, max_tokens - num_output_tokens - 1)
-
-
 def scheduled_drafts(
     batch: Iterable[GenRequest], prefill_ids: Iterable[str], num_speculative_tokens: int
 ) -> tuple[Drafts, tuple[int, ...]]:
@@ -42,7 +36,7 @@ def scheduled_drafts(
     drafts = tuple(
         ()
         if r.request_id in prefilling
-        else r.draft_token_ids[: draft_room(r.max_tokens, r.num_output_tokens)]
+        else r.draft_token_ids[: max(0, r.max_tokens - r.num_output_tokens - 1)]
         for r in members
     )
     return drafts, tuple(r.num_output_tokens for r in members)

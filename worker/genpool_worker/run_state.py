@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from genpool_core.speculation import draft_room
 from genpool_worker.engine_io import Arrival
 from genpool_worker.model.sampler import SampleRow
 from genpool_worker.speculative import NgramDrafter
@@ -46,10 +45,10 @@ class RunState:
     @property
     def max_drafts(self) -> int:
         """Drafts its next step could verify: its draft length, within what it may still
-        emit besides its own token (the plan's cut, ``draft_room``)."""
+        emit besides its own token (the plan cuts them the same way)."""
         if self.max_tokens is None:
             return self.num_draft_tokens
-        return min(self.num_draft_tokens, draft_room(self.max_tokens, self.num_output_tokens))
+        return max(0, min(self.num_draft_tokens, self.max_tokens - self.num_output_tokens - 1))
 
     @property
     def has_stopped(self) -> bool:
