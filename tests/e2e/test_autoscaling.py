@@ -14,8 +14,9 @@ import asyncio
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -31,6 +32,7 @@ from tests.node_cluster import ChartOperator
 from tests.polling import wait_for
 
 POOL = "auto"
+T = TypeVar("T")
 SLO_TTFT_S = 0.5
 # A closed-loop user keeps a batch position busy only for its duty cycle: its request's
 # service over its whole loop, client and HTTP included. Nine users of 0.8 s requests kept
@@ -128,6 +130,15 @@ def _explain(api: client.ApiClient, namespace: str) -> str:
     return repr({key: status.get(key) for key in keys})
 
 
+def _wait_explained(api: client.ApiClient, namespace: str, check: Callable[[], T | None],
+                    what: str, timeout: float) -> T:  # fmt: skip
+    """``wait_for``, a timeout's message carrying the scaler's view."""
+    try:
+        return wait_for(check, what, timeout)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; {_explain(api, namespace)}") from None
+
+
 def _statefulset_replicas(api: client.ApiClient, namespace: str) -> int:
     scale = client.AppsV1Api(api).read_namespaced_stateful_set_scale(
         statefulset_name(POOL), namespace
@@ -219,16 +230,13 @@ def test_autoscaled_pool_meets_its_slo_scales_down_draining_and_survives_a_resta
         240,
     )
     assert _status(kube_api, namespace)["desiredReplicas"] == 3
-    try:
-        met = wait_for(
-            lambda: (
-                (c := _condition(_status(kube_api, namespace), "SLOMet"))["status"] == "True" and c
-            ),
-            "the SLO met again at three replicas",
-            120,
-        )
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; {_explain(kube_api, namespace)}") from None
+    met = _wait_explained(
+        kube_api,
+        namespace,
+        lambda: (c := _condition(_status(kube_api, namespace), "SLOMet"))["status"] == "True" and c,
+        "the SLO met again at three replicas",
+        120,
+    )
     assert met["reason"] == "WithinTarget", met
 
     # The plateau settles when the scaler's smoothed rate (its level, which follows the
@@ -236,11 +244,9 @@ def test_autoscaled_pool_meets_its_slo_scales_down_draining_and_survives_a_resta
     # consolidation, which holds that level, may ask for two within this test's 12 s down
     # window (and the backlog for three again), a move the restart check would blame on
     # the restart. Once the level holds three it only climbs towards the step.
-    try:
-        wait_for(lambda: _inputs(kube_api, namespace).get("consolidatedReplicas") == 3,
-                 "the scaler's level holds three", 90)  # fmt: skip
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; {_explain(kube_api, namespace)}") from None
+    _wait_explained(kube_api, namespace,
+                    lambda: _inputs(kube_api, namespace).get("consolidatedReplicas") == 3,
+                    "the scaler's level holds three", 90)  # fmt: skip
 
     # An operator restart at the plateau: nothing resets the scaler's replicas.
     samples = _hold_steady_through_restart(operator, kube_api, namespace, seconds=15)
@@ -250,10 +256,8 @@ def test_autoscaled_pool_meets_its_slo_scales_down_draining_and_survives_a_resta
     # The load falls: after the down window the pool shrinks, draining as it goes.
     fell_at = time.time()
     load.clients = LOW_CLIENTS
-    try:
-        wait_for(lambda: _statefulset_replicas(kube_api, namespace) == 1, "scaled down to 1", 120)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; {_explain(kube_api, namespace)}") from None
+    _wait_explained(kube_api, namespace, lambda: _statefulset_replicas(kube_api, namespace) == 1,
+                    "scaled down to 1", 120)  # fmt: skip
     wait_for(lambda: _status(kube_api, namespace).get("replicas") == 1, "one pod left", 120)
     results = load.stop()  # each user finishes the request it has in flight first
 

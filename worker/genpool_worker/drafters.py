@@ -122,10 +122,8 @@ def make_drafter(spec: SpeculativeConfig, model: object, cache: object) -> Draft
 
 def draft_rows(states: Mapping[str, RunState], members: Sequence[str]) -> dict[str, int]:
     """The members that draft for their next step, each with how many it may
-    (``RunState.max_drafts``); not one whose token this step stopped it (early exit's
-    drafts cost a forward of the first layers each)."""
-    rows = {rid: states[rid].max_drafts for rid in members
-            if states[rid].is_drafting and not states[rid].has_stopped}  # fmt: skip
+    (``RunState.max_drafts``)."""
+    rows = {rid: states[rid].max_drafts for rid in members if states[rid].is_drafting}
     return {rid: limit for rid, limit in rows.items() if limit > 0}
 
 

@@ -45,16 +45,14 @@ class RunState:
     @property
     def max_drafts(self) -> int:
         """Drafts its next step could verify: its draft length, within what it may still
-        emit besides its own token (the plan cuts them the same way)."""
+        emit besides its own token (the plan cuts them the same way); none once a stop
+        token ended it (past ``min_tokens`` they are not masked, so one drawn ends the
+        request: it has no next step, and early exit's drafts cost a forward each)."""
+        if self.last_token in self.stop_ids and self.num_output_tokens >= self.min_tokens:
+            return 0
         if self.max_tokens is None:
             return self.num_draft_tokens
         return max(0, min(self.num_draft_tokens, self.max_tokens - self.num_output_tokens - 1))
-
-    @property
-    def has_stopped(self) -> bool:
-        """Its last token is a stop token that ends it (past ``min_tokens`` they are not
-        masked, so one drawn ends the request): it has no next step to draft for."""
-        return self.last_token in self.stop_ids and self.num_output_tokens >= self.min_tokens
 
     def mask_stops(self) -> None:
         """Before this pass's draw: EOS and stop tokens masked while short of min_tokens."""
