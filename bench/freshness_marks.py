@@ -26,21 +26,6 @@ STALE: dict[str, str] = {
         ),
     ),
     **dict.fromkeys(
-        ("cpu_decode.json", "batched_prefill.json"),
-        (
-            "recorded before speculative decoding and the decode check's fix (2026-12-06); "
-            "neither runs in these forwards (no drafts; one request per table), not rerun"
-        ),
-    ),
-    **dict.fromkeys(
-        ("chunked_prefill.json", "preemption_cost.json", "preemption_cost_synthetic.json"),
-        (
-            "recorded before speculative decoding (off in these runs) and the decode check's "
-            "fix (rows sharing cached blocks now decode in one batch, which can speed these "
-            "serving runs up); not rerun"
-        ),
-    ),
-    **dict.fromkeys(
         (
             "sim.json",
             "sim/cap_curve.json",
@@ -56,10 +41,6 @@ STALE: dict[str, str] = {
             "speculation is off in these runs, where the plan's new fields stay empty and "
             "every decision is the same; not rerun"
         ),
-    ),
-    "worker.json": (
-        "recorded at 8d116cf; the model runner's one change after it is speculative "
-        "decoding's proposal step, off in these runs; not rerun"
     ),
     "sim/autoscale_law.json": (
         "recorded at 0acac59; the prefix cache, the KV pool's rework "
