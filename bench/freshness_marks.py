@@ -27,7 +27,6 @@ STALE: dict[str, str] = {
     ),
     **dict.fromkeys(
         (
-            "sim.json",
             "sim/cap_curve.json",
             "sim/classes.json",
             "sim/classes_floors_only.json",
