@@ -17,30 +17,6 @@ UNVERSIONED: dict[str, str] = {
 
 # Versioned, but the code they measure has changed since: why they stay.
 STALE: dict[str, str] = {
-    **dict.fromkeys(
-        ("sim/r1.json", "sim/demo_load.json", "sim/demo_load_slo0.3.json"),
-        (
-            "recorded at feed961; speculative decoding (off in these runs) changed the core "
-            "after it. The other eight simulator studies rerun at e35e916 came out identical "
-            "(r1's rerun was started and not finished for time)"
-        ),
-    ),
-    **dict.fromkeys(
-        (
-            "sim/cap_curve.json",
-            "sim/classes.json",
-            "sim/classes_floors_only.json",
-            "sim/kv_headroom.json",
-            "sim/open_loop_rate15.json",
-            "sim/prefix.json",
-            "sim/tune.json",
-        ),
-        (
-            "recorded before speculative decoding's drafts moved into the plan (2026-12-06); "
-            "speculation is off in these runs, where the plan's new fields stay empty and "
-            "every decision is the same; not rerun"
-        ),
-    ),
     "sim/autoscale_law.json": (
         "recorded at 0acac59; the prefix cache, the KV pool's rework "
         "and the prefill order came after, and the 2.5-hour study "
