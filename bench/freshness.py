@@ -54,7 +54,27 @@ SERVING = ("bench/serving_load.py", "bench/pd_report.py")
 FORWARD_PASSES = ("worker/genpool_worker/model", ":(exclude)worker/genpool_worker/model/sampler.py",
                   ":(exclude)worker/genpool_worker/model/tokenizer.py",
                   "bench/decode_support.py")  # fmt: skip
-SIM = ("sim/genpool_sim", "core/genpool_core")  # the simulator runs the shipped policies
+
+
+def simulator_sources() -> tuple[str, ...]:
+    """The simulator's package and every core module it imports, directly or not: the
+    shipped policies a simulator study runs. A core module no simulator module reaches
+    (the worker pod's environment names, the termination log) cannot move a study's
+    figures, so an edit there leaves the studies fresh."""
+    import grimp  # import-linter's graph: only this check needs it
+
+    graph = grimp.build_graph("genpool_sim", "genpool_core")
+    imported = graph.find_upstream_modules("genpool_sim", as_package=True)
+    core = sorted(name for name in imported if name.startswith("genpool_core."))
+    paths = ["core/genpool_core/__init__.py"]
+    for name in core:
+        relative = "core/" + name.replace(".", "/")
+        is_package = (ROOT / relative / "__init__.py").is_file()
+        paths.append(f"{relative}/__init__.py" if is_package else f"{relative}.py")
+    return ("sim/genpool_sim", *paths)
+
+
+SIM = simulator_sources()  # the simulator runs the shipped policies
 SIM_STUDY = (*SIM, "bench/sim_record.py")  # a `genpool sim` run that records its provenance
 INTEROP = ("worker/genpool_worker/kv_events.py", "worker/genpool_worker/kv_events_wire.py",
            "worker/genpool_worker/kv_events_config.py", "bench/kv_events_interop.py",

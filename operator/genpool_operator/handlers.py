@@ -24,6 +24,7 @@ from genpool_core.names import (
     MANAGED_BY_LABEL,
     POOL_LABEL,
 )
+from genpool_core.worker_env import ADMIN_TOKEN_ENV
 from genpool_operator import metrics
 from genpool_operator.kube import Kube, load_config
 from genpool_operator.pool_health import record_worker_health
@@ -83,7 +84,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # Concurrency is bounded by WorkerClient's semaphore (64); httpx's default pool
     # (100 connections) covers it.
     http = httpx.AsyncClient()
-    token = os.environ.get("GENPOOL_ADMIN_TOKEN") or None
+    token = os.environ.get(ADMIN_TOKEN_ENV) or None
     memo.runtime = Runtime(
         kube=Kube(load_config()),
         workers=WorkerClient(http, token),

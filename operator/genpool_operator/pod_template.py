@@ -17,6 +17,7 @@ from genpool_core.names import (
     WORKER_PORT,
 )
 from genpool_core.termination import DEFAULT_TERMINATION_LOG
+from genpool_core.worker_env import ADMIN_TOKEN_ENV, DRAIN_TIMEOUT_ENV, WORKER_CONFIG_ENV
 from genpool_operator.spec import MODEL_MOUNT_PATH, GenPoolSpec
 from genpool_operator.spec_sections import is_reserved_env
 
@@ -145,11 +146,11 @@ def _env(spec: GenPoolSpec, refs: PodRefs) -> list[dict[str, Any]]:
         {"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
         {"name": "HOME", "value": HOME_DIR},
         {
-            "name": "GENPOOL_WORKER_CONFIG",
+            "name": WORKER_CONFIG_ENV,
             "valueFrom": {"configMapKeyRef": {"name": refs.configmap_name, "key": refs.config_key}},
         },
         {
-            "name": "GENPOOL_ADMIN_TOKEN",
+            "name": ADMIN_TOKEN_ENV,
             "valueFrom": {
                 # optional: an operator without a token makes no Secret (see build_children).
                 "secretKeyRef": {
@@ -159,7 +160,7 @@ def _env(spec: GenPoolSpec, refs: PodRefs) -> list[dict[str, Any]]:
                 }
             },
         },
-        {"name": "GENPOOL_DRAIN_TIMEOUT_S", "value": str(spec.drain.timeout_seconds)},
+        {"name": DRAIN_TIMEOUT_ENV, "value": str(spec.drain.timeout_seconds)},
         {"name": KV_SECRET_FILE_ENV, "value": f"{KV_SECRET_MOUNT_PATH}/{KV_SECRET_KEY}"},
     ]
     taken = {var["name"] for var in ours}

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from genpool_core.termination import TERMINATION_LOG_ENV
+from genpool_core.worker_env import WORKER_CONFIG_ENV
 from genpool_worker.model.tokenizer import load_tokenizer
-from genpool_worker.worker_args import CONFIG_ENV
 from genpool_worker.worker_cli import main, model_max_seq_len
 from genpool_worker.worker_config import (
     MAX_SEQ_LEN_CAP,
@@ -103,7 +103,7 @@ def test_max_seq_len_defaults_to_the_models_context_and_is_refused_past_it(
     assert log.read_text().startswith(f"invalid worker configuration: {expected}")
     # The operator's worker.json sets max_seq_len (spec.engine.maxSeqLen): the same check.
     config = {"model": str(directory), "max_seq_len": 4096}
-    monkeypatch.setenv(CONFIG_ENV, json.dumps(config))
+    monkeypatch.setenv(WORKER_CONFIG_ENV, json.dumps(config))
     assert main([]) == 2
     assert "--max-seq-len=4096 is more than the model's context" in capsys.readouterr().err
 

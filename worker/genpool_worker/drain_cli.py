@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 
 from genpool_core.names import WORKER_PORT
+from genpool_core.worker_env import ADMIN_TOKEN_ENV, DRAIN_TIMEOUT_ENV
 
 DEFAULT_TIMEOUT_S = 110.0
 # The HTTP wait may outlast the server's own deadline by this much (connect, response).
@@ -32,11 +33,11 @@ def drain_url(environ: Mapping[str, str]) -> str:
 
 
 def default_timeout(environ: Mapping[str, str]) -> float:
-    raw = environ.get("GENPOOL_DRAIN_TIMEOUT_S")
+    raw = environ.get(DRAIN_TIMEOUT_ENV)
     try:
         return float(raw) if raw else DEFAULT_TIMEOUT_S
     except ValueError:
-        print(f"genpool-worker-drain: ignoring GENPOOL_DRAIN_TIMEOUT_S={raw!r}", file=sys.stderr)
+        print(f"genpool-worker-drain: ignoring {DRAIN_TIMEOUT_ENV}={raw!r}", file=sys.stderr)
         return DEFAULT_TIMEOUT_S
 
 
@@ -65,13 +66,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--timeout",
         type=float,
         default=default_timeout(environ),
-        help="seconds to wait for in-flight requests (env GENPOOL_DRAIN_TIMEOUT_S, default 110)",
+        help=f"seconds to wait for in-flight requests (env {DRAIN_TIMEOUT_ENV}, default 110)",
     )
     parser.add_argument("--url", default=drain_url(environ), help="the worker's /drain URL")
     args = parser.parse_args(argv)
     if not 0 < args.timeout <= 3600:
         parser.error("--timeout must be in (0, 3600]")
-    drained, detail = drain(args.url, args.timeout, environ.get("GENPOOL_ADMIN_TOKEN") or None)
+    drained, detail = drain(args.url, args.timeout, environ.get(ADMIN_TOKEN_ENV) or None)
     print(f"genpool-worker-drain: {'drained' if drained else 'not drained'}: {detail}")
     return 0 if drained else 1
 

@@ -10,10 +10,10 @@ import os
 from collections.abc import Mapping, Sequence
 
 from genpool_core.field_help import help_for
+from genpool_core.worker_env import WORKER_CONFIG_ENV
 from genpool_worker.worker_config import INHERITED_FLAGS, WorkerConfig
 
 DESCRIPTION = "One GEN worker process: model, engine and HTTP API."
-CONFIG_ENV = "GENPOOL_WORKER_CONFIG"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,16 +38,16 @@ class ConfigEnvError(ValueError):
 
 def config_from_env(environ: Mapping[str, str]) -> dict[str, object]:
     """The base config from GENPOOL_WORKER_CONFIG (the operator's worker.json), or {}."""
-    raw = environ.get(CONFIG_ENV, "").strip()
+    raw = environ.get(WORKER_CONFIG_ENV, "").strip()
     if not raw:
         return {}
     try:
         loaded = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise ConfigEnvError(f"{CONFIG_ENV} is not valid JSON: {exc}") from None
+        raise ConfigEnvError(f"{WORKER_CONFIG_ENV} is not valid JSON: {exc}") from None
     if not isinstance(loaded, dict):
         kind = type(loaded).__name__
-        raise ConfigEnvError(f"{CONFIG_ENV} must be a JSON object, got {kind}")
+        raise ConfigEnvError(f"{WORKER_CONFIG_ENV} must be a JSON object, got {kind}")
     return loaded
 
 

@@ -18,6 +18,7 @@ from pydantic_core import ErrorDetails
 from genpool_core.kv_blocks import KVBudget
 from genpool_core.preemption import GenPreemptionConfigError
 from genpool_core.scheduler import GenScheduler
+from genpool_core.worker_env import ADMIN_TOKEN_ENV
 from genpool_worker.engine import GenEngine
 from genpool_worker.engine_io import Tokenizer
 from genpool_worker.kv_events import KVEventsSocketError, start_kv_events
@@ -249,7 +250,7 @@ def _serve(engine: GenEngine, tokenizer: Tokenizer, metrics: WorkerMetrics,
         engine,
         tokenizer,
         metrics,
-        admin_token=os.environ.get("GENPOOL_ADMIN_TOKEN") or None,
+        admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None,
         stamp_arrival=config.stamp_arrival,
         max_arrival_age_s=config.max_arrival_age_s,
         kv_transfer=kv_transfer,
