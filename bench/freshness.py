@@ -12,7 +12,9 @@ The rule, checked by ``make test`` (tests/unit/test_results_freshness.py) and by
    recorded that are listed in ``UNVERSIONED`` (``bench/freshness_marks.py``, with
    ``STALE``) with when and how, and every section citing one says "unversioned".
 3. A JSON is stale when a file it measures (``MEASURED``: the bench's own code and the
-   product modules whose behaviour its figures report) changed after its commit (its
+   product modules whose behaviour its figures report; for the scheduler bench and the
+   simulator studies, the core modules their code imports, from the import graph)
+   changed after its commit (its
    code: a Python file's syntax tree, so comments and docstrings do not count). A
    stale JSON stays on the page only listed in ``STALE`` with the reason, and every
    section citing it says "stale"; a listed one that is fresh again (rerun) fails
@@ -22,6 +24,7 @@ The rule, checked by ``make test`` (tests/unit/test_results_freshness.py) and by
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 import subprocess
@@ -56,25 +59,36 @@ FORWARD_PASSES = ("worker/genpool_worker/model", ":(exclude)worker/genpool_worke
                   "bench/decode_support.py")  # fmt: skip
 
 
-def simulator_sources() -> tuple[str, ...]:
-    """The simulator's package and every core module it imports, directly or not: the
-    shipped policies a simulator study runs. A core module no simulator module reaches
-    (the worker pod's environment names, the termination log) cannot move a study's
-    figures, so an edit there leaves the studies fresh."""
+def imported_sources(module: str) -> tuple[str, ...]:
+    """``module`` (a package: all of it) and every core module it imports, directly or
+    not, as files: what a result of it can depend on. A core module it never reaches
+    (the worker pod's environment names, the termination log) cannot move its figures,
+    so an edit there leaves the result fresh."""
+    graph = _import_graph()
+    names = {module, *graph.find_upstream_modules(module, as_package=True)}
+    is_package = (ROOT / _layer(module) / module.replace(".", "/") / "__init__.py").is_file()
+    if is_package:
+        names |= graph.find_descendants(module)
+    paths = {"core/genpool_core/__init__.py"}
+    for name in names:
+        relative = f"{_layer(name)}/{name.replace('.', '/')}"
+        is_package = (ROOT / relative / "__init__.py").is_file()
+        paths.add(f"{relative}/__init__.py" if is_package else f"{relative}.py")
+    return tuple(sorted(paths))
+
+
+@functools.cache
+def _import_graph() -> Any:
     import grimp  # import-linter's graph: only this check needs it
 
-    graph = grimp.build_graph("genpool_sim", "genpool_core")
-    imported = graph.find_upstream_modules("genpool_sim", as_package=True)
-    core = sorted(name for name in imported if name.startswith("genpool_core."))
-    paths = ["core/genpool_core/__init__.py"]
-    for name in core:
-        relative = "core/" + name.replace(".", "/")
-        is_package = (ROOT / relative / "__init__.py").is_file()
-        paths.append(f"{relative}/__init__.py" if is_package else f"{relative}.py")
-    return ("sim/genpool_sim", *paths)
+    return grimp.build_graph("genpool_sim", "genpool_core")
 
 
-SIM = simulator_sources()  # the simulator runs the shipped policies
+def _layer(module: str) -> str:
+    return "sim" if module.startswith("genpool_sim") else "core"
+
+
+SIM = imported_sources("genpool_sim")  # the simulator runs the shipped policies
 SIM_STUDY = (*SIM, "bench/sim_record.py")  # a `genpool sim` run that records its provenance
 INTEROP = ("worker/genpool_worker/kv_events.py", "worker/genpool_worker/kv_events_wire.py",
            "worker/genpool_worker/kv_events_config.py", "bench/kv_events_interop.py",
@@ -86,7 +100,7 @@ DEMO = ("devcluster/genpool_devcluster/demo.py", "devcluster/genpool_devcluster/
 # JSON (under bench/results) -> what its figures measure.
 MEASURED: dict[str, tuple[str, ...]] = {
     "scheduler.json": (
-        "core/genpool_core",
+        *imported_sources("genpool_core.scheduler"),
         "bench/scheduler.py",
         "bench/scheduler_runner.py",
         "bench/scheduler_report.py",

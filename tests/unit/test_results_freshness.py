@@ -137,3 +137,18 @@ def test_a_result_must_say_what_produced_it(
 def test_a_new_result_must_say_what_it_measures(scratch: Scratch) -> None:
     scratch.write("bench/results/y.json", "{}")
     assert any("y.json: say what it measures" in p for p in freshness.problems(scratch.root))
+
+
+def test_a_result_measures_the_core_modules_its_code_imports_and_no_others() -> None:
+    sim = set(freshness.SIM)
+    scheduler = set(freshness.MEASURED["scheduler.json"])
+    # What the simulator runs: the shipped policies, reached through the scheduler.
+    for module in ("scheduler.py", "kv_blocks.py", "preemption/pausing.py", "scaler.py"):
+        assert f"core/genpool_core/{module}" in sim, module
+    assert "sim/genpool_sim/__init__.py" in sim
+    assert "core/genpool_core/kv_blocks.py" in scheduler
+    assert "core/genpool_core/scaler.py" not in scheduler  # no autoscaler in a pass
+    # Modules no simulator or scheduler code reaches: an edit there moves no figure.
+    for module in ("worker_env.py", "termination.py"):
+        assert f"core/genpool_core/{module}" not in sim | scheduler, module
+    assert all((freshness.ROOT / path).is_file() for path in sim | scheduler)
