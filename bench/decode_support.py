@@ -43,9 +43,18 @@ class Ours:
         return cls(model, kv, TorchModelRunner(model, kv))
 
     @classmethod
-    def with_blocks(cls, model: LlamaModel, num_blocks: int, block_size: int) -> Ours:
-        """``model`` over a cache of exactly ``num_blocks`` blocks of ``block_size``."""
-        return cls.of(model, CacheEngine(model, KVSizing(block_size, num_blocks)))
+    def with_blocks(
+        cls,
+        model: LlamaModel,
+        num_blocks: int,
+        block_size: int,
+        *,
+        in_place_decode: bool | None = None,
+    ) -> Ours:
+        """``model`` over a cache of exactly ``num_blocks`` blocks of ``block_size``
+        (``in_place_decode``: ``CacheEngine``'s)."""
+        sizing = KVSizing(block_size, num_blocks)
+        return cls.of(model, CacheEngine(model, sizing, in_place_decode=in_place_decode))
 
 
 def running_pool_tables(

@@ -13,13 +13,16 @@ other processes sharing the CPUs (the load average is recorded).
   tensors at the same addresses: two loaded copies differed by a few per cent with the
   same layout, which would be read as paging's cost), the same capacity (``B +
   HEADROOM`` requests of ``max_seq_len``) and the same prompts:
-  - static, contiguous: the pre-paging layout, one block of ``max_seq_len`` per
-    request, blocks ``0..B-1`` (read in place, as a view);
+  - static, contiguous: the pre-paging layout and read, one block of ``max_seq_len``
+    per request, blocks ``0..B-1``, read in place as a view by torch's matmuls;
   - static, scattered: one block each, a seeded sample of the pool's (gathered);
   - paged: blocks of 16 (the worker's default), tables as the worker's pool hands them
-    out after churn (``decode_support.running_pool_tables``; gathered). The paged /
-    static-contiguous ratio is what paging costs the CPU decode (goal: >= 1.0;
-    reported, not asserted), with the greedy tokens of the two compared.
+    out after churn (``decode_support.running_pool_tables``), read as the worker reads
+    them: in place by the CPU kernel (``cpu_attention``) where it is the faster, else
+    gathered (``reads`` says which);
+  - paged, gathered: the same tables gathered for torch's matmuls (the kernel off).
+  The paged / static-contiguous ratio is what paging costs the CPU decode (goal: >= 1.0;
+  reported, not asserted), with the greedy tokens of all four compared.
 - transformers: ``generate`` greedy with ``min_new_tokens = max_new_tokens``; decode
   time = time(1 + 64 new tokens) - time(1 new token), the second being its
   prefill plus first token. Both totals are reported as measured.
@@ -113,17 +116,19 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     )
     ours_load_s = time.perf_counter() - t0
     rss_ours, rss_ours_now = _rss_mb(), _current_rss_mb()
-    static = Ours.with_blocks(ours.model, residents, max_seq_len)  # the same weights
+    # The same weights; the static layout read by torch's path, as before paging.
+    static = Ours.with_blocks(ours.model, residents, max_seq_len, in_place_decode=False)
+    gathered = Ours.with_blocks(ours.model, ours.kv.num_blocks, block, in_place_decode=False)
     hf, hf_load_s = _load_hf(path)
     rng = random.Random(SEED)
     load_before = os.getloadavg()[0]
     # Warm-up: first calls pay one-off allocation / kernel selection costs.
     warm = [[rng.randrange(100, ours.model.vocab_size) for _ in range(8)]]
-    for model in (ours, static):
+    for model in (ours, static, gathered):
         time_ours(model, warm, [[0]], 2)
     time_hf(hf, warm, 2, ours.model.eos_token_id)
-    setup = _Setup(ours, static, hf, residents, block, max_seq_len, prompt_len, new_tokens,
-                   repeats)  # fmt: skip
+    setup = _Setup(ours, static, gathered, hf, residents, block, max_seq_len, prompt_len,
+                   new_tokens, repeats)  # fmt: skip
     rows = _measure_all(setup, rng)
     return {
         "quick": quick,
@@ -156,8 +161,9 @@ def run(*, quick: bool = False) -> dict[str, Any]:
 class _Setup:
     """The loaded models and the run's shape, the same for every row."""
 
-    ours: Ours  # paged
-    static: Ours  # one max_seq_len block per request
+    ours: Ours  # paged, read as the worker reads it
+    static: Ours  # one max_seq_len block per request, torch's path
+    gathered: Ours  # paged, torch's path (gathered)
     hf: Any  # transformers' model
     residents: int
     block: int
@@ -185,6 +191,7 @@ def _measure(setup: _Setup, threads: int, b: int, rng: random.Random) -> dict[st
         "ours_contiguous": (setup.static, static_tables(b)),
         "ours_scattered": (setup.static, scattered),
         "ours_paged": (ours, paged),
+        "ours_paged_gathered": (setup.gathered, paged),
     }
     for repeat in range(setup.repeats):
         times, outs = {}, {}
@@ -193,7 +200,7 @@ def _measure(setup: _Setup, threads: int, b: int, rng: random.Random) -> dict[st
             model, tables = runs[key]
             times[key], outs[key] = time_ours(model, prompts, tables, new_tokens)
         ours_out = outs["ours_paged"]
-        same_paged_static &= ours_out == outs["ours_contiguous"] == outs["ours_scattered"]
+        same_paged_static &= all(out == ours_out for out in outs.values())
         eos = ours.model.eos_token_id
         times["hf_generate"], hf_out = time_hf(setup.hf, prompts, new_tokens + 1, eos)
         times["hf_prefill"], _ = time_hf(setup.hf, prompts, 1, eos)
@@ -205,7 +212,7 @@ def _measure(setup: _Setup, threads: int, b: int, rng: random.Random) -> dict[st
         agree = same / (b * (new_tokens + 1))
     hf_decode_s = max(best["hf_generate"] - best["hf_prefill"], 1e-9)
     tokens = b * new_tokens
-    row = {
+    row: dict[str, Any] = {
         "threads": threads,
         "batch": b,
         "prompt_len": setup.prompt_len,
@@ -213,6 +220,8 @@ def _measure(setup: _Setup, threads: int, b: int, rng: random.Random) -> dict[st
         "ours_contiguous_tok_s": tokens / best["ours_contiguous"],
         "ours_scattered_tok_s": tokens / best["ours_scattered"],
         "ours_paged_tok_s": tokens / best["ours_paged"],
+        "ours_paged_gathered_tok_s": tokens / best["ours_paged_gathered"],
+        "paged_reads": "in place" if ours.kv.cache.reads_in_place(b) else "gathered",
         "paged_block_size": setup.block,
         "paged_table_runs": _runs(paged) / b,
         "paged_tokens_equal_static": same_paged_static,
@@ -225,6 +234,7 @@ def _measure(setup: _Setup, threads: int, b: int, rng: random.Random) -> dict[st
     row["ratio_scattered"] = row["ours_scattered_tok_s"] / row["hf_decode_tok_s"]
     row["ratio_paged"] = row["ours_paged_tok_s"] / row["hf_decode_tok_s"]
     row["paged_vs_static"] = row["ours_paged_tok_s"] / row["ours_contiguous_tok_s"]
+    row["gathered_vs_static"] = row["ours_paged_gathered_tok_s"] / row["ours_contiguous_tok_s"]
     return row
 
 
@@ -241,7 +251,8 @@ def format_table(result: dict[str, Any]) -> str:
         f" -> {env['loadavg_1m']['after']:.1f}, best of {result['repeats']}"
         + ("  [QUICK run: numbers not meaningful]" if result.get("quick") else ""),
         f"{'thr':>3} {'batch':>5} {'prompt':>6} {'steps':>5} {'ours tok/s':>10} {'scattered':>9} "
-        f"{'paged':>7} {'pg/st':>5} {'hf tok/s':>9} {'ratio':>6} {'ratio sc':>8} {'ratio pg':>8} "
+        f"{'paged':>7} {'pg/st':>5} {'ga/st':>5} {'reads':>8} {'hf tok/s':>9} {'ratio':>6} "
+        f"{'ratio sc':>8} {'ratio pg':>8} "
         f"{'hf gen s':>8} {'hf pre s':>8} {'agree':>6}",
     ]
     for r in result["rows"]:
@@ -249,6 +260,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"{r['threads']:>3} {r['batch']:>5} {r['prompt_len']:>6} {r['decode_steps']:>5} "
             f"{r['ours_contiguous_tok_s']:>10.1f} {r['ours_scattered_tok_s']:>9.1f} "
             f"{r['ours_paged_tok_s']:>7.1f} {r['paged_vs_static']:>5.2f} "
+            f"{r['gathered_vs_static']:>5.2f} {r['paged_reads']:>8} "
             f"{r['hf_decode_tok_s']:>9.1f} {r['ratio_contiguous']:>6.2f} "
             f"{r['ratio_scattered']:>8.2f} {r['ratio_paged']:>8.2f} {r['hf_generate_s']:>8.2f} "
             f"{r['hf_prefill_s']:>8.2f} {r['greedy_token_agreement']:>6.2f}"
@@ -270,7 +282,8 @@ def format_table(result: dict[str, Any]) -> str:
     )
     lines.append(
         "(decode-only tokens/s; ours/scattered: static layout, blocks 0..B-1 / sampled; "
-        "paged: blocks of 16 from a churned pool; pg/st = paged / ours; ratio = ours / "
+        "paged: blocks of 16 from a churned pool, read as the worker does (reads); pg/st = "
+        "paged / ours; ga/st = the same tables gathered / ours; ratio = ours / "
         "transformers; agree = fraction of paged greedy tokens equal to transformers')"
     )
     return "\n".join(lines)

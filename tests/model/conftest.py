@@ -71,10 +71,20 @@ def runner(llama: Any) -> Any:
 @pytest.fixture(scope="session")
 def static_runner(llama: Any) -> Any:
     """The same network in the pre-paging layout: one ``max_seq_len`` block per request,
-    3 requests."""
+    3 requests, read by torch's matmuls (not the CPU kernel): in place, as a view, while
+    the batch's blocks are consecutive, else gathered."""
     from tests.model.paged import paged_runner
 
-    return paged_runner(llama, 3, MAX_SEQ_LEN)
+    return paged_runner(llama, 3, MAX_SEQ_LEN, in_place_decode=False)
+
+
+@pytest.fixture(scope="session")
+def gathered_runner(llama: Any) -> Any:
+    """``runner``'s paged cache read by torch's path: each layer's rows gathered, then
+    matmuls (what the CPU decode does without the in-place kernel)."""
+    from tests.model.paged import paged_runner
+
+    return paged_runner(llama, NUM_BLOCKS, BLOCK_SIZE, in_place_decode=False)
 
 
 @pytest.fixture(scope="session")

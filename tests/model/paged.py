@@ -33,7 +33,7 @@ from genpool_worker.model import CacheEngine, KVSizing, LlamaModel
 from genpool_worker.model_runner import TorchModelRunner
 
 SIZING_OPTIONS = ("block_size", "num_blocks", "kv_cache_memory", "gpu_memory_utilization")
-ENGINE_OPTIONS = ("max_decode_batch", "cuda_graphs")
+ENGINE_OPTIONS = ("max_decode_batch", "cuda_graphs", "in_place_decode")
 
 
 def paged_runner(

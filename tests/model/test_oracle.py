@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from genpool_worker.model import cpu_attention
 from tests.model.conftest import CHATS, NEW_TOKENS
 from tests.model.paged import BlockPool, greedy, interleaved_tables, run_with_pauses
 
@@ -86,19 +87,27 @@ def test_greedy_text_equals_transformers_generate(
 def test_greedy_with_pauses_equals_transformers_paged_and_static(
     runner: Any,
     static_runner: Any,
+    gathered_runner: Any,
     tokenizer: Any,
     chat_refs: list[tuple[list[int], list[int]]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The chats generated together (requests paused in place and resumed, blocks reused,
-    padding rows): paged, in scattered blocks of 16, and in the static layout (one
-    ``max_seq_len`` block per request, consecutive), each the same as transformers."""
+    padding rows): paged, in scattered blocks of 16, read in place by the CPU kernel and
+    gathered by torch, and in the static layout (one ``max_seq_len`` block per request,
+    consecutive), each the same as transformers."""
     prompts = [ids for ids, _ in chat_refs]
+    kernel_calls = _count_calls(monkeypatch, cpu_attention, "paged_decode_attention")
     paged, log = run_with_pauses(runner, BlockPool.of(runner, seed=3), prompts, NEW_TOKENS)
     assert log.grown  # tables grew mid-decode, from blocks interleaved with the others'
+    assert kernel_calls  # (3 rows at most: the kernel's batch at any thread count)
     for (ids, ref), ours in zip(chat_refs, paged, strict=True):
         assert tokenizer.decode(ours) == tokenizer.decode(ref), tokenizer.decode(ids)
         assert ours == ref
+    calls_before = len(kernel_calls)
+    pool = BlockPool.of(gathered_runner, seed=3)
+    gathered, _ = run_with_pauses(gathered_runner, pool, prompts, NEW_TOKENS)
+    assert gathered == paged and len(kernel_calls) == calls_before
 
     # The static layout reads K/V in place while the batch's blocks are consecutive
     # (the pre-paging fast path) and gathers them otherwise; both must have run.
@@ -116,6 +125,19 @@ def test_greedy_with_pauses_equals_transformers_paged_and_static(
     )
     assert static == paged
     assert any(paths) and not all(paths), paths
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[None]:
+    """``module.name`` wrapped to note each call (one entry per call)."""
+    calls: list[None] = []
+    original = getattr(module, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(None)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
 
 
 @pytest.mark.parametrize(

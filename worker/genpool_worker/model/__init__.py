@@ -1,6 +1,7 @@
 """Llama-family inference for the GEN worker: GGUF or HF checkpoints, tokenizer, the
 network (``LlamaModel``) and the paged KV cache the runner owns for it (``CacheEngine``)."""
 
+from . import cpu_attention
 from .cache_engine import CacheEngine
 from .config import LlamaConfig, ModelLoadError, RopeScaling
 from .gguf_file import GGUFLoadError
@@ -22,6 +23,7 @@ __all__ = [
     "PrefillSpan",
     "RopeScaling",
     "Tokenizer",
+    "cpu_attention",
     "find_smollm2_gguf",
     "load_gguf",
     "load_hf_checkpoint",

@@ -20,6 +20,7 @@ from functools import partial
 
 from genpool_worker.kv_layout import KVLayout
 
+from . import cpu_attention
 from .checks import DecodeCheck
 from .decode_graphs import GraphedDecode, Tables
 from .kv_cache import KVCache
@@ -37,15 +38,19 @@ class CacheEngine:
         *,
         max_decode_batch: int | None = None,
         cuda_graphs: bool | None = None,
+        in_place_decode: bool | None = None,
     ) -> None:
         """``sizing``: where the block count comes from (at most one of an exact count,
         ``kv_cache_memory`` bytes, or on CUDA ``gpu_memory_utilization`` of the GPU, 0.9
         by default). ``max_decode_batch``: the most rows a decode gets (CUDA graphs are
         captured up to it); None = one per block. ``cuda_graphs``: replay decode steps
-        from CUDA graphs; None = on CUDA at tp_size 1."""
+        from CUDA graphs; None = on CUDA at tp_size 1. ``in_place_decode``: the CPU
+        decode reads blocks in place (``cpu_attention``); None = where it runs."""
         self.block_size = sizing.block_size
         self.num_blocks = _block_count(model, sizing)
-        self.cache = _allocate(model, self.num_blocks, self.block_size)
+        self.cache = _allocate(model, self.num_blocks, self.block_size, in_place_decode)
+        if self.cache.decodes_in_place:
+            cpu_attention.warm_up()
         self._layout = _wire_layout(model, self.block_size)
         self.decode_graphs = _graphed_decode(
             model, self.cache, cuda_graphs, max_decode_batch or self.num_blocks
@@ -76,7 +81,9 @@ class CacheEngine:
         return self.decode_graphs is not None and self.decode_graphs.uses_graphs
 
 
-def _allocate(model: LlamaModel, num_blocks: int, block_size: int) -> KVCache:
+def _allocate(
+    model: LlamaModel, num_blocks: int, block_size: int, in_place_decode: bool | None = None
+) -> KVCache:
     return KVCache(
         model.config,
         num_blocks=num_blocks,
@@ -84,6 +91,7 @@ def _allocate(model: LlamaModel, num_blocks: int, block_size: int) -> KVCache:
         device=model.device,
         dtype=model.dtype,
         kv_heads=model.kv_heads,
+        in_place_decode=in_place_decode,
     )
 
 

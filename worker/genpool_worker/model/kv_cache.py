@@ -19,7 +19,18 @@ from dataclasses import dataclass
 
 import torch
 
+from . import cpu_attention
 from .config import LlamaConfig
+from .cpu_attention import InPlaceRows
+
+
+@dataclass(frozen=True)
+class GatheredRows:
+    """What torch's matmuls read for a decode batch (without the CPU kernel)."""
+
+    context: torch.Tensor  # ``gather``'s index of each row's positions 0..length-1
+    run: int | None  # ``consecutive_run``: the first block when K and V are read in place
+    mask: torch.Tensor  # additive [1, B, 1, length]: -inf past each row's own position
 
 
 @dataclass(frozen=True)
@@ -28,9 +39,7 @@ class DecodeRows:
 
     positions: torch.Tensor  # [B]: each row's new token's position
     written: torch.Tensor  # [B]: the flat row it goes to
-    context: torch.Tensor  # ``gather``'s index of each row's positions 0..length-1
-    run: int | None  # ``consecutive_run``: the first block when K and V are read in place
-    mask: torch.Tensor  # additive [1, B, 1, length]: -inf past each row's own position
+    reads: InPlaceRows | GatheredRows  # the CPU kernel's tables, or torch's gather
 
 
 @dataclass(frozen=True)
@@ -76,7 +85,14 @@ class KVCache:
         device: torch.device,
         dtype: torch.dtype,
         kv_heads: int,
+        in_place_decode: bool | None = None,
     ) -> None:
+        """``in_place_decode``: decode attention reads the blocks in place with the CPU
+        kernel (``cpu_attention``); None = where it runs (float32 in host memory)."""
+        usable = cpu_attention.is_usable(device, dtype)
+        self.decodes_in_place = usable if in_place_decode is None else in_place_decode
+        if self.decodes_in_place and not usable:
+            raise ValueError(f"the in-place CPU decode does not run {dtype} on {device}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (kv_heads, num_blocks + 1, block_size, config.head_dim)
@@ -184,13 +200,23 @@ class KVCache:
         )
         return PrefillRows(token_ids, at, rows_written, ends, tuple(rows))
 
+    def reads_in_place(self, num_rows: int) -> bool:
+        """Whether a decode of ``num_rows`` rows reads K/V in place (the CPU kernel)."""
+        return self.decodes_in_place and cpu_attention.is_faster(num_rows)
+
     def decode_rows(
         self, block_tables: Sequence[Sequence[int]], positions: list[int]
     ) -> DecodeRows:
         """The rows a decode at ``positions`` (one per table) writes and attends to."""
         device = self.k[0].device
-        b, length = len(block_tables), max(positions) + 1
         pos = torch.tensor(positions, device=device)
+        if self.reads_in_place(len(block_tables)):
+            bs = self.block_size
+            at = [t[p // bs] * bs + p % bs for t, p in zip(block_tables, positions, strict=True)]
+            lengths = [p + 1 for p in positions]
+            reads = InPlaceRows.of(block_tables, lengths, bs, self.dummy_block)
+            return DecodeRows(pos, torch.tensor(at, device=device), reads)
+        b, length = len(block_tables), max(positions) + 1
         context = self.context_rows(block_tables, length)
         written = context.view(b, length)[torch.arange(b), pos]
         context = self.gather_index(context)
@@ -200,4 +226,4 @@ class KVCache:
         mask = torch.zeros(visible.shape, device=device, dtype=self.k[0].dtype)
         mask = mask.masked_fill_(~visible, float("-inf"))[None, :, None, :]
         run = self.consecutive_run(block_tables, length)
-        return DecodeRows(pos, written, context, run, mask)
+        return DecodeRows(pos, written, GatheredRows(context, run, mask))

@@ -167,7 +167,7 @@ class LlamaModel:
         ``num_layers``: only the first layers, then the head (early-exit drafts)."""
         self._checks(block_tables, token_ids, positions, self._geometry(cache), self.vocab_size)
         nh, nkv, d = self._heads, self.kv_heads, self.config.head_dim
-        b, length = len(block_tables), max(positions) + 1
+        b = len(block_tables)
         at = cache.decode_rows(block_tables, positions)
         x = F.embedding(torch.tensor(token_ids, device=self.device), self._embed)
         cos, sin = self._cos[at.positions, None], self._sin[at.positions, None]
@@ -178,19 +178,9 @@ class LlamaModel:
             k_rows, v_rows = k_cache.view(nkv, -1, d), v_cache.view(nkv, -1, d)
             k_rows.index_copy_(1, at.written, qk[:, nh:].transpose(0, 1))
             v_rows.index_copy_(1, at.written, qkv[:, nh + nkv :].transpose(0, 1))
-            # One gather per layer, straight into [kv_heads, B, length, d] (contiguous, so
-            # the matmuls copy nothing more; measured 2.3x faster than gathering tokens
-            # and permuting): the query heads sharing a KV head are `group` query rows
-            # against it (GQA, no repeat).
-            if at.run is not None:  # one block per row, consecutive: read in place
-                keys = k_cache[:, at.run : at.run + b, :length]
-                values = v_cache[:, at.run : at.run + b, :length]
-            else:
-                keys = KVCache.gather(k_cache, at.context).view(nkv, b, length, d)
-                values = KVCache.gather(v_cache, at.context).view(nkv, b, length, d)
-            q = qk[:, :nh].reshape(b, nkv, nh // nkv, d).transpose(0, 1)
-            attn = decode_attention(q, keys, values, at.mask, self._scale)  # [nkv, B, group, d]
-            x = self._residual(layer.o, attn.transpose(0, 1).reshape(b, nh * d), x)
+            q = qk[:, :nh].reshape(b, nkv, nh // nkv, d)
+            attn = decode_attention(q, k_cache, v_cache, at.reads, self._scale)
+            x = self._residual(layer.o, attn.reshape(b, nh * d), x)
             x = self._mlp(x, layer)
         return self._logits(x)
 

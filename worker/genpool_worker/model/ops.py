@@ -7,8 +7,10 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import cpu_attention
 from .config import LlamaConfig, RopeScaling
-from .kv_cache import KVCache, PrefillRows
+from .cpu_attention import InPlaceRows
+from .kv_cache import GatheredRows, KVCache, PrefillRows
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -62,16 +64,37 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 
 
 def decode_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    reads: InPlaceRows | GatheredRows,
+    scale: float,
 ) -> torch.Tensor:
-    """The torch decode path's attention: ``q [kv_heads, B, group, d]`` against its rows'
-    gathered ``keys``/``values [kv_heads, B, length, d]``, ``mask`` additive."""
+    """The torch decode path's attention of ``q [B, kv_heads, group, d]`` (the query heads
+    sharing a KV head: GQA, no repeat) over a layer's paged cache; ``[B, kv_heads, group,
+    d]``. The CPU kernel reads the blocks in place; else one gather per layer, straight
+    into ``[kv_heads, B, length, d]`` (contiguous, so the matmuls copy nothing more;
+    measured 2.3x faster than gathering tokens and permuting), or a view of the static
+    layout's consecutive blocks."""
+    if isinstance(reads, InPlaceRows):
+        return cpu_attention.paged_decode_attention(q, k_cache, v_cache, reads, scale)
+    b, nkv, _, d = q.shape
+    length = reads.mask.shape[-1]
+    if reads.run is not None:  # one block per row, consecutive: read in place
+        keys = k_cache[:, reads.run : reads.run + b, :length]
+        values = v_cache[:, reads.run : reads.run + b, :length]
+    else:
+        keys = KVCache.gather(k_cache, reads.context).view(nkv, b, length, d)
+        values = KVCache.gather(v_cache, reads.context).view(nkv, b, length, d)
+    q = q.transpose(0, 1)
     if q.device.type != "cpu":
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-    # On the CPU, for a few query rows, two matmuls and a softmax measured ~10%
-    # faster per decode step than SDPA's flash kernel (at batch 16, 150 rows).
-    scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(scale).add_(mask)
-    return torch.matmul(scores.softmax(dim=-1), values)
+        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=reads.mask)
+    else:
+        # On the CPU, for a few query rows, two matmuls and a softmax measured ~10%
+        # faster per decode step than SDPA's flash kernel (at batch 16, 150 rows).
+        scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(scale).add_(reads.mask)
+        attn = torch.matmul(scores.softmax(dim=-1), values)
+    return attn.transpose(0, 1)
 
 
 def prefill_attention(
