@@ -5,8 +5,9 @@ The CUDA path reads each row's blocks in place with a Triton kernel
 contiguous copy first and run two matmuls over it: on two threads that copy, written by
 one core and read by the other, made a batch-1 decode step 2.5-3.5 % slower than the
 pre-paging layout read as a view (docs/worker.md, decode speed). This kernel maps each
-key through the row's block table inside the loop and reads it where it lies, so paging
-costs the CPU decode nothing, at any batch or thread count.
+key through the row's block table inside the loop and reads it where it lies. It runs on
+one core, so the cache uses it where that is the faster (``is_faster``: on one thread
+at any batch, else up to ``MAX_THREADED_ROWS`` rows) and torch's gather elsewhere.
 
 Compiled by numba (a wheel: no compiler in the image) to machine code once per process,
 or loaded from numba's on-disk cache. It runs on the calling thread with the GIL released
