@@ -174,61 +174,85 @@ class _Setup:
 
 
 def _measure(setup: _Setup, threads: int, b: int, rng: random.Random) -> dict[str, Any]:
-    """One row: the three layouts and transformers at batch ``b``, best of the repeats."""
-    ours, new_tokens = setup.ours, setup.new_tokens
+    """One row: the four reads and transformers at batch ``b``, best of the repeats."""
     prompts = [
-        [rng.randrange(100, ours.model.vocab_size) for _ in range(setup.prompt_len)]
+        [rng.randrange(100, setup.ours.model.vocab_size) for _ in range(setup.prompt_len)]
         for _ in range(b)
     ]
     scattered = [[s] for s in rng.sample(range(setup.residents), b)]
     paged = running_pool_tables(
-        ours.kv.num_blocks, setup.block, setup.max_seq_len, b, rng.randrange(2**31)
+        setup.ours.kv.num_blocks, setup.block, setup.max_seq_len, b, rng.randrange(2**31)
     )
-    best: dict[str, float] = {}
-    agree = 0.0
-    same_paged_static = True
     runs = {
         "ours_contiguous": (setup.static, static_tables(b)),
         "ours_scattered": (setup.static, scattered),
-        "ours_paged": (ours, paged),
+        "ours_paged": (setup.ours, paged),
         "ours_paged_gathered": (setup.gathered, paged),
     }
+    timed = _time_repeats(setup, prompts, runs)
+    return _row(setup, threads, b, paged, timed)
+
+
+@dataclass(frozen=True)
+class _Timed:
+    """A row's timings, best of the repeats, and how its outputs compared."""
+
+    best: dict[str, float]  # seconds per run key, and hf_generate / hf_prefill
+    same_paged_static: bool  # every read's greedy tokens equal the paged run's
+    agree: float  # the paged run's greedy tokens equal to transformers', a fraction
+
+
+def _time_repeats(
+    setup: _Setup, prompts: list[list[int]], runs: dict[str, tuple[Ours, list[list[int]]]]
+) -> _Timed:
+    """Each run and transformers, ``setup.repeats`` times; every other repeat in
+    reverse, so no read always runs first."""
+    best: dict[str, float] = {}
+    agree = 0.0
+    same_paged_static = True
+    eos = setup.ours.model.eos_token_id
     for repeat in range(setup.repeats):
         times, outs = {}, {}
-        # Every other repeat in reverse, so neither layout always runs first.
         for key in list(runs)[:: -1 if repeat % 2 else 1]:
             model, tables = runs[key]
-            times[key], outs[key] = time_ours(model, prompts, tables, new_tokens)
+            times[key], outs[key] = time_ours(model, prompts, tables, setup.new_tokens)
         ours_out = outs["ours_paged"]
         same_paged_static &= all(out == ours_out for out in outs.values())
-        eos = ours.model.eos_token_id
-        times["hf_generate"], hf_out = time_hf(setup.hf, prompts, new_tokens + 1, eos)
+        times["hf_generate"], hf_out = time_hf(setup.hf, prompts, setup.new_tokens + 1, eos)
         times["hf_prefill"], _ = time_hf(setup.hf, prompts, 1, eos)
         for key, value in times.items():
             best[key] = min(best.get(key, float("inf")), value)
         same = sum(
             a == c for x, y in zip(ours_out, hf_out, strict=True) for a, c in zip(x, y, strict=True)
         )
-        agree = same / (b * (new_tokens + 1))
+        agree = same / (len(prompts) * (setup.new_tokens + 1))
+    return _Timed(best, same_paged_static, agree)
+
+
+def _row(
+    setup: _Setup, threads: int, b: int, paged: list[list[int]], timed: _Timed
+) -> dict[str, Any]:
+    """The row's tokens/s and ratios from its best times."""
+    best = timed.best
     hf_decode_s = max(best["hf_generate"] - best["hf_prefill"], 1e-9)
-    tokens = b * new_tokens
+    tokens = b * setup.new_tokens
     row: dict[str, Any] = {
         "threads": threads,
         "batch": b,
         "prompt_len": setup.prompt_len,
-        "decode_steps": new_tokens,
+        "decode_steps": setup.new_tokens,
         "ours_contiguous_tok_s": tokens / best["ours_contiguous"],
         "ours_scattered_tok_s": tokens / best["ours_scattered"],
         "ours_paged_tok_s": tokens / best["ours_paged"],
         "ours_paged_gathered_tok_s": tokens / best["ours_paged_gathered"],
-        "paged_reads": "in place" if ours.kv.cache.reads_in_place(b) else "gathered",
+        "paged_reads": "in place" if setup.ours.kv.cache.reads_in_place(b) else "gathered",
         "paged_block_size": setup.block,
         "paged_table_runs": _runs(paged) / b,
-        "paged_tokens_equal_static": same_paged_static,
+        "paged_tokens_equal_static": timed.same_paged_static,
         "hf_decode_tok_s": tokens / hf_decode_s,
         "hf_generate_s": best["hf_generate"],
         "hf_prefill_s": best["hf_prefill"],
-        "greedy_token_agreement": agree,
+        "greedy_token_agreement": timed.agree,
     }
     row["ratio_contiguous"] = row["ours_contiguous_tok_s"] / row["hf_decode_tok_s"]
     row["ratio_scattered"] = row["ours_scattered_tok_s"] / row["hf_decode_tok_s"]
