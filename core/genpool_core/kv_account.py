@@ -19,8 +19,25 @@ hold no blocks and only the request caps (B, H) bound admission.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
 from genpool_core.kv_blocks import BlockPool, KVBudget, KVEvent, reserved_tokens
+from genpool_core.kv_index import Held, PrefixHit
 from genpool_core.request import GenRequest
+
+
+@dataclass(slots=True)
+class _Holding:
+    """One request's blocks as the pool knows them: its table's first ``num_in_runs``
+    blocks through cached runs, the rest plain."""
+
+    runs: list[Held] = field(default_factory=list)
+    num_in_runs: int = 0
+    is_forgotten: bool = False  # its KV is not what its hashes say: it registers no more
+
+
+_NO_HIT = PrefixHit([], [])
 
 
 class KVAccount:
@@ -33,12 +50,13 @@ class KVAccount:
             else BlockPool(budget, is_checked=is_checked, is_recording=is_recording)
         )
         self.is_caching = is_caching and self.pool is not None
-        self._held: dict[str, list[int]] = {}  # finished, KV exported: held on
-        self._registered: dict[str, int] = {}  # blocks each resident made findable
-        # The last lookup: (request, the pool's num_forgets then, its hits). ``can_fit``
+        self._holdings: dict[str, _Holding] = {}  # residents (caching on)
+        # Finished, KV exported: held on (their tables, and how the pool knows them).
+        self._held: dict[str, tuple[tuple[int, ...], _Holding | None]] = {}
+        # The last lookup: (request, the pool's num_forgets then, its hit). ``can_fit``
         # and ``reserve`` of one admission share it; one that failed to fit looks again
         # next time if anything was evicted since (its hits may hold other KV now).
-        self._hits: tuple[GenRequest | None, int, list[int]] = (None, 0, [])
+        self._hit: tuple[GenRequest | None, int, PrefixHit] = (None, 0, _NO_HIT)
         self.num_queried_tokens = 0  # prompt tokens looked up (vllm:prefix_cache_queries)
         self.num_hit_tokens = 0  # of them, found cached (vllm:prefix_cache_hits)
 
@@ -56,19 +74,19 @@ class KVAccount:
                 f"worker's KV cache has {self.pool.num_blocks}"
             )
 
-    def _cached_prefix(self, request: GenRequest) -> list[int]:
+    def _cached_prefix(self, request: GenRequest) -> PrefixHit:
         """The cached blocks ``request``'s prompt starts with, leaving one token to compute
         (caching on)."""
         if not request.block_hashes or request.num_output_tokens:
-            return []
+            return _NO_HIT
         pool = self.pool
         assert pool is not None
-        last, num_forgets, hits = self._hits
+        last, num_forgets, hit = self._hit
         if last is request and num_forgets == pool.num_forgets:
-            return hits
-        hits = pool.lookup(request.block_hashes, (request.prompt_len - 1) // pool.block_size)
-        self._hits = (request, pool.num_forgets, hits)
-        return hits
+            return hit
+        hit = pool.lookup(request.block_hashes, (request.prompt_len - 1) // pool.block_size)
+        self._hit = (request, pool.num_forgets, hit)
+        return hit
 
     def can_fit(self, request: GenRequest | None) -> bool:
         if request is None:
@@ -77,12 +95,12 @@ class KVAccount:
         if pool is None:
             return True
         num_needed = self.num_needed(request)
-        if not self.is_caching:
-            return num_needed <= pool.num_free
-        hits = self._cached_prefix(request)
         if num_needed <= pool.num_free:  # fits even if every hit were free
             return True
-        return pool.can_allocate(num_needed - len(hits) + pool.num_evictable(hits))
+        if not self.is_caching:
+            return False
+        hit = self._cached_prefix(request)
+        return pool.can_allocate(num_needed - len(hit.blocks) + pool.num_evictable(hit))
 
     def reserve(self, request: GenRequest) -> None:
         """Hold the cached prefix and take the rest (``can_fit`` first)."""
@@ -93,15 +111,13 @@ class KVAccount:
             request.blocks = tuple(pool.allocate(self.num_needed(request)))
             request.num_cached_tokens = 0
             return
-        hits = self._cached_prefix(request)
-        self._hits = (None, 0, [])
-        num_hits = len(hits)
-        if num_hits:
-            pool.touch(hits)
-        hits += pool.allocate(self.num_needed(request) - num_hits)  # (a list of its own)
-        request.blocks = tuple(hits)
+        hit = self._cached_prefix(request)
+        self._hit = (None, 0, _NO_HIT)
+        num_hits = len(hit.blocks)
+        runs = pool.hold(hit) if num_hits else []
+        request.blocks = tuple(hit.blocks + pool.allocate(self.num_needed(request) - num_hits))
         request.num_cached_tokens = num_hits * pool.block_size
-        self._registered[request.request_id] = num_hits
+        self._holdings[request.request_id] = _Holding(runs, num_hits)
         if not request.num_output_tokens:
             self.num_queried_tokens += request.prompt_len
             self.num_hit_tokens += request.num_cached_tokens
@@ -109,17 +125,20 @@ class KVAccount:
     def register_computed(self, request: GenRequest, num_tokens: int) -> None:
         """The plan computes ``request``'s first ``num_tokens`` tokens' KV by the end of
         this pass: make its full blocks among them findable."""
-        if not self.is_caching:
+        holding = self._holdings.get(request.request_id) if self.is_caching else None
+        if holding is None or holding.is_forgotten:
             return
         assert self.pool is not None
-        done = self._registered.get(request.request_id, 0)
+        done = holding.num_in_runs
         full = min(num_tokens // self.pool.block_size, len(request.block_hashes))
         if full <= done:
             return
         parent = request.block_hashes[done - 1] if done else None
-        self.pool.cache(request.request_id, done, request.blocks[done:full],
-                        request.block_hashes[done:full], parent)  # fmt: skip
-        self._registered[request.request_id] = full
+        held = self.pool.cache(request.request_id, done, request.blocks[done:full],
+                               request.block_hashes[done:full], parent)  # fmt: skip
+        assert held is not None
+        holding.runs.append(held)
+        holding.num_in_runs = full
 
     def num_written(self, request: GenRequest) -> int:
         """Tokens whose KV is in the blocks: the prompt and every output token but the
@@ -128,43 +147,64 @@ class KVAccount:
 
     def release(self, request: GenRequest) -> None:
         if self.pool is not None:
-            if self.is_caching:
-                self.register_computed(request, self.num_written(request))
-                self._registered.pop(request.request_id, None)
-            self.pool.free(request.blocks)
+            self.register_computed(request, self.num_written(request))
+            self._give_back(request.blocks, self._holdings.pop(request.request_id, None))
         request.blocks = ()
+
+    def _give_back(self, blocks: tuple[int, ...], holding: _Holding | None) -> None:
+        assert self.pool is not None
+        if holding is None:
+            self.pool.free(blocks)
+            return
+        self.pool.release(holding.runs)
+        self.pool.free(blocks[holding.num_in_runs :])
 
     def forget(self, request: GenRequest) -> None:
         """``request``'s KV is not what its hashes say (its prefill failed): whatever it
-        made findable is forgotten, so nobody shares it."""
-        if self.pool is not None and self._registered.get(request.request_id):
-            self.pool.uncache(request.blocks[: self._registered[request.request_id]])
-            self._registered[request.request_id] = len(request.blocks)  # nothing more
+        made findable is forgotten, so nobody shares it, and it registers no more."""
+        holding = self._holdings.get(request.request_id)
+        if holding is None or holding.is_forgotten:
+            return
+        assert self.pool is not None
+        if holding.runs:
+            self.pool.uncache(holding.runs)
+        holding.is_forgotten = True
 
     def hold(self, request: GenRequest) -> None:
         """A finished request's blocks stay held (its KV is exported, docs/pd.md) until
         ``release_held``: they count as used, so admission waits for them like any other."""
         if self.pool is not None:
             self.register_computed(request, self.num_written(request))
-            self._registered.pop(request.request_id, None)
-            self._held[request.request_id] = list(request.blocks)
+            holding = self._holdings.pop(request.request_id, None)
+            self._held[request.request_id] = (request.blocks, holding)
 
     def held_blocks(self, request_id: str) -> tuple[int, ...]:
         """A held request's block table (empty when it holds none)."""
-        return tuple(self._held.get(request_id, ()))
+        held = self._held.get(request_id)
+        return () if held is None else held[0]
 
     def release_held(self, request_id: str) -> bool:
         """Give a held request's blocks back; False when it holds none (already released)."""
-        blocks = self._held.pop(request_id, None)
-        if blocks is None:
+        held = self._held.pop(request_id, None)
+        if held is None:
             return False
-        assert self.pool is not None
-        self.pool.free(blocks)
+        self._give_back(*held)
         return True
 
     def held_ids(self) -> tuple[str, ...]:
         """Finished requests whose blocks are still held, oldest first."""
         return tuple(self._held)
+
+    def num_held_only_by(self, requests: Iterable[GenRequest]) -> int:
+        """Blocks that only ``requests`` (residents) hold: the memory they pin."""
+        num_plain, runs = 0, []
+        for request in requests:
+            holding = self._holdings.get(request.request_id)
+            num_in_runs = 0 if holding is None else holding.num_in_runs
+            num_plain += len(request.blocks) - num_in_runs
+            if holding is not None:
+                runs += holding.runs
+        return num_plain + BlockPool.num_held_only_by(runs)
 
     def take_events(self) -> list[KVEvent]:
         return [] if self.pool is None else self.pool.take_events()

@@ -2,14 +2,16 @@
 (docs/design.md#kv-blocks).
 
 A worker's KV memory is ``num_blocks`` blocks of ``block_size`` tokens, sized from bytes
-at start. Each block has a reference count: the requests that hold it. With prefix
-caching a full block is also known by the hash of the tokens it holds and every token
-before them (:mod:`genpool_core.block_hash`), so a later request whose prompt starts
-the same way holds the same block instead of computing it again. A block nobody holds
-is free; a free block that still holds a cached prefix stays findable until its memory
-is needed: reuse takes never-cached free blocks first, then cached ones, least recently
-freed first (LRU). A held block is never reused, so evicting never touches a resident
-(a paused one included).
+at start. A block that holds no cached prefix (a *plain* block) has one holder, the
+request it was allocated to. With prefix caching a full block is also known by the hash
+of the tokens it holds and every token before them (:mod:`genpool_core.block_hash`), so
+a later request whose prompt starts the same way holds the same block instead of
+computing it again: cached blocks lie in runs whose holders are counted per run
+(:mod:`genpool_core.kv_index`). A block nobody holds is free; a free block that still
+holds a cached prefix stays findable until its memory is needed: reuse takes
+never-cached free blocks first, then cached ones, least recently freed first (LRU,
+:mod:`genpool_core.kv_lru`). A held block is never reused, so evicting never touches a
+resident (a paused one included).
 
 Every rank runs the same calls in the same order, so every block id is the same on every
 rank; the plan carries each admission's table. What is stored and evicted is recorded
@@ -22,8 +24,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from genpool_core.block_hash import BlockHash
-from genpool_core.kv_index import PrefixIndex, values
-from genpool_core.kv_lru import FreedOrder
+from genpool_core.kv_index import CachedRun, Held, PrefixHit, PrefixIndex
+from genpool_core.kv_lru import FreedRuns
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,19 +83,16 @@ KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 class BlockPool:
-    """Reference-counted block ids ``0 .. num_blocks - 1``; ``num_blocks`` is the dummy
-    (padding) block, never handed out. Check first (``can_allocate``), then mutate.
+    """Block ids ``0 .. num_blocks - 1``; ``num_blocks`` is the dummy (padding) block,
+    never handed out. Check first (``can_allocate``), then mutate.
 
     The scheduling pass moves a table of ~100 blocks at every admission and release, so
-    the common cases cost next to nothing per block. A *plain* block (not cached since it
-    was allocated) has exactly one holder, and nothing records it: allocation and release
-    are slices of the free stack. Only a cached block can be shared (a prefix hit finds
-    only those), so a block's holder count (``_refs``, a list indexed by block id: far
-    smaller in the CPU's caches than a dict) is kept from the moment it is cached; 0 there
-    means plain. A free cached block waits in the LRU (:mod:`genpool_core.kv_lru`).
-    ``is_checked`` also keeps the plain blocks in use, so that a free of a block nobody
-    holds, or listed twice, is refused (tests, debugging); unchecked, the scheduler's
-    calls are trusted.
+    nothing here costs a Python step per block: plain blocks move as slices of the free
+    stack, cached ones as runs (a hold, a release and an eviction are per run). A holder
+    holds plain blocks (``allocate``, ``free``) and runs (``hold`` a hit, ``cache`` what
+    it wrote, ``release`` them). ``is_checked`` also keeps the plain blocks in use, so
+    that a free of a block nobody holds, or listed twice, is refused (tests, debugging);
+    unchecked, the scheduler's calls are trusted.
     """
 
     def __init__(self, budget: KVBudget, *, is_checked: bool = True,
@@ -102,14 +101,11 @@ class BlockPool:
         reads them: eviction then reads no hash)."""
         self.budget = budget
         n = budget.num_blocks
-        # Per block id: > 0, the holders of a cached block; 0, a plain block (held once,
-        # or free); < 0, a free cached block in the LRU (kv_lru: its entry's tick).
-        self._refs = [0] * (n + 1)
         self._plain = list(range(n - 1, -1, -1))  # free, not cached: popped from the end
-        self._freed = FreedOrder(self._refs)  # free but cached: oldest first (the LRU)
+        self._freed = FreedRuns()  # free but cached: oldest first (the LRU)
         self._held: set[int] | None = set() if is_checked else None  # plain blocks in use
-        self._has_cached = False  # nothing ever cached: every block is plain
-        self._index = PrefixIndex(n)  # what is findable, by which hashes
+        self._index = PrefixIndex()  # what is findable
+        self._runs: set[CachedRun] = set()  # every run with blocks (num_holders)
         self.events: list[KVEvent] = []  # since the last ``take_events``
         self.is_recording = is_recording
         # Bumped whenever a cached block stops holding what it held (evicted, uncached,
@@ -140,15 +136,20 @@ class BlockPool:
 
     @property
     def num_cached(self) -> int:
-        """Blocks that hold a cached prefix, held or not."""
+        """Blocks that hold a findable prefix, held or not."""
         return self._index.num_cached
+
+    @property
+    def num_lru_entries(self) -> int:
+        """Entries in the LRU's queue, dead ones included (tests)."""
+        return self._freed.num_entries
 
     def can_allocate(self, num_blocks: int) -> bool:
         return 0 <= num_blocks <= self.num_free
 
     def allocate(self, num_blocks: int) -> list[int]:
-        """``num_blocks`` free blocks, each now held once: never-cached ones first, then
-        the least recently freed cached ones (evicted: their hashes are forgotten)."""
+        """``num_blocks`` free blocks, plain and held once now: never-cached ones first,
+        then the least recently freed cached ones (evicted: their hashes are forgotten)."""
         if not self.can_allocate(num_blocks):
             raise RuntimeError(f"{num_blocks} KV blocks asked, {self.num_free} free")
         plain = self._plain
@@ -163,132 +164,104 @@ class BlockPool:
         return blocks
 
     def _evict(self, count: int) -> list[int]:
-        """The ``count`` least recently freed cached blocks, forgotten: plain from now."""
-        taken = self._freed.pop_oldest(count)
+        """``count`` free cached blocks, each run's taken from its end: plain from now."""
+        taken: list[int] = []
+        removed: list[BlockHash] = []
+        for run, num_taken in self._freed.evict(count):
+            cut = len(run.blocks) - num_taken
+            taken += run.blocks[cut:]
+            if self.is_recording and run.key is not None:
+                removed += run.hashes[cut:]
+            del run.blocks[cut:], run.hashes[cut:]
+            self._index.trimmed(run, num_taken)
+            if not run.blocks:
+                self._runs.discard(run)
         self.num_forgets += 1
-        if self.is_recording:
-            self.events.append(BlockRemoved(tuple(self._index.forget(taken))))
-        else:
-            self._index.drop(taken)
+        if removed:
+            self.events.append(BlockRemoved(tuple(removed)))
         return taken
 
-    def touch(self, blocks: Sequence[int]) -> None:
-        """Hold cached blocks once more (a prefix hit): a free one leaves the LRU."""
-        refs, freed = self._refs, self._freed
-        for block in blocks:
-            count = refs[block]
-            if count < 0:
-                freed.remove(block)  # held once now
-            else:
-                refs[block] = count + 1
-
     def free(self, blocks: Sequence[int]) -> None:
-        """Let go of ``blocks`` once each (checked: any not held, or listed twice, refuses
-        the whole call). A block nobody holds any more is free; a cached one stays
-        findable, and a sequence's last blocks are the first evicted (its prefix is the
-        most shared)."""
+        """Give plain ``blocks`` back (checked: any not held, or listed twice, refuses the
+        whole call)."""
         held = self._held
         if held is not None:
-            self._check_held(blocks, held)
-        if not self._has_cached:  # every block plain: one bulk move
-            self._plain.extend(reversed(blocks))
-            return
-        if blocks and not self._free_in_layers(list(reversed(blocks))):
-            self._free_one_by_one(blocks)
+            if len(set(blocks)) != len(blocks) or not held.issuperset(blocks):
+                raise ValueError(f"KV blocks {sorted(blocks)} are not all held: not allocated")
+            held.difference_update(blocks)
+        self._plain.extend(reversed(blocks))
 
-    def _free_in_layers(self, last_first: list[int]) -> bool:
-        """The common shape of a table, freed with C-level reads and slices: last first,
-        the plain blocks (count 0, its unregistered tail), then those it alone holds
-        (count 1), then those others hold too (its prefix, counts only grow toward the
-        first block). False, and nothing done, for any other shape."""
-        refs = self._refs
-        counts = values(refs, last_first)
-        num_plain, num_last = counts.count(0), counts.count(1)
-        num_alone = num_plain + num_last
-        if (
-            counts[:num_plain].count(0) != num_plain
-            or counts[num_plain:num_alone].count(1) != num_last
-        ):
-            return False
-        self._plain += last_first[:num_plain]
-        for block in last_first[num_alone:]:
-            refs[block] -= 1  # others hold it still
-        if num_last:
-            self._freed.push(last_first[num_plain:num_alone])
-        return True
-
-    def _free_one_by_one(self, blocks: Sequence[int]) -> None:
-        """Any table: block by block."""
-        refs, plain = self._refs, self._plain
-        queued: list[int] = []  # cached ones nobody holds now: to the LRU, last first
-        for block in reversed(blocks):
-            count = refs[block]
-            if count > 1:
-                refs[block] = count - 1  # others hold it still
-            elif count:  # its last holder (the LRU sets a queued block's count)
-                queued.append(block)
-            else:
-                plain.append(block)
-        if queued:
-            self._freed.push(queued)
-
-    def _check_held(self, blocks: Sequence[int], held: set[int]) -> None:
-        """Every block is held (plain ones in ``held``, cached ones counted) and listed
-        once; the plain ones leave ``held``."""
-        refs = self._refs
-        plain = {block for block in blocks if refs[block] <= 0}  # (< 0: free, cached)
-        is_unique = len(set(blocks)) == len(blocks)
-        if not is_unique or not plain <= held:
-            raise ValueError(f"KV blocks {sorted(blocks)} are not all held: not allocated")
-        held -= plain
-
-    def lookup(self, hashes: Sequence[BlockHash], limit: int | None = None) -> list[int]:
+    def lookup(self, hashes: Sequence[BlockHash], limit: int | None = None) -> PrefixHit:
         """The cached blocks of the longest run of ``hashes`` (a chain; at most ``limit``
         of them) from the first."""
         return self._index.lookup(hashes, limit)
 
-    def num_evictable(self, blocks: Sequence[int]) -> int:
-        """How many of ``blocks`` (cached ones) are free now: a hit on one takes a free
-        block."""
-        if not blocks:
-            return 0
-        counts = values(self._refs, blocks)
-        if min(counts) >= 0:  # the common case: all held (a shared prefix)
-            return 0
-        return [count < 0 for count in counts].count(True)
+    def hold(self, hit: PrefixHit) -> list[Held]:
+        """Hold a hit's blocks (a free one leaves the LRU); what to ``release`` later."""
+        freed = self._freed
+        for run, num_blocks in hit.runs:
+            before = run.num_free
+            run.hold(num_blocks)
+            freed.held(run, before)
+        return list(hit.runs)
+
+    def release(self, runs: Iterable[Held]) -> None:
+        """Let go of runs once each (``hold`` and ``cache`` give them), last first: a
+        run's blocks nobody holds any more are free and stay findable."""
+        freed = self._freed
+        for run, num_blocks in reversed(list(runs)):
+            before = run.num_free
+            run.let_go(num_blocks)
+            freed.freed(run, before)
+
+    @staticmethod
+    def num_evictable(hit: PrefixHit) -> int:
+        """How many of a hit's blocks are free now: holding them takes free blocks."""
+        return sum(max(0, num_blocks - run.max_held) for run, num_blocks in hit.runs)
 
     def cache(self, request_id: str, first_block: int, blocks: Sequence[int],
-              hashes: Sequence[BlockHash], parent: BlockHash | None) -> None:  # fmt: skip
+              hashes: Sequence[BlockHash], parent: BlockHash | None) -> Held | None:  # fmt: skip
         """Make held, fully written, plain ``blocks`` findable by ``hashes`` (aligned,
-        consecutive links of one chain). When another block holds the first hash already,
-        none are (first come keeps it; :mod:`genpool_core.kv_index`)."""
+        consecutive links of one chain): one run, held whole by the caller, who no longer
+        holds them as plain blocks. When another run holds the first hash already, the
+        run is findable by none (first come keeps it; :mod:`genpool_core.kv_index`).
+        None: no blocks, no run."""
         held = self._held
         if held is not None and not held.issuperset(blocks):
             raise ValueError(f"KV blocks {sorted(blocks)} are not all plain and held")
-        if not self._index.add_run(blocks, hashes):
-            return
-        refs = self._refs
-        for block in blocks:
-            refs[block] = 1  # held by its writer: counted from now on
+        if not blocks:
+            return None
+        run = CachedRun(hashes[0], list(hashes), list(blocks))
+        run.hold(len(blocks))
+        self._runs.add(run)
         if held is not None:
             held.difference_update(blocks)
-        self._has_cached = True
-        if self.is_recording:
+        if not self._index.add(run):
+            run.key = None
+        elif self.is_recording:
             self.events.append(BlockStored(request_id, first_block, tuple(hashes), parent))
+        return run, len(blocks)
 
-    def uncache(self, blocks: Iterable[int]) -> None:
-        """Forget what ``blocks`` hold (their KV is not what the hash says: a failed
-        prefill); they stay held and counted, and when their holders let go they join
-        the LRU like cached ones, holding nothing findable (a failed prefill is rare: the
-        release path reads holder counts only, never hashes)."""
-        removed = self._index.forget(blocks)
+    def uncache(self, runs: Iterable[Held]) -> None:
+        """Forget what ``runs`` hold (their KV is not what the hash says: a failed
+        prefill); they stay held, and when their holders let go they join the LRU like
+        cached ones, holding nothing findable."""
+        removed: list[BlockHash] = []
+        for run, _ in runs:
+            removed += self._index.forget(run)
         self.num_forgets += 1
         if removed and self.is_recording:
             self.events.append(BlockRemoved(tuple(removed)))
 
     def clear_cache(self) -> None:
-        """Forget every cached prefix (held blocks stay held)."""
-        self._plain.extend(self._freed.drain())
+        """Forget every cached prefix (held blocks stay held); free cached blocks are
+        plain again."""
+        for run, num_taken in self._freed.drain():
+            cut = len(run.blocks) - num_taken
+            self._plain += run.blocks[cut:]
+            del run.blocks[cut:], run.hashes[cut:]
+            if not run.blocks:
+                self._runs.discard(run)
         self._index.clear()
         self.num_forgets += 1
         if self.is_recording:
@@ -299,10 +272,20 @@ class BlockPool:
         return events
 
     def num_holders(self, block: int) -> int:
-        """How many hold ``block`` (unchecked pools look a plain one up in the free list:
-        slow, for tests)."""
-        if self._refs[block]:
-            return max(self._refs[block], 0)
+        """How many hold ``block`` (a scan of every run, and for unchecked pools of the
+        free list: slow, for tests)."""
+        for run in self._runs:
+            if block in run.blocks:
+                return run.num_holders(run.blocks.index(block))
         if self._held is not None:
             return 1 if block in self._held else 0
-        return 0 if block in self._plain else 1
+        return 0 if block in self._plain or block == self.dummy_block else 1
+
+    @staticmethod
+    def num_held_only_by(holds: Iterable[Held]) -> int:
+        """Blocks of runs that only ``holds`` hold (one per holder): what letting those
+        holders go would free."""
+        by_run: dict[CachedRun, list[int]] = {}
+        for run, num_blocks in holds:
+            by_run.setdefault(run, []).append(num_blocks)
+        return sum(run.num_held_only(lengths) for run, lengths in by_run.items())

@@ -1,130 +1,171 @@
-"""What the prefix cache can find: which block holds which block hash
+"""What the prefix cache can find, and who holds it: cached runs of blocks
 (docs/design.md#prefix-caching).
 
 A prompt is looked up as a chain from its first block, never one hash alone, so the
-index keeps *runs*, not one entry per block: the blocks one ``add_run`` made findable
-(consecutive links of a chain), keyed by the hash of the first. Registering a table of
-~60 blocks is one dict insert instead of 60 (each a cache miss in a dict of every
-cached block). Each block's hash is in a list by block id: a lookup compares a run's
-blocks' hashes with the chain in one C-level comparison (a block walk only where they
-differ), and evicting a block is a list write, nothing more.
+cache keeps *runs*, not blocks: the blocks one registration made findable (consecutive
+links of a chain), keyed by the hash of the first. Holders are counted per run, not per
+block, the way SGLang's radix tree counts them per node: a holder holds a run's first
+``k`` blocks (a hit may end inside a run; the run's writer holds all of it), and
+``holds`` counts holders by ``k``. So admitting a request that shares a 1024-token
+system prompt is one count, not 64, and its release is one count back.
 
-A run whose block was evicted ends there; a run whose *first* block was evicted is
-stale: its key no longer names it. Stale runs are not looked for at eviction (that cost
-a set probe per evicted block); a lookup or an insert that meets one drops it, and a
-sweep drops the rest whenever the dict has doubled since the last one (each run is
-swept at most once: constant cost per run).
+Only a run's tail beyond its longest hold (``max_held``) is free; it is evicted from its
+end, so a run stays a run: its blocks always hold exactly its ``hashes``, and a run
+emptied by eviction leaves the index. A lookup compares a whole run's hashes with the
+prompt's in one C-level comparison; where they differ, a binary search finds the first
+difference (a chain hash pins every token before it: once two chains differ they never
+agree again).
 
-One hash, one block, at the run's start: a run whose first hash another block already
-holds is not added (first come keeps it). Further along, a block may come to hold a
-hash that an unreachable block also holds (a run broken by an eviction, whose later
-blocks another request then recomputes): that stale copy is never found again and is
-evicted like any free block, as vLLM's pool allows duplicate hashes.
+One run per first hash: a registration whose first hash is findable already is kept
+as a run nobody can find (``key`` None: first come keeps the chain), held and freed like
+any other. Further along, a run may come to hold hashes that another run holds too (a
+chain broken by an eviction, whose later blocks another request then recomputes): both
+stay findable from where a lookup reaches them, as vLLM's pool allows duplicate hashes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from operator import itemgetter
+from dataclasses import dataclass
 
-from genpool_core.block_hash import NO_HASH, BlockHash
-
-MIN_SWEEP_RUNS = 256  # runs the dict may hold before its first sweep
+from genpool_core.block_hash import BlockHash
 
 
-def values(items: list[int], indexes: Sequence[int]) -> tuple[int, ...]:
-    """``items`` at ``indexes`` (at least one), read in C: a third of a loop's time."""
-    if len(indexes) == 1:
-        return (items[indexes[0]],)
-    return itemgetter(*indexes)(items)  # type: ignore[no-any-return]
+class CachedRun:
+    """Blocks holding consecutive links of one chain, and who holds how many of them."""
+
+    __slots__ = ("blocks", "hashes", "holds", "key", "max_held", "queued_at")
+
+    def __init__(self, key: BlockHash | None, hashes: list[BlockHash],
+                 blocks: list[int]) -> None:  # fmt: skip
+        self.key = key  # its first hash while findable by it; None: no lookup finds it
+        self.hashes = hashes
+        self.blocks = blocks
+        self.holds: dict[int, int] = {}  # blocks held from its start -> how many hold that many
+        self.max_held = 0  # the longest hold: blocks beyond it are free
+        self.queued_at = 0  # its tick in the LRU (genpool_core.kv_lru); 0: not queued
+
+    @property
+    def num_free(self) -> int:
+        return len(self.blocks) - self.max_held
+
+    def hold(self, num_blocks: int) -> None:
+        holds = self.holds
+        holds[num_blocks] = holds.get(num_blocks, 0) + 1
+        if num_blocks > self.max_held:
+            self.max_held = num_blocks
+
+    def let_go(self, num_blocks: int) -> None:
+        holds = self.holds
+        count = holds[num_blocks] - 1
+        if count:
+            holds[num_blocks] = count
+        else:
+            del holds[num_blocks]
+            if num_blocks == self.max_held:
+                self.max_held = max(holds, default=0)
+
+    def num_holders(self, position: int) -> int:
+        """Holders of its block at ``position``."""
+        return sum(count for held, count in self.holds.items() if held > position)
+
+    def num_held_only(self, lengths: list[int]) -> int:
+        """How many of its blocks only the holders of ``lengths`` (some of its holds, one
+        per holder) hold."""
+        num_only, start = 0, 0
+        for cut in sorted(set(self.holds) | set(lengths)):
+            # Blocks start .. cut - 1 are held by the holds of cut blocks or more.
+            num_all = sum(count for held, count in self.holds.items() if held >= cut)
+            num_given = sum(1 for held in lengths if held >= cut)
+            if num_given and num_given == num_all:
+                num_only += cut - start
+            start = cut
+        return num_only
+
+
+Held = tuple[CachedRun, int]  # a run and how many of its first blocks one holder holds
+
+
+@dataclass(slots=True)
+class PrefixHit:
+    """The cached blocks a prompt starts with, and the runs they lie in."""
+
+    blocks: list[int]
+    runs: list[Held]
+
+
+def _num_shared(run: list[BlockHash], hashes: Sequence[BlockHash], start: int, size: int) -> int:
+    """How many of ``run``'s first ``size`` hashes ``hashes`` has from ``start`` (the
+    first agrees: the run's key): a binary search, as chains never agree again."""
+    agree, differ = 1, size  # run[:agree] agrees; run[differ - 1] may not
+    while agree < differ:
+        middle = (agree + differ) // 2
+        if run[middle] == hashes[start + middle]:
+            agree = middle + 1
+        else:
+            differ = middle
+    return agree
 
 
 class PrefixIndex:
-    def __init__(self, num_blocks: int) -> None:
-        self._hash_of = [NO_HASH] * (num_blocks + 1)  # the dummy block's stays empty
-        self._runs: dict[BlockHash, Sequence[int]] = {}  # a run's first hash -> its blocks
-        self._sweep_at = MIN_SWEEP_RUNS  # len(_runs) that triggers the next sweep
-        self.num_cached = 0  # blocks that hold a hash
+    def __init__(self) -> None:
+        self._runs: dict[BlockHash, CachedRun] = {}  # a findable run's first hash -> it
+        self.num_cached = 0  # blocks in findable runs
 
-    def lookup(self, hashes: Sequence[BlockHash], limit: int | None = None) -> list[int]:
+    def lookup(self, hashes: Sequence[BlockHash], limit: int | None = None) -> PrefixHit:
         """The blocks holding the longest run of ``hashes`` (at most ``limit`` of them)
-        from the first. (A limit, not a slice: a slice would touch every hash object of
-        the prompt, where a miss reads only the first.)"""
-        runs, hash_of = self._runs, self._hash_of
-        found: list[int] = []
+        from the first."""
+        if not isinstance(hashes, list):  # (a run's list never equals a tuple)
+            hashes = list(hashes)
+        runs = self._runs
+        hit = PrefixHit([], [])
         num_hashes = len(hashes) if limit is None else min(limit, len(hashes))
-        while len(found) < num_hashes:
-            start = len(found)
-            key = hashes[start]
-            run = runs.get(key)
+        start = 0
+        while start < num_hashes:
+            run = runs.get(hashes[start])
             if run is None:
                 break
-            if hash_of[run[0]] != key:  # stale: its first block was evicted
-                del runs[key]
-                break
-            run = run[: num_hashes - start]
-            # The common case, a run still whole, in one comparison (C, not a loop).
-            if values(hash_of, run) == tuple(hashes[start : start + len(run)]):
-                found += run
-                continue
-            for block in run:
-                if hash_of[block] != hashes[len(found)]:
-                    break
-                found.append(block)
-        return found
+            size = min(len(run.hashes), num_hashes - start)
+            own = run.hashes if size == len(run.hashes) else run.hashes[:size]
+            if own != hashes[start : start + size]:
+                size = _num_shared(run.hashes, hashes, start, size)
+            hit.blocks += run.blocks[:size]
+            hit.runs.append((run, size))
+            start += size  # (where the prompt leaves the run, another may go on)
+        return hit
 
-    def add_run(self, blocks: Sequence[int], hashes: Sequence[BlockHash]) -> int:
-        """Make ``blocks`` findable by ``hashes`` (aligned, one chain's consecutive links,
-        none findable yet; the index keeps ``blocks``: not to be changed); how many were:
-        all, or none when another block holds the first hash."""
-        if not blocks or self.lookup(hashes, 1):
-            return 0
-        hash_of = self._hash_of
-        for block, block_hash in zip(blocks, hashes, strict=True):
-            hash_of[block] = block_hash
-        self._runs[hashes[0]] = blocks  # (replaces a stale run of that key)
-        self.num_cached += len(blocks)
-        if len(self._runs) >= self._sweep_at:
-            self._sweep()
-        return len(blocks)
+    def add(self, run: CachedRun) -> bool:
+        """Make ``run`` findable by its key; False (and nothing done) when another run
+        holds that hash already."""
+        if run.key is None or run.key in self._runs:
+            return False
+        self._runs[run.key] = run
+        self.num_cached += len(run.blocks)
+        return True
 
-    def forget(self, blocks: Iterable[int]) -> list[BlockHash]:
-        """Blocks that hold nothing findable from now; the hashes they held."""
-        blocks = list(blocks)
-        if not blocks:
+    def trimmed(self, run: CachedRun, num_blocks: int) -> None:
+        """``num_blocks`` were evicted from ``run``'s end: an empty run leaves."""
+        if run.key is None:
+            return
+        self.num_cached -= num_blocks
+        if not run.blocks:
+            del self._runs[run.key]
+            run.key = None
+
+    def forget(self, run: CachedRun) -> list[BlockHash]:
+        """``run`` is findable no more (its blocks stay held); the hashes it held."""
+        if run.key is None:
             return []
-        hash_of = self._hash_of
-        removed = list(values(hash_of, blocks))
-        if NO_HASH in removed:
-            removed = [h for h in removed if h is not NO_HASH]
-        for block in blocks:
-            hash_of[block] = NO_HASH
-        self.num_cached -= len(removed)
-        return removed
+        del self._runs[run.key]
+        run.key = None
+        self.num_cached -= len(run.blocks)
+        return list(run.hashes)
 
-    def drop(self, blocks: list[int]) -> None:
-        """``forget`` without saying what they held: no hash object is read (each is a
-        cache miss), only whether the block held one."""
-        hash_of = self._hash_of
-        num_held = 0
-        for block in blocks:
-            if hash_of[block] is not NO_HASH:
-                hash_of[block] = NO_HASH
-                num_held += 1
-        self.num_cached -= num_held
-
-    def clear(self) -> None:
-        self._hash_of = [NO_HASH] * len(self._hash_of)
+    def clear(self) -> Iterable[CachedRun]:
+        """Forget every run; the runs that were findable."""
+        runs = list(self._runs.values())
+        for run in runs:
+            run.key = None
         self._runs.clear()
         self.num_cached = 0
-
-    @property
-    def num_runs(self) -> int:
-        """Runs in the dict, stale ones not yet dropped included (tests)."""
-        return len(self._runs)
-
-    def _sweep(self) -> None:
-        """Drop every stale run; the next sweep when the dict has doubled."""
-        hash_of = self._hash_of
-        self._runs = {key: run for key, run in self._runs.items() if hash_of[run[0]] == key}
-        self._sweep_at = max(MIN_SWEEP_RUNS, 2 * len(self._runs))
+        return runs

@@ -1,95 +1,87 @@
-"""Free cached KV blocks in the order they were freed: the prefix cache's LRU
+"""Cached runs with free blocks, least recently freed first: the prefix cache's LRU
 (docs/design.md#kv-blocks).
 
-A queue of the tables freed together (the blocks one release let go of, last first),
-each push a new tick. The pool's holder counts (a list by block id, shared with the
-pool) say which entries are live: a queued block's count is ``-tick`` of its table, so
-taking a block out of the middle (a prefix hit on a free cached block: its count
-becomes 1) leaves a dead entry behind, which the front skips when it reaches it; a
-table nothing was taken out of (the common case, noted by tick) is popped by slices,
-with no count read. A push and a pop are plain loops over the table (what CPython runs
-fastest, and no object per block); a dict used as a queue would instead walk the holes
-its deleted entries leave and rebuild itself as it grows, which cost the scheduling
-pass tens of microseconds per release.
+A run joins the back of the queue whenever a release frees more of it (its tail beyond
+its longest hold, genpool_core.kv_index), so the order is that of the last release that
+freed any of it; a request lets go of its runs last first, so its last blocks are the
+first evicted and its prefix, the most shared, the last. A hit that holds a queued run
+again leaves its entry behind (the entry's tick no longer matches the run's) and the
+front skips it; entries are counted per run, never per block, and the queue is rebuilt
+without dead entries whenever they outnumber the live ones.
 """
 
 from __future__ import annotations
 
 import collections
 
+from genpool_core.kv_index import CachedRun
 
-class FreedOrder:
-    def __init__(self, counts: list[int]) -> None:
-        self._counts = counts  # the pool's: < 0 for a queued block (-tick of its table)
-        self._tables: collections.deque[tuple[int, list[int]]] = collections.deque()
-        self._cursor = 0  # entries of the front table already passed
+MIN_COMPACT_ENTRIES = 64  # dead entries the queue may carry before a rebuild pays
+
+
+class FreedRuns:
+    def __init__(self) -> None:
+        self._queue: collections.deque[tuple[int, CachedRun]] = collections.deque()
         self._tick = 0
-        self.num_queued = 0  # live entries (an attribute: read every admission)
-        self._num_entries = 0  # entries not passed yet, live or dead
-        self._dead: set[int] = set()  # the ticks of tables with an entry taken out
+        self._num_live = 0  # runs queued now (one live entry each)
+        self.num_queued = 0  # their free blocks (an attribute: read every admission)
 
-    def push(self, blocks: list[int]) -> None:
-        """Queue ``blocks`` (just freed, none queued; the list is kept) behind all queued
-        so far, in order."""
+    def freed(self, run: CachedRun, num_free_before: int) -> None:
+        """``run`` was let go of: what it frees now joins the back of the queue."""
+        grown = run.num_free - num_free_before
+        if grown <= 0:
+            return
+        self.num_queued += grown
+        if not run.queued_at:
+            self._num_live += 1
         self._tick += 1
-        tick = -self._tick
-        counts = self._counts
-        for block in blocks:
-            counts[block] = tick
-        self._tables.append((tick, blocks))
-        self.num_queued += len(blocks)
-        self._num_entries += len(blocks)
-        if self._num_entries > 2 * len(counts):  # dead entries outnumber what can be live
+        run.queued_at = self._tick
+        self._queue.append((self._tick, run))
+        if len(self._queue) > 2 * self._num_live + MIN_COMPACT_ENTRIES:
             self._compact()
 
-    def remove(self, block: int) -> None:
-        """Take a queued block out: it is held again (its count set to 1), and its entry
-        dies in place."""
-        counts = self._counts
-        tick = counts[block]
-        self._dead.add(tick)
-        counts[block] = 1
-        self.num_queued -= 1
+    def held(self, run: CachedRun, num_free_before: int) -> None:
+        """``run`` was held once more: it frees less (none: it leaves the queue)."""
+        self.num_queued += run.num_free - num_free_before
+        if run.queued_at and not run.num_free:
+            run.queued_at = 0  # its entry is dead
+            self._num_live -= 1
 
-    def pop_oldest(self, count: int) -> list[int]:
-        """The ``count`` least recently queued blocks, taken out (``count <= len``)."""
+    def evict(self, count: int) -> list[tuple[CachedRun, int]]:
+        """Which runs give up ``count`` free blocks (``count <= num_queued``), oldest
+        first, and how many each (from its end; the caller takes them)."""
         if count > self.num_queued:
             raise RuntimeError(f"{count} freed blocks asked, {self.num_queued} queued")
-        taken: list[int] = []
-        counts, tables, cursor, dead = self._counts, self._tables, self._cursor, self._dead
-        passed = 0
-        while len(taken) < count:
-            tick, blocks = tables[0]
-            # At most what is still missing: a dead entry leaves room for the next turn.
-            chunk = blocks[cursor : cursor + count - len(taken)]
-            # A table nothing was taken out of is live throughout: no count to read.
-            live = [block for block in chunk if counts[block] == tick] if tick in dead else chunk
-            for block in live:
-                counts[block] = 0
-            taken += live
-            cursor += len(chunk)
-            passed += len(chunk)
-            if cursor == len(blocks):
-                dead.discard(tick)
-                tables.popleft()
-                cursor = 0
-        self._cursor = cursor
+        queue = self._queue
+        taken: list[tuple[CachedRun, int]] = []
+        left = count
+        while left:
+            tick, run = queue[0]
+            if run.queued_at != tick:  # dead: the run was held again, or queued anew
+                queue.popleft()
+                continue
+            num_taken = min(left, run.num_free)
+            taken.append((run, num_taken))
+            left -= num_taken
+            if num_taken == run.num_free:
+                queue.popleft()
+                run.queued_at = 0
+                self._num_live -= 1
         self.num_queued -= count
-        self._num_entries -= passed
         return taken
 
-    def drain(self) -> list[int]:
-        """Every queued block, oldest first, taken out."""
-        return self.pop_oldest(self.num_queued)
+    def drain(self) -> list[tuple[CachedRun, int]]:
+        """Every queued run and its free blocks, taken out."""
+        taken = self.evict(self.num_queued)
+        self._queue.clear()
+        return taken
+
+    @property
+    def num_entries(self) -> int:
+        """Entries in the queue, dead ones included (tests)."""
+        return len(self._queue)
 
     def _compact(self) -> None:
-        counts, cursor = self._counts, self._cursor
-        tables: collections.deque[tuple[int, list[int]]] = collections.deque()
-        for tick, blocks in self._tables:
-            live = [block for block in blocks[cursor:] if counts[block] == tick]
-            cursor = 0
-            if live:
-                tables.append((tick, live))
-        self._tables, self._cursor = tables, 0
-        self._dead.clear()
-        self._num_entries = self.num_queued
+        self._queue = collections.deque(
+            (tick, run) for tick, run in self._queue if run.queued_at == tick
+        )

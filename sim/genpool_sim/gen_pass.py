@@ -88,6 +88,5 @@ def _cached_blocks(worker: GenWorker, request: SimRequest) -> int:
     kv = worker.scheduler.kv
     if kv.pool is None or not kv.is_caching:
         return 0
-    return len(
-        kv.pool.lookup(request.block_hashes, (request.prompt_tokens - 1) // kv.pool.block_size)
-    )
+    limit = (request.prompt_tokens - 1) // kv.pool.block_size
+    return len(kv.pool.lookup(request.block_hashes, limit).blocks)

@@ -81,7 +81,11 @@ class KVGauge:
         self.busy_s += seconds
         self.used_block_s += scheduler.kv.num_used * seconds
         self.paused_block_s += paused * seconds
-        only = _paused_only(scheduler) if paused and scheduler.kv.is_caching else paused
+        only = (
+            scheduler.kv.num_held_only_by(scheduler.pausing)
+            if paused and scheduler.kv.is_caching
+            else paused
+        )
         self.paused_only_block_s += only * seconds
         self.resident_s += scheduler.num_residents * seconds
         self.paused_s[paused] = self.paused_s.get(paused, 0.0) + seconds
@@ -113,18 +117,6 @@ class KVGauge:
             "kv_memory_bound": min(1.0, self.memory_bound_s / worker_s),
             "kv_caps_bound": min(1.0, self.caps_bound_s / worker_s),
         }
-
-
-def _paused_only(scheduler: GenScheduler) -> int:
-    """Blocks that only paused requests hold: the memory pausing pins (with prefix caching
-    a paused request also holds blocks it shares with running ones, which cost nothing)."""
-    pool = scheduler.kv.pool
-    assert pool is not None
-    holders: dict[int, int] = {}
-    for request in scheduler.pausing:
-        for block in request.blocks:
-            holders[block] = holders.get(block, 0) + 1
-    return sum(1 for block, count in holders.items() if pool.num_holders(block) == count)
 
 
 def _weighted_p99(seconds_at: dict[int, float], idle_s: float) -> float:

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from genpool_core.kv_blocks import BlockPool, KVBudget, reserved_tokens
+from genpool_core.kv_index import Held
 from genpool_core.request import FinishReason, GenRequest, RequestStatus
 from genpool_core.statline import format_statline, make_statline, parse_statline
 from tests.unit.support import check_invariants, keyed, make_scheduler, run_pass
@@ -47,30 +48,34 @@ def test_the_pool_never_hands_out_a_held_block_and_every_rank_agrees(
 @given(st.lists(st.tuples(st.sampled_from(["alloc", "free", "cache", "hit"]), st.integers(0, 8)),
                 max_size=60))  # fmt: skip
 def test_an_unchecked_pool_decides_exactly_as_a_checked_one(ops: list[tuple[str, int]]) -> None:
-    checked, trusting = BlockPool(KVBudget(20, 16)), BlockPool(KVBudget(20, 16), is_checked=False)
-    held: list[list[int]] = []
-    fresh: list[list[int]] = []  # allocated, not cached yet
+    pools = BlockPool(KVBudget(20, 16)), BlockPool(KVBudget(20, 16), is_checked=False)
+    # Per holder and pool: (plain blocks, runs); fresh: holders not cached yet.
+    held: list[list[tuple[list[int], list[Held]]]] = []
+    fresh: list[int] = []  # ids of holders whose plain blocks are not cached yet
     for op, n in ops:
-        if op == "alloc" and checked.can_allocate(n):
-            held.append(checked.allocate(n))
-            fresh.append(held[-1])
-            assert trusting.allocate(n) == held[-1]
+        if op == "alloc" and pools[0].can_allocate(n):
+            tables = [pool.allocate(n) for pool in pools]
+            assert tables[0] == tables[1]
+            held.append([(table, []) for table in tables])
+            fresh.append(id(held[-1]))
         elif op == "free" and held:
-            blocks = held.pop(n % len(held))
-            fresh = [table for table in fresh if table is not blocks]
-            checked.free(blocks)
-            trusting.free(blocks)
-        elif op == "cache" and fresh:
-            blocks = fresh.pop(n % len(fresh))
-            hashes = [(1 << 63) | (n << 8) | i for i in range(len(blocks))]
-            checked.cache("r", 0, blocks, hashes, None)
-            trusting.cache("r", 0, blocks, hashes, None)
-        elif op == "hit" and held:
-            hits = checked.lookup([(1 << 63) | (n << 8)])
-            assert trusting.lookup([(1 << 63) | (n << 8)]) == hits
-            checked.touch(hits)
-            trusting.touch(hits)
-            held.append(hits)
+            holder = held.pop(n % len(held))
+            for pool, (plain, runs) in zip(pools, holder, strict=True):
+                pool.release(runs)
+                pool.free(plain)
+        elif op == "cache" and any(id(h) in fresh for h in held):
+            holder = next(h for h in held if id(h) in fresh)
+            fresh.remove(id(holder))
+            hashes = [(1 << 63) | (n << 8) | i for i in range(len(holder[0][0]))]
+            for i, (pool, (plain, runs)) in enumerate(zip(pools, holder, strict=True)):
+                run = pool.cache("r", 0, plain, hashes, None)
+                holder[i] = ([], runs + ([run] if run is not None else []))
+        elif op == "hit":
+            hits = [pool.lookup([(1 << 63) | (n << 8)]) for pool in pools]
+            assert hits[0].blocks == hits[1].blocks
+            if hits[0].blocks:
+                held.append([([], pool.hold(hit)) for pool, hit in zip(pools, hits, strict=True)])
+        checked, trusting = pools
         assert checked.take_events() == trusting.take_events()
         assert (checked.num_free, checked.num_cached) == (trusting.num_free, trusting.num_cached)
         assert all(checked.num_holders(b) == trusting.num_holders(b) for b in range(20))

@@ -140,14 +140,13 @@ def test_a_conversation_stores_chained_blocks_then_evicts_and_clears() -> None:
     tokens = {"turn1": list(range(1, 11)), "turn2": [*range(1, 11), 70, 71, 72, 73, 74]}
     first = block_hashes(tokens["turn1"], BS)  # 2 full blocks of 10 tokens
     blocks = pool.allocate(3)
-    pool.cache("turn1", 0, blocks[:2], first, None)
-    pool.free(blocks)
+    turn1 = pool.cache("turn1", 0, blocks[:2], first, None)
+    pool.release([turn1] if turn1 else [])
+    pool.free(blocks[2:])
     second = block_hashes(tokens["turn2"], BS)  # 3 full blocks, the first two turn 1's
-    hits = pool.lookup(second)
-    pool.touch(hits)
-    more = pool.allocate(1)
-    pool.cache("turn2", 2, more, second[2:], second[1])
-    pool.free([*hits, *more])
+    hits = pool.hold(pool.lookup(second))
+    turn2 = pool.cache("turn2", 2, pool.allocate(1), second[2:], second[1])
+    pool.release([*hits, turn2] if turn2 else hits)
     pool.allocate(4)  # every block: the cached ones are evicted, oldest freed first
     pool.clear_cache()
     events = check_batch(wire(list(pool.take_events()), tokens))
