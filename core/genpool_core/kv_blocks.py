@@ -205,11 +205,11 @@ class BlockPool:
             freed.held(run, before)
         return list(hit.runs)
 
-    def release(self, runs: Iterable[Held]) -> None:
+    def release(self, runs: Sequence[Held]) -> None:
         """Let go of runs once each (``hold`` and ``cache`` give them), last first: a
         run's blocks nobody holds any more are free and stay findable."""
         freed = self._freed
-        for run, num_blocks in reversed(list(runs)):
+        for run, num_blocks in reversed(runs):
             before = run.num_free
             run.let_go(num_blocks)
             freed.freed(run, before)
