@@ -3,6 +3,8 @@ memory, and a pool driven into block exhaustion in every mode losing nothing."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -44,37 +46,45 @@ def test_the_pool_never_hands_out_a_held_block_and_every_rank_agrees(
         assert pool.num_free == len(free) and pool.num_used == 24 - len(free)
 
 
+@dataclass
+class Twins:
+    """One holder's blocks in each of the two pools: plain ones, and runs."""
+
+    plain: list[list[int]]
+    runs: list[list[Held]]
+    is_fresh: bool  # its plain blocks are not cached yet (what a prefill writes)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["alloc", "free", "cache", "hit"]), st.integers(0, 8)),
                 max_size=60))  # fmt: skip
 def test_an_unchecked_pool_decides_exactly_as_a_checked_one(ops: list[tuple[str, int]]) -> None:
     pools = BlockPool(KVBudget(20, 16)), BlockPool(KVBudget(20, 16), is_checked=False)
-    # Per holder and pool: (plain blocks, runs); fresh: holders not cached yet.
-    held: list[list[tuple[list[int], list[Held]]]] = []
-    fresh: list[int] = []  # ids of holders whose plain blocks are not cached yet
+    holders: list[Twins] = []
     for op, n in ops:
+        fresh = [holder for holder in holders if holder.is_fresh]
         if op == "alloc" and pools[0].can_allocate(n):
             tables = [pool.allocate(n) for pool in pools]
             assert tables[0] == tables[1]
-            held.append([(table, []) for table in tables])
-            fresh.append(id(held[-1]))
-        elif op == "free" and held:
-            holder = held.pop(n % len(held))
-            for pool, (plain, runs) in zip(pools, holder, strict=True):
+            holders.append(Twins(tables, [[], []], is_fresh=True))
+        elif op == "free" and holders:
+            holder = holders.pop(n % len(holders))
+            for pool, plain, runs in zip(pools, holder.plain, holder.runs, strict=True):
                 pool.release(runs)
                 pool.free(plain)
-        elif op == "cache" and any(id(h) in fresh for h in held):
-            holder = next(h for h in held if id(h) in fresh)
-            fresh.remove(id(holder))
-            hashes = [(1 << 63) | (n << 8) | i for i in range(len(holder[0][0]))]
-            for i, (pool, (plain, runs)) in enumerate(zip(pools, holder, strict=True)):
+        elif op == "cache" and fresh:
+            holder = fresh[n % len(fresh)]
+            hashes = [(1 << 63) | (n << 8) | i for i in range(len(holder.plain[0]))]
+            for pool, plain, runs in zip(pools, holder.plain, holder.runs, strict=True):
                 run = pool.cache("r", 0, plain, hashes, None)
-                holder[i] = ([], runs + ([run] if run is not None else []))
+                runs += [run] if run is not None else []
+            holder.plain, holder.is_fresh = [[], []], False
         elif op == "hit":
             hits = [pool.lookup([(1 << 63) | (n << 8)]) for pool in pools]
             assert hits[0].blocks == hits[1].blocks
             if hits[0].blocks:
-                held.append([([], pool.hold(hit)) for pool, hit in zip(pools, hits, strict=True)])
+                runs = [pool.hold(hit) for pool, hit in zip(pools, hits, strict=True)]
+                holders.append(Twins([[], []], runs, is_fresh=False))
         checked, trusting = pools
         assert checked.take_events() == trusting.take_events()
         assert (checked.num_free, checked.num_cached) == (trusting.num_free, trusting.num_cached)
