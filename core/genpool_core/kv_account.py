@@ -29,11 +29,13 @@ from genpool_core.request import GenRequest
 
 @dataclass(slots=True)
 class _Holding:
-    """One request's blocks as the pool knows them: its table's first ``num_in_runs``
-    blocks through cached runs, the rest plain."""
+    """One request's blocks as the pool knows them: its table's first ``num_registered``
+    blocks through cached runs, except ``unshared`` (a registration that made no run:
+    another run held its first hash), and the rest plain."""
 
     runs: list[Held] = field(default_factory=list)
-    num_in_runs: int = 0
+    num_registered: int = 0
+    unshared: list[int] = field(default_factory=list)
     is_forgotten: bool = False  # its KV is not what its hashes say: it registers no more
 
 
@@ -129,16 +131,19 @@ class KVAccount:
         if holding is None or holding.is_forgotten:
             return
         assert self.pool is not None
-        done = holding.num_in_runs
+        done = holding.num_registered
         full = min(num_tokens // self.pool.block_size, len(request.block_hashes))
         if full <= done:
             return
         parent = request.block_hashes[done - 1] if done else None
-        held = self.pool.cache(request.request_id, done, request.blocks[done:full],
+        blocks = request.blocks[done:full]
+        held = self.pool.cache(request.request_id, done, blocks,
                                request.block_hashes[done:full], parent)  # fmt: skip
-        assert held is not None
-        holding.runs.append(held)
-        holding.num_in_runs = full
+        if held is None:
+            holding.unshared += blocks
+        else:
+            holding.runs.append(held)
+        holding.num_registered = full
 
     def num_written(self, request: GenRequest) -> int:
         """Tokens whose KV is in the blocks: the prompt and every output token but the
@@ -157,7 +162,8 @@ class KVAccount:
             self.pool.free(blocks)
             return
         self.pool.release(holding.runs)
-        self.pool.free(blocks[holding.num_in_runs :])
+        self.pool.free(holding.unshared)
+        self.pool.free(blocks[holding.num_registered :])
 
     def forget(self, request: GenRequest) -> None:
         """``request``'s KV is not what its hashes say (its prefill failed): whatever it
@@ -200,9 +206,9 @@ class KVAccount:
         num_plain, runs = 0, []
         for request in requests:
             holding = self._holdings.get(request.request_id)
-            num_in_runs = 0 if holding is None else holding.num_in_runs
-            num_plain += len(request.blocks) - num_in_runs
+            num_plain += len(request.blocks)
             if holding is not None:
+                num_plain -= holding.num_registered - len(holding.unshared)
                 runs += holding.runs
         return num_plain + BlockPool.num_held_only_by(runs)
 

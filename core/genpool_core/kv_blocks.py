@@ -223,22 +223,20 @@ class BlockPool:
               hashes: Sequence[BlockHash], parent: BlockHash | None) -> Held | None:  # fmt: skip
         """Make held, fully written, plain ``blocks`` findable by ``hashes`` (aligned,
         consecutive links of one chain): one run, held whole by the caller, who no longer
-        holds them as plain blocks. When another run holds the first hash already, the
-        run is findable by none (first come keeps it; :mod:`genpool_core.kv_index`).
-        None: no blocks, no run."""
+        holds them as plain blocks. None, and the blocks stay plain, when there are none or
+        another run holds the first hash already (first come keeps the chain, and a run
+        nobody could find would only hold memory the LRU should hand out first)."""
         held = self._held
         if held is not None and not held.issuperset(blocks):
             raise ValueError(f"KV blocks {sorted(blocks)} are not all plain and held")
-        if not blocks:
+        run = CachedRun(hashes[0], list(hashes), list(blocks)) if blocks else None
+        if run is None or not self._index.add(run):
             return None
-        run = CachedRun(hashes[0], list(hashes), list(blocks))
         run.hold(len(blocks))
         self._runs.add(run)
         if held is not None:
             held.difference_update(blocks)
-        if not self._index.add(run):
-            run.key = None
-        elif self.is_recording:
+        if self.is_recording:
             self.events.append(BlockStored(request_id, first_block, tuple(hashes), parent))
         return run, len(blocks)
 

@@ -16,11 +16,12 @@ prompt's in one C-level comparison; where they differ, a binary search finds the
 difference (a chain hash pins every token before it: once two chains differ they never
 agree again).
 
-One run per first hash: a registration whose first hash is findable already is kept
-as a run nobody can find (``key`` None: first come keeps the chain), held and freed like
-any other. Further along, a run may come to hold hashes that another run holds too (a
-chain broken by an eviction, whose later blocks another request then recomputes): both
-stay findable from where a lookup reaches them, as vLLM's pool allows duplicate hashes.
+One run per first hash: a registration whose first hash is findable already makes no
+run (first come keeps the chain; its blocks stay plain). A run stops being findable
+(``key`` None) only when its KV is forgotten (a failed prefill). Further along, a run
+may come to hold hashes that another run holds too (a chain broken by an eviction,
+whose later blocks another request then recomputes): both stay findable from where a
+lookup reaches them, as vLLM's pool allows duplicate hashes.
 """
 
 from __future__ import annotations

@@ -75,10 +75,12 @@ def test_an_unchecked_pool_decides_exactly_as_a_checked_one(ops: list[tuple[str,
         elif op == "cache" and fresh:
             holder = fresh[n % len(fresh)]
             hashes = [(1 << 63) | (n << 8) | i for i in range(len(holder.plain[0]))]
-            for pool, plain, runs in zip(pools, holder.plain, holder.runs, strict=True):
-                run = pool.cache("r", 0, plain, hashes, None)
-                runs += [run] if run is not None else []
-            holder.plain, holder.is_fresh = [[], []], False
+            for i, pool in enumerate(pools):
+                run = pool.cache("r", 0, holder.plain[i], hashes, None)
+                if run is not None:  # (None: another run holds the first hash; still plain)
+                    holder.runs[i].append(run)
+                    holder.plain[i] = []
+            holder.is_fresh = False
         elif op == "hit":
             hits = [pool.lookup([(1 << 63) | (n << 8)]) for pool in pools]
             assert hits[0].blocks == hits[1].blocks

@@ -78,12 +78,13 @@ class Holder:
         pool.free(self.plain)
 
     def cache(self, pool: BlockPool, chain: list[int]) -> None:
-        """Its plain blocks become one run (what a prefill wrote)."""
+        """Its plain blocks become one run (what a prefill wrote), unless another run
+        holds the chain's first hash: then they stay plain."""
         held = pool.cache("r", 0, self.plain, chain, None)
         if held is not None:
             self.runs.append(held)
             self.hit += self.plain
-        self.plain = []
+            self.plain = []
 
 
 @settings(max_examples=300, deadline=None)
@@ -225,15 +226,17 @@ def test_clearing_forgets_every_prefix_but_keeps_what_is_held() -> None:
     assert pool.num_free == 4 and pool.allocate(4)  # the held block came back
 
 
-def test_a_run_whose_first_hash_is_cached_already_is_held_but_found_by_none() -> None:
+def test_a_registration_whose_first_hash_is_cached_already_stays_plain() -> None:
     pool = BlockPool(KVBudget(6, BS))
     first = _cached(pool, [5, 6])
     second = _cached(pool, [5, 6])  # the same prompt, prefilled beside it
+    assert second.runs == [] and len(second.plain) == 2
     assert pool.lookup([5, 6]).blocks == first.hit and pool.num_cached == 2
     assert [type(e) for e in pool.take_events()] == [BlockStored]
+    first.give_back(pool)
     second.give_back(pool)
-    assert pool.num_free == 4 and pool.num_holders(second.hit[0]) == 0
-    pool.allocate(4)  # takes the second's blocks back: no event, nothing findable lost
+    assert pool.num_free == 6 and pool.num_holders(second.plain[0]) == 0
+    assert sorted(pool.allocate(4)) == sorted([4, 5, *second.plain])  # plain ones first
     assert pool.take_events() == [] and pool.lookup([5, 6]).blocks == first.hit
 
 
