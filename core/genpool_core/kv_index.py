@@ -11,10 +11,13 @@ system prompt is one count, not 64, and its release is one count back.
 
 Only a run's tail beyond its longest hold (``max_held``) is free; it is evicted from its
 end, so a run stays a run: its blocks always hold exactly its ``hashes``, and a run
-emptied by eviction leaves the index. A lookup compares a whole run's hashes with the
-prompt's in one C-level comparison; where they differ, a binary search finds the first
-difference (a chain hash pins every token before it: once two chains differ they never
-agree again).
+emptied by eviction leaves the index. A chain hash pins every token before it, so two
+chains that agree at a block agree at every block before it, and once they differ they
+never agree again: a lookup compares a run's last hash with the prompt's (one
+comparison, where comparing every hash read the prompt's hash objects, cold since its
+arrival), and where they differ a binary search finds the first difference. (Two
+different chains agreeing on a 64-bit hash is the collision every hash-keyed prefix
+cache accepts.)
 
 One run per first hash: a registration whose first hash is findable already makes no
 run (first come keeps the chain; its blocks stay plain). A run stops being findable
@@ -116,8 +119,6 @@ class PrefixIndex:
     def lookup(self, hashes: Sequence[BlockHash], limit: int | None = None) -> PrefixHit:
         """The blocks holding the longest run of ``hashes`` (at most ``limit`` of them)
         from the first."""
-        if not isinstance(hashes, list):  # (a run's list never equals a tuple)
-            hashes = list(hashes)
         runs = self._runs
         hit = PrefixHit([], [])
         num_hashes = len(hashes) if limit is None else min(limit, len(hashes))
@@ -127,8 +128,7 @@ class PrefixIndex:
             if run is None:
                 break
             size = min(len(run.hashes), num_hashes - start)
-            own = run.hashes if size == len(run.hashes) else run.hashes[:size]
-            if own != hashes[start : start + size]:
+            if run.hashes[size - 1] != hashes[start + size - 1]:
                 size = _num_shared(run.hashes, hashes, start, size)
             hit.blocks += run.blocks[:size]
             hit.runs.append((run, size))
