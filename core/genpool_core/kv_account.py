@@ -30,8 +30,8 @@ from genpool_core.request import GenRequest
 @dataclass(slots=True)
 class _Holding:
     """One request's blocks as the pool knows them: its table's first ``num_registered``
-    blocks through cached runs, except ``unshared`` (a registration that made no run:
-    another run held its first hash), and the rest plain."""
+    blocks through cached runs, except ``unshared`` (blocks a registration left plain:
+    other runs held their hashes already), and the rest plain."""
 
     runs: list[Held] = field(default_factory=list)
     num_registered: int = 0
@@ -135,12 +135,18 @@ class KVAccount:
         full = min(num_tokens // self.pool.block_size, len(request.block_hashes))
         if full <= done:
             return
-        parent = request.block_hashes[done - 1] if done else None
-        blocks = request.blocks[done:full]
-        held = self.pool.cache(request.request_id, done, blocks,
-                               request.block_hashes[done:full], parent)  # fmt: skip
+        # What other runs hold already stays plain (first come keeps the chain): with
+        # requests prefilled side by side, the chunk where their prompts part holds
+        # both, and only the blocks past the shared ones are this request's to register.
+        start = max(done, len(self.pool.lookup(request.block_hashes, full).blocks))
+        holding.unshared += request.blocks[done:start]
+        held = None
+        if start < full:
+            parent = request.block_hashes[start - 1] if start else None
+            held = self.pool.cache(request.request_id, start, request.blocks[start:full],
+                                   request.block_hashes[start:full], parent)  # fmt: skip
         if held is None:
-            holding.unshared += blocks
+            holding.unshared += request.blocks[start:full]
         else:
             holding.runs.append(held)
         holding.num_registered = full

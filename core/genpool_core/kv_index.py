@@ -20,7 +20,9 @@ different chains agreeing on a 64-bit hash is the collision every hash-keyed pre
 cache accepts.)
 
 One run per first hash: a registration whose first hash is findable already makes no
-run (first come keeps the chain; its blocks stay plain). A run stops being findable
+run (first come keeps the chain; its blocks stay plain; the scheduler's account
+registers only what a lookup of the request's chain does not find,
+:mod:`genpool_core.kv_account`). A run stops being findable
 (``key`` None) only when its KV is forgotten (a failed prefill). Further along, a run
 may come to hold hashes that another run holds too (a chain broken by an eviction,
 whose later blocks another request then recomputes): both stay findable from where a

@@ -432,3 +432,51 @@ def test_without_caching_nothing_is_looked_up_or_shared() -> None:
                                          block_hashes=block_hashes(prompt, BS)), 0.0)  # fmt: skip
     plan = scheduler.step(0.0)
     assert plan.admitted_cached_tokens == (0, 0) and scheduler.kv.num_queried_tokens == 0
+
+
+def _two_turns(scheduler: GenScheduler, first: dict[int, list[int]], stagger: bool) -> list[int]:
+    """Each chat's first turn (all in one pass, or chat 0 a pass ahead), then its second
+    (the first's prompt and reply, and a new message); the second turns' cached tokens.
+    The reply's tokens are hashed as they come, as the worker does."""
+    tokens: dict[str, list[int]] = {}
+    requests: dict[str, GenRequest] = {}
+
+    def submit(name: str, prompt: list[int], now: float) -> None:
+        tokens[name] = list(prompt)
+        requests[name] = GenRequest(name, len(prompt), 5, num_output_tokens=0,
+                                    block_hashes=block_hashes(prompt, BS))  # fmt: skip
+        scheduler.add_request(requests[name], now)
+
+    for c in (0,) if stagger else first:
+        submit(f"c{c}", first[c], 0.0)
+    now, seconds = 0.0, []
+    while scheduler.num_residents or scheduler.num_waiting or not seconds:
+        plan = scheduler.step(now)
+        scheduler.postprocess(plan, now + 0.05)
+        for name in plan.batch_ids:
+            tokens[name].append(7000 + len(tokens[name]))  # the token it made
+            extend_hashes(requests[name].block_hashes, tokens[name], BS)
+        now += 0.05
+        if stagger and len(tokens) == 1:
+            for c in (1, 2):
+                submit(f"c{c}", first[c], now)
+        finished = [n for n in tokens if n.startswith("c") and
+                    requests[n].status is RequestStatus.FINISHED]  # fmt: skip
+        for name in finished:
+            reply = tokens.pop(name)
+            submit("again-" + name, [*reply[:-1], 9000, 9001, 9002], now)
+            seconds.append(name)
+    return [requests[f"again-c{c}"].num_cached_tokens for c in first]
+
+
+@pytest.mark.parametrize("stagger", [False, True], ids=["together", "one-ahead"])
+def test_chats_prefilled_together_still_find_their_own_history_next_turn(stagger: bool) -> None:
+    # A 10-token system prompt: the chats part inside a block, and inside a prefill
+    # chunk (8 tokens a pass), which the first chat to get there registers.
+    scheduler = make_scheduler(4, kv_budget=KVBudget(200, BS), enable_prefix_caching=True,
+                               max_prefill_tokens_per_pass=8)  # fmt: skip
+    system = list(range(1000, 1010))
+    first = {c: [*system, *range(2000 + 100 * c, 2009 + 100 * c)] for c in range(3)}
+    # Every block the first turn wrote: its 19 prompt tokens and 4 of its 5 replies.
+    assert _two_turns(scheduler, first, stagger) == [(19 + 4) // BS * BS] * 3
+    check_invariants(scheduler)
